@@ -1,0 +1,167 @@
+"""The BERT encoder in Flax linen (Devlin et al. 2019, as in google-research/bert).
+
+Shapes use suffixes: B batch, L length, D hidden, H heads, K head dim, F intermediate (mlp),
+V vocab, P masked positions. Every parameter carries logical axis names from the vocabulary
+(vocab, embed, mlp, heads, kv) so that partitioning rules can map them onto a device mesh.
+The module knows nothing of data, training or files.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.model.config import BertConfig
+
+Array = jax.Array
+
+
+def activation(name: str):
+  if name == "gelu":
+    return functools.partial(jax.nn.gelu, approximate=False)
+  if name in ("gelu_new", "gelu_pytorch_tanh"):
+    return functools.partial(jax.nn.gelu, approximate=True)
+  if name == "relu":
+    return jax.nn.relu
+  raise ValueError(f"unknown activation {name!r}")
+
+
+def kernel_init(config: BertConfig, axes: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(config.initializer_range), axes)
+
+
+def bias_init(axes: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_eps, dtype=config.dtype, param_dtype=config.param_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+      bias_init=bias_init(("embed",)), name=name)
+
+
+def dense(config: BertConfig, features, axes, name: str, axis=-1) -> nn.DenseGeneral:
+  """A DenseGeneral whose kernel has logical ``axes`` and whose bias has the output axes."""
+  n_out = 1 if isinstance(features, int) else len(features)
+  return nn.DenseGeneral(
+      features=features, axis=axis, dtype=config.dtype, param_dtype=config.param_dtype,
+      kernel_init=kernel_init(config, axes), bias_init=bias_init(axes[-n_out:]), name=name)
+
+
+class Embeddings(nn.Module):
+  """Word + learned position + token-type embeddings, then LayerNorm and dropout."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    embed = functools.partial(nn.Embed, features=c.hidden_size, dtype=c.dtype,
+                              param_dtype=c.param_dtype)
+    self.word_embeddings = embed(c.vocab_size, embedding_init=kernel_init(c, ("vocab", "embed")))
+    self.position_embeddings = embed(c.max_position_embeddings,
+                                     embedding_init=kernel_init(c, (None, "embed")))
+    self.token_type_embeddings = embed(c.type_vocab_size,
+                                       embedding_init=kernel_init(c, (None, "embed")))
+    self.LayerNorm = layer_norm(c, "LayerNorm")
+    self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+  def __call__(self, input_ids_BxL, segment_ids_BxL, deterministic: bool) -> Array:
+    length = input_ids_BxL.shape[-1]
+    if length > self.config.max_position_embeddings:
+      raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
+                       f"{self.config.max_position_embeddings}")
+    x_BxLxD = (self.word_embeddings(input_ids_BxL)
+               + self.position_embeddings(jnp.arange(length)[None, :])
+               + self.token_type_embeddings(segment_ids_BxL))
+    x_BxLxD = self.LayerNorm(x_BxLxD)
+    x_BxLxD = self.dropout(x_BxLxD, deterministic=deterministic)
+    return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
+
+  def attend(self, h_xD: Array) -> Array:
+    """Logits against the (tied) word embedding table: the MLM decoder."""
+    return self.word_embeddings.attend(h_xD)
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention under a padding mask; softmax in float32."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, mask_Bx1x1xL, deterministic: bool) -> Array:
+    c = self.config
+    qkv = functools.partial(dense, c, (c.num_attention_heads, c.head_dim),
+                            ("embed", "heads", "kv"))
+    q_BxLxHxK = qkv(name="query")(x_BxLxD)
+    k_BxLxHxK = qkv(name="key")(x_BxLxD)
+    v_BxLxHxK = qkv(name="value")(x_BxLxD)
+    q_BxLxHxK = q_BxLxHxK / jnp.sqrt(c.head_dim).astype(q_BxLxHxK.dtype)
+    s_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
+                           preferred_element_type=jnp.float32)
+    s_BxHxLxL = jnp.where(mask_Bx1x1xL, s_BxHxLxL, jnp.finfo(jnp.float32).min)
+    p_BxHxLxL = jax.nn.softmax(s_BxHxLxL, axis=-1).astype(c.dtype)
+    p_BxHxLxL = nn.Dropout(c.attention_probs_dropout_prob)(p_BxHxLxL, deterministic=deterministic)
+    ctx_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK)
+    ctx_BxLxHxK = nn.with_logical_constraint(ctx_BxLxHxK, ("batch", "length", "heads", "kv"))
+    return dense(c, c.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(ctx_BxLxHxK)
+
+
+class TransformerLayer(nn.Module):
+  """A post-LayerNorm encoder layer: attention, add & norm, gelu MLP, add & norm."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, mask_Bx1x1xL, deterministic: bool) -> Array:
+    c = self.config
+    drop = nn.Dropout(c.hidden_dropout_prob)
+    a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, mask_Bx1x1xL, deterministic)
+    x_BxLxD = layer_norm(c, "attention_LayerNorm")(
+        x_BxLxD + drop(a_BxLxD, deterministic=deterministic))
+    h_BxLxF = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(x_BxLxD)
+    h_BxLxF = nn.with_logical_constraint(activation(c.hidden_act)(h_BxLxF),
+                                         ("batch", "length", "mlp"))
+    o_BxLxD = dense(c, c.hidden_size, ("mlp", "embed"), "output")(h_BxLxF)
+    x_BxLxD = layer_norm(c, "output_LayerNorm")(
+        x_BxLxD + drop(o_BxLxD, deterministic=deterministic))
+    return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
+
+
+class BertEncoder(nn.Module):
+  """Embeddings, the layer stack and the tanh pooler on [CLS].
+
+  Returns a dict: ``sequence_output`` (BxLxD), ``pooled_output`` (BxD) and, when asked,
+  ``hidden_states``: a tuple of num_hidden_layers + 1 arrays (embedding output, then each layer).
+  """
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    self.embeddings = Embeddings(c)
+    layer_cls = nn.remat(TransformerLayer, static_argnums=(3,)) if c.remat else TransformerLayer
+    self.layers = [layer_cls(c, name=f"layer_{i}") for i in range(c.num_hidden_layers)]
+    self.pooler = dense(c, c.hidden_size, ("embed", None), "pooler")
+
+  def __call__(self, input_ids_BxL, input_mask_BxL=None, segment_ids_BxL=None,
+               deterministic: bool = True, output_hidden_states: bool = False) -> dict[str, Any]:
+    if input_mask_BxL is None:
+      input_mask_BxL = jnp.ones_like(input_ids_BxL)
+    if segment_ids_BxL is None:
+      segment_ids_BxL = jnp.zeros_like(input_ids_BxL)
+    mask_Bx1x1xL = (input_mask_BxL > 0)[:, None, None, :]
+    x_BxLxD = self.embeddings(input_ids_BxL, segment_ids_BxL, deterministic)
+    hidden = [x_BxLxD]
+    for layer in self.layers:
+      x_BxLxD = layer(x_BxLxD, mask_Bx1x1xL, deterministic)
+      hidden.append(x_BxLxD)
+    pooled_BxD = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
+    out = {"sequence_output": x_BxLxD, "pooled_output": pooled_BxD}
+    if output_hidden_states:
+      out["hidden_states"] = tuple(hidden)
+    return out
+
+  def attend(self, h_xD: Array) -> Array:
+    return self.embeddings.attend(h_xD)

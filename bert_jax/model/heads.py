@@ -1,0 +1,118 @@
+"""BERT with its pre-training heads and the fine-tuning heads of the paper's tasks.
+
+Every model keeps the encoder under the parameter name ``bert``, so that fine-tuning starts
+from any pre-trained encoder by copying ``params["bert"]``. Head parameter names mirror the
+Hugging Face classes they export to (BertForPreTraining, BertForSequenceClassification,
+BertForQuestionAnswering, BertForTokenClassification, BertForMultipleChoice).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.model.bert import BertEncoder, activation, dense, layer_norm
+from bert_jax.model.config import BertConfig
+
+Array = jax.Array
+
+
+def gather_positions(x_BxLxD: Array, positions_BxP: Array) -> Array:
+  """x at the given positions of each row: BxLxD, BxP -> BxPxD (as the original gathers)."""
+  return jnp.take_along_axis(x_BxLxD, positions_BxP[..., None].astype(jnp.int32), axis=1)
+
+
+class BertForPreTraining(nn.Module):
+  """Encoder + masked-LM head (decoder tied to the word embeddings) + next-sentence head.
+
+  When ``masked_lm_positions`` is given, MLM logits are computed only at those positions
+  (BxPxV), as google-research/bert does; otherwise at every position (BxLxV).
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, masked_lm_positions=None,
+               deterministic: bool = True, output_hidden_states: bool = False) -> dict[str, Any]:
+    c = self.config
+    encoder = BertEncoder(c, name="bert")
+    out = encoder(input_ids, input_mask, segment_ids, deterministic, output_hidden_states)
+    seq_BxLxD = out["sequence_output"]
+    h_BxPxD = seq_BxLxD if masked_lm_positions is None else gather_positions(
+        seq_BxLxD, masked_lm_positions)
+    h_BxPxD = dense(c, c.hidden_size, ("embed", None), "mlm_transform")(h_BxPxD)
+    h_BxPxD = layer_norm(c, "mlm_LayerNorm")(activation(c.hidden_act)(h_BxPxD))
+    bias_V = self.param("mlm_output_bias",
+                        nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
+                        (c.vocab_size,), c.param_dtype)
+    logits_BxPxV = encoder.attend(h_BxPxD) + bias_V.astype(c.dtype)
+    nsp_Bx2 = dense(c, 2, ("embed", None), "nsp")(out["pooled_output"])
+    out.update(mlm_logits=logits_BxPxV, nsp_logits=nsp_Bx2)
+    return out
+
+
+class BertForSequenceClassification(nn.Module):
+  """[CLS] pooled output -> dropout -> linear; num_labels == 1 is regression (STS-B)."""
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
+               output_hidden_states: bool = False) -> dict[str, Any]:
+    c = self.config
+    out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
+                                      output_hidden_states)
+    pooled = nn.Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
+    out["logits"] = dense(c, self.num_labels, ("embed", None), "classifier")(pooled)
+    return out
+
+
+class BertForTokenClassification(nn.Module):
+  """Per-token dropout -> linear (NER)."""
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
+               output_hidden_states: bool = False) -> dict[str, Any]:
+    c = self.config
+    out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
+                                      output_hidden_states)
+    seq = nn.Dropout(c.hidden_dropout_prob)(out["sequence_output"], deterministic=deterministic)
+    out["logits"] = dense(c, self.num_labels, ("embed", None), "classifier")(seq)
+    return out
+
+
+class BertForQuestionAnswering(nn.Module):
+  """Start and end vectors over the sequence output (SQuAD): start_logits, end_logits BxL."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
+               output_hidden_states: bool = False) -> dict[str, Any]:
+    c = self.config
+    out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
+                                      output_hidden_states)
+    logits_BxLx2 = dense(c, 2, ("embed", None), "qa_outputs")(out["sequence_output"])
+    out["start_logits"] = logits_BxLx2[..., 0]
+    out["end_logits"] = logits_BxLx2[..., 1]
+    return out
+
+
+class BertForMultipleChoice(nn.Module):
+  """Inputs BxCxL (C choices); one score per choice from the pooled output (SWAG): BxC."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
+               output_hidden_states: bool = False) -> dict[str, Any]:
+    c = self.config
+    b, n_choices, length = input_ids.shape
+    flat = lambda x: None if x is None else x.reshape(b * n_choices, length)
+    out = BertEncoder(c, name="bert")(flat(input_ids), flat(input_mask), flat(segment_ids),
+                                      deterministic, output_hidden_states)
+    pooled = nn.Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
+    out["logits"] = dense(c, 1, ("embed", None), "classifier")(pooled).reshape(b, n_choices)
+    return out
