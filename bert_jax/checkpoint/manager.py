@@ -1,0 +1,230 @@
+"""Orbax checkpoints of a bert_jax run, and where a run's parameters come from.
+
+A checkpoint (``<workdir>/checkpoints/<step>/``) holds three items:
+  state  the TrainState: params, optimizer state, step, rng (sharded arrays, async save)
+  input  the input pipeline's position: ``PretrainInput.get_state()`` (JSON)
+  meta   small JSON facts about the run at that step (e.g. the curriculum phase)
+
+  manager = CheckpointManager(workdir, keep=3, async_save=True)
+  state, start = restore_or_initialize(manager, abstract_state, init_fn, init_checkpoint=path,
+                                       tx=tx, shardings=shardings)
+  manager.save(step, state, input_state={...}, meta={...})
+
+``restore_or_initialize`` follows one documented order:
+  1. resume this run: the latest complete checkpoint in ``workdir/checkpoints``;
+  2. else initialise from a pretrained checkpoint (``init_checkpoint``: a bert_jax workdir, a
+     Hugging Face directory or a TF checkpoint, via ``bert_jax.checkpoint.pretrained``): params
+     only, fresh optimizer state; it reports exactly which checkpoint tensors were not loaded and
+     which params were newly initialised, and refuses a tensor whose shape differs;
+  3. else from scratch.
+A checkpoint whose arrays do not have the shapes of this run's model is refused with an error
+naming them, and left untouched. ``load_params(workdir)`` gives other tools (fine-tuning,
+export, feature extraction) the latest params of a bert_jax workdir as numpy arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+def _path_str(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _flat(tree: Any) -> dict[str, Any]:
+  return {_path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+class CheckpointManager:
+  """An Orbax CheckpointManager over ``<workdir>/checkpoints`` keeping the last ``keep``."""
+
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           enable_async_checkpointing=async_save)
+    handlers = dict(state=ocp.PyTreeCheckpointHandler(), input=ocp.JsonCheckpointHandler(),
+                    meta=ocp.JsonCheckpointHandler())
+    self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+
+  def latest_step(self) -> int | None:
+    return self._mngr.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._mngr.all_steps())
+
+  def save(self, step: int, state: Any, input_state: dict | None = None,
+           meta: dict | None = None) -> None:
+    """Saves (asynchronously when configured); a step already saved is skipped."""
+    if step in self._mngr.all_steps():
+      return
+    self._mngr.save(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeSave(state),
+        input=ocp.args.JsonSave(input_state or {}),
+        meta=ocp.args.JsonSave(meta or {})), force=True)
+
+  def check_compatible(self, step: int, abstract_state: Any) -> None:
+    """ValueError (naming the arrays) when checkpoint ``step`` does not fit ``abstract_state``."""
+    saved = _flat(self._mngr.item_metadata(step)["state"])
+    wanted = _flat(abstract_state)
+    problems = []
+    for name, x in wanted.items():
+      m = saved.get(name)
+      if m is None:
+        problems.append(f"{name}: missing from the checkpoint")
+      elif tuple(m.shape) != tuple(x.shape):
+        problems.append(f"{name}: checkpoint {tuple(m.shape)} vs model {tuple(x.shape)}")
+    problems += [f"{name}: in the checkpoint, not in the model" for name in saved
+                 if name not in wanted]
+    if problems:
+      shown = "\n  ".join(problems[:10]) + ("\n  ..." if len(problems) > 10 else "")
+      raise ValueError(
+          f"{self.directory}/{step} holds a checkpoint of another model or optimizer "
+          f"({len(problems)} array(s) differ):\n  {shown}\nUse another --workdir, or move "
+          "the old checkpoints away; nothing was changed.")
+
+  def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
+    """(state placed as in ``abstract_state``'s shardings, input position, meta)."""
+    self.check_compatible(step, abstract_state)
+    out = self._mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(
+            abstract_state, restore_args=ocp.checkpoint_utils.construct_restore_args(
+                abstract_state)),
+        input=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+    return out["state"], dict(out["input"] or {}), dict(out["meta"] or {})
+
+  def restore_params(self, step: int | None = None) -> Any:
+    """The params of checkpoint ``step`` (default: latest) as numpy arrays on the host."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    meta = self._mngr.item_metadata(step)["state"]
+    params_meta = meta["params"]
+    restore_args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                          params_meta)
+    item = jax.tree_util.tree_map(lambda m: np.zeros(m.shape, m.dtype), params_meta)
+    out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item={"params": item}, restore_args={"params": restore_args}, partial_restore=True)))
+    return out["state"]["params"]
+
+  def wait(self) -> None:
+    """Blocks until any asynchronous save has finished (and surfaces its error)."""
+    self._mngr.wait_until_finished()
+
+  def close(self) -> None:
+    self._mngr.close()
+
+
+@dataclasses.dataclass
+class InitReport:
+  """How a run's parameters were obtained."""
+  source: str                     # "resumed" | "pretrained" | "scratch"
+  step: int = 0
+  path: str = ""
+  loaded: list[str] = dataclasses.field(default_factory=list)
+  not_loaded: list[str] = dataclasses.field(default_factory=list)       # in checkpoint, unused
+  newly_initialized: list[str] = dataclasses.field(default_factory=list)  # in model, not loaded
+
+  def describe(self) -> str:
+    if self.source == "resumed":
+      return f"resumed from {self.path} at step {self.step}"
+    if self.source == "scratch":
+      return "initialised from scratch"
+    return (f"initialised from {self.path}: {len(self.loaded)} tensors loaded; not loaded "
+            f"(in the checkpoint, unused): {self.not_loaded or 'none'}; newly initialised: "
+            f"{self.newly_initialized or 'none'}")
+
+
+def merge_pretrained_params(params: Any, pretrained: Any, path: str = "pretrained"
+                            ) -> tuple[Any, InitReport]:
+  """``params`` (a nested dict of arrays) with every tensor of ``pretrained`` that the model
+  has, by name. Shape mismatches raise ValueError; the report lists the rest."""
+  target = _flat(params)
+  source = _flat(pretrained)
+  mismatched = [f"{k}: checkpoint {tuple(np.shape(source[k]))} vs model {tuple(target[k].shape)}"
+                for k in target if k in source and
+                tuple(np.shape(source[k])) != tuple(target[k].shape)]
+  if mismatched:
+    raise ValueError(f"{path}: tensors whose shapes differ from the model's:\n  "
+                     + "\n  ".join(mismatched))
+  report = InitReport("pretrained", path=path,
+                      loaded=sorted(k for k in target if k in source),
+                      not_loaded=sorted(k for k in source if k not in target),
+                      newly_initialized=sorted(k for k in target if k not in source))
+
+  def pick(p, x):
+    name = _path_str(p)
+    return np.asarray(source[name]) if name in source else x
+  return jax.tree_util.tree_map_with_path(pick, params), report
+
+
+def restore_or_initialize(manager: CheckpointManager, abstract_state: Any,
+                          init_fn: Callable[[], Any], *, init_checkpoint: str = "",
+                          with_params: Callable[[Any, Any], Any] | None = None,
+                          ) -> tuple[Any, dict, dict, InitReport]:
+  """(state, input position, meta, report) by the order in the module docstring.
+
+  ``init_fn()`` makes a fresh sharded state; ``with_params(state, host_params)`` returns it
+  with new params and a fresh optimizer state (``bert_jax.train.state.state_with_params``).
+  """
+  step = manager.latest_step()
+  if step is not None:
+    state, input_state, meta = manager.restore(step, abstract_state)
+    report = InitReport("resumed", step=step, path=manager.directory)
+    logging.info("Checkpoint: %s", report.describe())
+    return state, input_state, meta, report
+  state = init_fn()
+  if not init_checkpoint:
+    report = InitReport("scratch")
+    logging.info("Checkpoint: %s", report.describe())
+    return state, {}, {}, report
+  from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415 (optional helper)
+  pretrained = load_pretrained(init_checkpoint)
+  host_params = jax.tree_util.tree_map(np.asarray, jax.device_get(state.params)) \
+      if jax.process_count() == 1 else _host_params_multi(state.params)
+  merged, report = merge_pretrained_params(host_params, pretrained.params, init_checkpoint)
+  state = with_params(state, merged)
+  logging.info("Checkpoint: %s", report.describe())
+  return state, {}, {}, report
+
+
+def _host_params_multi(params: Any) -> Any:
+  from jax.experimental import multihost_utils  # noqa: PLC0415
+  return multihost_utils.process_allgather(params, tiled=True)
+
+
+def write_json(path: str, obj: Any) -> None:
+  """Writes JSON atomically (temp file, then rename)."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)
+
+
+def load_params(workdir: str, step: int | None = None):
+  """(params as numpy, BertConfig, tokenizer) from the latest checkpoint of a bert_jax workdir.
+
+  The tokenizer is None when the workdir holds no tokenizer files.
+  """
+  from bert_jax.model import BertConfig  # noqa: PLC0415
+  config_path = os.path.join(workdir, "model_config.json")
+  if not os.path.exists(config_path):
+    raise FileNotFoundError(f"{workdir} is not a bert_jax workdir: no model_config.json")
+  with open(config_path) as f:
+    config = BertConfig.from_dict(json.load(f), source=config_path)
+  manager = CheckpointManager(workdir, async_save=False)
+  try:
+    params = manager.restore_params(step)
+  finally:
+    manager.close()
+  tokenizer = None
+  if any(os.path.exists(os.path.join(workdir, n)) for n in ("vocab.txt", "sentencepiece.model")):
+    from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+    tokenizer = load_tokenizer(workdir)
+  return params, config, tokenizer

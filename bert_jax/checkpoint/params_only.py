@@ -1,0 +1,82 @@
+"""A parameters-only Orbax checkpoint: the weights, without optimizer state, step or input state.
+
+For fine-tuning or serving elsewhere (another codebase, another mesh): the layout is
+
+  <out>/params/            an Orbax StandardCheckpointer checkpoint of the params pytree
+                           (encoder under "bert", head params beside it), float32 numpy
+  <out>/model_config.json  BertConfig.to_dict()
+  <out>/head.json          {"task", "num_labels", "labels"}
+  <out>/vocab.txt | sentencepiece.model, tokenizer_config.json   (when there is a tokenizer)
+
+Anyone with Orbax restores the weights with
+``orbax.checkpoint.StandardCheckpointer().restore("<out>/params")`` (pass an abstract pytree
+with shardings to place them on a mesh); :func:`restore_params_only` returns everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+from bert_jax.model.config import BertConfig
+
+PARAMS_DIR = "params"
+
+
+def export_params_only(out_dir: str, params: Mapping[str, Any], config: BertConfig,
+                       head: Mapping[str, Any], tokenizer=None, overwrite: bool = False) -> str:
+  """Writes the layout above to ``out_dir`` (via a temporary directory, moved when complete)."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
+    raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")
+  params = jax.tree_util.tree_map(np.asarray, dict(params))
+  parent = os.path.dirname(os.path.abspath(out_dir))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".params_only_", dir=parent)
+  try:
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+    with open(os.path.join(tmp, "model_config.json"), "w") as f:
+      json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+    with open(os.path.join(tmp, "head.json"), "w") as f:
+      json.dump(dict(head), f, indent=2)
+    if tokenizer is not None:
+      tokenizer.save(tmp)
+    if os.path.exists(out_dir):
+      shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return out_dir
+
+
+def restore_params_only(out_dir: str) -> tuple[dict[str, Any], BertConfig, dict[str, Any], Any]:
+  """(params as numpy, BertConfig, head dict, tokenizer or None) from an export above."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  config_path = os.path.join(out_dir, "model_config.json")
+  if not os.path.isfile(config_path) or not os.path.isdir(os.path.join(out_dir, PARAMS_DIR)):
+    raise FileNotFoundError(f"{out_dir} is not a parameters-only export (expected "
+                            f"model_config.json and {PARAMS_DIR}/)")
+  with open(config_path) as f:
+    config = BertConfig.from_dict(json.load(f), source=config_path)
+  with open(os.path.join(out_dir, "head.json")) as f:
+    head = json.load(f)
+  checkpointer = ocp.StandardCheckpointer()
+  params = checkpointer.restore(os.path.join(os.path.abspath(out_dir), PARAMS_DIR))
+  checkpointer.close()
+  tokenizer = None
+  if any(os.path.exists(os.path.join(out_dir, n)) for n in ("vocab.txt", "sentencepiece.model")):
+    from bert_jax.tokenize import load_tokenizer  # pylint: disable=import-outside-toplevel
+    tokenizer = load_tokenizer(out_dir)
+  return jax.tree_util.tree_map(np.asarray, params), config, head, tokenizer

@@ -1,0 +1,141 @@
+"""Export a bert_jax model as a TensorFlow SavedModel through ``jax.experimental.jax2tf``.
+
+The SavedModel has one serving signature, ``serving_default``, taking ``input_ids``,
+``input_mask`` and ``segment_ids`` (int32 [batch, length]; [batch, choices, length] for
+multiple choice) with batch, length (and choices) all polymorphic: one SavedModel serves any
+batch size and any length up to ``max_position_embeddings``. Its outputs depend on the head:
+
+======================== =================================================================
+encoder                  sequence_output [B, L, D], pooled_output [B, D]
+pretraining              + mlm_logits [B, L, V] (every position), nsp_logits [B, 2]
+sequence_classification  + logits [B, num_labels]
+token_classification     + logits [B, L, num_labels]
+question_answering       + start_logits, end_logits [B, L]
+multiple_choice          logits [B, C] (+ sequence/pooled outputs per choice, [B*C, ...])
+======================== =================================================================
+
+The weights are TensorFlow variables (not constants folded into the graph), so the SavedModel
+is about the size of the checkpoint. ``model_config.json``, ``head.json`` and the tokenizer
+files go to ``<out>/assets.extra/`` for the serving side's pre-processing.
+
+  export_saved_model(out_dir, params, config, task="sequence_classification", num_labels=3)
+  tf.saved_model.load(out_dir).signatures["serving_default"](input_ids=..., input_mask=...,
+                                                             segment_ids=...)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Mapping
+
+import jax
+import numpy as np
+
+from bert_jax import model as models
+from bert_jax.model.config import BertConfig
+
+INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
+SIGNATURE = "serving_default"
+# What each head's serving signature returns (besides sequence_output and pooled_output).
+HEAD_OUTPUTS = {
+    "encoder": (),
+    "pretraining": ("mlm_logits", "nsp_logits"),
+    "sequence_classification": ("logits",),
+    "token_classification": ("logits",),
+    "question_answering": ("start_logits", "end_logits"),
+    "multiple_choice": ("logits",),
+}
+
+
+def model_for_task(config: BertConfig, task: str, num_labels: int | None = None):
+  """The Flax module whose params a ``task`` checkpoint holds (encoder: BertEncoder)."""
+  if task == "encoder":
+    return models.BertEncoder(config)
+  if task == "pretraining":
+    return models.BertForPreTraining(config)
+  if task == "sequence_classification":
+    return models.BertForSequenceClassification(config, num_labels)
+  if task == "token_classification":
+    return models.BertForTokenClassification(config, num_labels)
+  if task == "question_answering":
+    return models.BertForQuestionAnswering(config)
+  if task == "multiple_choice":
+    return models.BertForMultipleChoice(config)
+  raise ValueError(f"unknown task {task!r}; choose one of {sorted(HEAD_OUTPUTS)}")
+
+
+def serving_fn(config: BertConfig, task: str,
+               num_labels: int | None = None) -> Callable[..., dict[str, jax.Array]]:
+  """``f(params, input_ids, input_mask, segment_ids) -> dict`` in inference mode (no dropout).
+
+  ``params`` are those of the task's model (for "encoder": with the encoder under "bert").
+  """
+  module = model_for_task(config, task, num_labels)
+  keys = ("sequence_output", "pooled_output") + HEAD_OUTPUTS[task]
+
+  def f(params, input_ids, input_mask, segment_ids):
+    variables = {"params": params["bert"] if task == "encoder" else params}
+    out = module.apply(variables, input_ids, input_mask, segment_ids, deterministic=True)
+    return {k: out[k] for k in keys}
+
+  return f
+
+
+def polymorphic_spec(task: str) -> str:
+  return "(b, c, l)" if task == "multiple_choice" else "(b, l)"
+
+
+def export_saved_model(out_dir: str, params: Mapping[str, Any], config: BertConfig, task: str,
+                       num_labels: int | None = None, tokenizer=None,
+                       head: Mapping[str, Any] | None = None, overwrite: bool = False) -> str:
+  """Writes a SavedModel of ``task``'s model with ``params`` to ``out_dir``; returns it.
+
+  The model is written to a temporary directory beside ``out_dir`` and moved into place only
+  when complete, so a failure leaves no half-written export (and an existing ``out_dir`` is
+  kept unless ``overwrite``).
+  """
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel  (heavy; only here)
+  from jax.experimental import jax2tf  # pylint: disable=import-outside-toplevel
+
+  if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
+    raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")
+  params = jax.tree_util.tree_map(np.asarray, dict(params))
+  fn = serving_fn(config, task, num_labels)
+  spec = polymorphic_spec(task)
+  tf_fn = jax2tf.convert(
+      fn, with_gradient=False, polymorphic_shapes=[None, spec, spec, spec],
+      polymorphic_constraints=[f"l <= {config.max_position_embeddings}"])
+  module = tf.Module()
+  module.params = tf.nest.map_structure(lambda x: tf.Variable(x, trainable=False), params)
+  rank = 3 if task == "multiple_choice" else 2
+  specs = [tf.TensorSpec([None] * rank, tf.int32, name=k) for k in INPUT_KEYS]
+
+  @tf.function(autograph=False, input_signature=specs)
+  def serve(input_ids, input_mask, segment_ids):
+    return tf_fn(module.params, input_ids, input_mask, segment_ids)
+
+  module.serve = serve
+  parent = os.path.dirname(os.path.abspath(out_dir))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".saved_model_", dir=parent)
+  try:
+    tf.saved_model.save(module, tmp, signatures={SIGNATURE: serve})
+    extra = os.path.join(tmp, "assets.extra")
+    os.makedirs(extra, exist_ok=True)
+    with open(os.path.join(extra, "model_config.json"), "w") as f:
+      json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+    with open(os.path.join(extra, "head.json"), "w") as f:
+      json.dump(dict(head or {"task": task, "num_labels": num_labels, "labels": []}), f,
+                indent=2)
+    if tokenizer is not None:
+      tokenizer.save(extra)
+    if os.path.exists(out_dir):
+      shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return out_dir

@@ -1,0 +1,254 @@
+"""Parallel, deterministic generation of pre-training TFRecords from a corpus.
+
+Work is split into input shards (`corpus.make_input_shards`); each shard is read, tokenized
+once, and turned into instances for every requested `max_seq_length` (e.g. 128 and 512 for the
+two-phase curriculum) by `examples.instances_from_documents`. Memory is bounded by one shard:
+NSP's random "other document" is drawn within the shard. Each shard's random stream is seeded
+from (random_seed, shard index, max_seq_length, split) only, so the files are byte-identical
+whatever the number of worker processes or hosts. Hosts split the shards by
+`shard.index % process_count == process_index`.
+
+Output, per sequence length L: `{output_dir}/seq_{L}/{split}-{i:05d}-of-{n:05d}.tfrecord`
+for split in ("train", "eval"); eval holds the documents drawn for `eval_fraction` (per shard, by
+document, fixed by the seed). Files are written atomically; a shard whose files all exist is
+skipped (so an interrupted run resumes), unless `overwrite`.
+"""
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import random
+import time
+
+from bert_jax.data import corpus
+from bert_jax.data import examples as examples_lib
+from bert_jax.data import masking
+
+SPLITS = ("train", "eval")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+  """Every knob of generation (names as in google-research/bert's script)."""
+  tokenizer_path: str
+  do_lower_case: bool | None = None
+  input_format: str = "original"
+  doc_boundary: int = 2
+  max_seq_lengths: tuple[int, ...] = (128,)
+  max_predictions_per_seq: tuple[int, ...] = (20,)
+  masked_lm_prob: float = 0.15
+  short_seq_prob: float = 0.1
+  dupe_factor: int = 10
+  whole_word_mask: bool = False
+  random_seed: int = 12345
+  eval_fraction: float = 0.0
+
+  def __post_init__(self):
+    if len(self.max_seq_lengths) != len(self.max_predictions_per_seq):
+      raise ValueError(f"max_seq_lengths {self.max_seq_lengths} and max_predictions_per_seq "
+                       f"{self.max_predictions_per_seq} must have the same number of entries")
+    for length in self.max_seq_lengths:
+      if length < 5:
+        raise ValueError(f"max_seq_length must be >= 5, got {length}")
+    if not 0.0 <= self.eval_fraction < 1.0:
+      raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+    if self.dupe_factor < 1:
+      raise ValueError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
+
+
+def output_path(output_dir: str, max_seq_length: int, split: str, index: int,
+                num_shards: int) -> str:
+  return os.path.join(output_dir, f"seq_{max_seq_length}",
+                      f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord")
+
+
+def output_pattern(output_dir: str, max_seq_length: int, split: str) -> str:
+  return os.path.join(output_dir, f"seq_{max_seq_length}", f"{split}-*-of-*.tfrecord")
+
+
+def _seed(*parts) -> int:
+  digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+  return int.from_bytes(digest[:8], "little")
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer_and_spec(tokenizer_path: str, do_lower_case: bool | None):
+  from bert_jax.tokenize import load_tokenizer  # pylint: disable=g-import-not-at-top
+  tokenizer = load_tokenizer(tokenizer_path, do_lower_case=do_lower_case)
+  return tokenizer, masking.MaskingSpec.from_tokenizer(tokenizer)
+
+
+def _new_stats() -> dict:
+  return {"shards": 0, "shards_skipped_existing": 0, "documents": 0, "sentences": 0,
+          "one_sentence_documents": 0, "lines_skipped_non_utf8": 0,
+          "documents_skipped_non_utf8": 0, "per_length": {}}
+
+
+def _new_length_stats() -> dict:
+  return {"examples": 0, "train_examples": 0, "eval_examples": 0, "tokens": 0, "maskable": 0,
+          "masked": 0, "random_next": 0, "short_targets": 0, "mask_token": 0, "kept": 0,
+          "replaced": 0}
+
+
+def _shard_outputs(shard: corpus.InputShard, config: GenerationConfig, output_dir: str):
+  return [output_path(output_dir, length, split, shard.index, shard.num_shards)
+          for length in config.max_seq_lengths for split in SPLITS]
+
+
+def generate_shard(shard: corpus.InputShard, config: GenerationConfig, output_dir: str,
+                   overwrite: bool = False) -> dict:
+  """Reads, tokenizes and writes one input shard for every sequence length. Returns stats."""
+  from bert_jax.data import tfrecord  # pylint: disable=g-import-not-at-top  (TF in workers only)
+  stats = _new_stats()
+  if not overwrite and all(os.path.exists(p) for p in _shard_outputs(shard, config, output_dir)):
+    stats["shards_skipped_existing"] = 1
+    return stats
+  tokenizer, spec = _load_tokenizer_and_spec(config.tokenizer_path, config.do_lower_case)
+  read_stats: dict = {}
+  documents: dict[str, list[list[list[int]]]] = {"train": [], "eval": []}
+  split_rng = random.Random(_seed(config.random_seed, shard.index, "eval_split"))
+  for sentences in corpus.read_shard_documents(shard, config.input_format, read_stats,
+                                               doc_boundary=config.doc_boundary):
+    tokenized = [ids for ids in tokenizer.encode_batch(sentences) if ids]
+    is_eval = split_rng.random() < config.eval_fraction
+    if not tokenized:
+      continue
+    stats["documents"] += 1
+    stats["sentences"] += len(tokenized)
+    stats["one_sentence_documents"] += len(tokenized) == 1
+    documents["eval" if is_eval else "train"].append(tokenized)
+  for key in ("lines_skipped_non_utf8", "documents_skipped_non_utf8"):
+    stats[key] += read_stats.get(key, 0)
+
+  for length, max_predictions in zip(config.max_seq_lengths, config.max_predictions_per_seq):
+    length_stats = _new_length_stats()
+    for split in SPLITS:
+      rng = random.Random(_seed(config.random_seed, shard.index, length, split))
+      instances = examples_lib.instances_from_documents(
+          documents[split], length, config.dupe_factor, config.short_seq_prob,
+          config.masked_lm_prob, max_predictions, spec, config.whole_word_mask, rng)
+      records = []
+      for inst in instances:
+        records.append(tfrecord.serialize_example(
+            inst.input_ids, inst.segment_ids, inst.masked_positions, inst.masked_ids,
+            inst.is_random_next, length, max_predictions, pad_id=spec.pad_id))
+        length_stats["tokens"] += len(inst.input_ids)
+        length_stats["maskable"] += len(inst.input_ids) - 3
+        length_stats["masked"] += len(inst.masked_positions)
+        length_stats["random_next"] += inst.is_random_next
+        length_stats["short_targets"] += inst.short_target
+        for position, label in zip(inst.masked_positions, inst.masked_ids):
+          token_id = inst.input_ids[position]
+          kind = ("mask_token" if token_id == spec.mask_id else
+                  "kept" if token_id == label else "replaced")
+          length_stats[kind] += 1
+      length_stats["examples"] += len(instances)
+      length_stats[f"{split}_examples"] += len(instances)
+      path = output_path(output_dir, length, split, shard.index, shard.num_shards)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      tfrecord.write_records(path, records)
+    stats["per_length"][str(length)] = length_stats
+  stats["shards"] = 1
+  return stats
+
+
+def _merge(total: dict, part: dict) -> None:
+  for key, value in part.items():
+    if key == "per_length":
+      for length, length_stats in value.items():
+        into = total["per_length"].setdefault(length, _new_length_stats())
+        for k, v in length_stats.items():
+          into[k] += v
+    else:
+      total[key] += value
+
+
+def _worker(args):
+  shard, config, output_dir, overwrite = args
+  return shard.index, generate_shard(shard, config, output_dir, overwrite)
+
+
+def summary_line(stats: dict) -> str:
+  """The closing statistics line."""
+  parts = [f"shards {stats['shards']} (+{stats['shards_skipped_existing']} already done)",
+           f"documents {stats['documents']}", f"sentences {stats['sentences']}"]
+  for length, s in sorted(stats["per_length"].items(), key=lambda kv: int(kv[0])):
+    n = max(s["examples"], 1)
+    parts.append(
+        f"seq {length}: examples {s['examples']} (train {s['train_examples']}, eval "
+        f"{s['eval_examples']}), tokens {s['tokens']}, masked {s['masked'] / max(s['maskable'], 1):.4f}"
+        f" of maskable, NSP random-next {s['random_next'] / n:.4f}")
+  if stats["lines_skipped_non_utf8"] or stats["documents_skipped_non_utf8"]:
+    parts.append(f"skipped non-UTF-8: {stats['lines_skipped_non_utf8']} lines, "
+                 f"{stats['documents_skipped_non_utf8']} documents")
+  return "; ".join(parts)
+
+
+def _check_or_write_config(output_dir: str, config: GenerationConfig, num_shards: int,
+                           overwrite: bool) -> None:
+  """Stores the generation settings; refuses to mix files made with different ones."""
+  path = os.path.join(output_dir, "generation_config.json")
+  wanted = dict(dataclasses.asdict(config), num_shards=num_shards)
+  wanted = json.loads(json.dumps(wanted))
+  if os.path.exists(path) and not overwrite:
+    with open(path) as f:
+      existing = json.load(f)
+    if existing != wanted:
+      diff = sorted(k for k in set(existing) | set(wanted) if existing.get(k) != wanted.get(k))
+      raise ValueError(f"{path}: {output_dir} holds data generated with different settings "
+                       f"({', '.join(diff)}); use another output_dir or overwrite=True")
+    return
+  os.makedirs(output_dir, exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(wanted, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def generate(inputs, output_dir: str, config: GenerationConfig, num_shards: int = 0,
+             num_workers: int = 0, process_index: int = 0, process_count: int = 1,
+             overwrite: bool = False, tfds_split: str = "train", tfds_data_dir: str = "",
+             tfds_text_key: str = "text", progress: bool = True) -> dict:
+  """Generates this host's shards. Returns {"stats", "files": {L: {split: pattern}}}.
+
+  `num_workers` 0 means all cores (`os.cpu_count()`); 1 runs in this process.
+  """
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} not in [0, process_count={process_count})")
+  shards = corpus.make_input_shards(inputs, config.input_format, num_shards=num_shards,
+                                    tfds_split=tfds_split, tfds_data_dir=tfds_data_dir,
+                                    tfds_text_key=tfds_text_key)
+  _check_or_write_config(output_dir, config, len(shards), overwrite)
+  mine = [s for s in shards if s.index % process_count == process_index]
+  workers = min(num_workers or os.cpu_count() or 1, max(len(mine), 1))
+  stats = _new_stats()
+  start = time.time()
+  tasks = [(s, config, output_dir, overwrite) for s in mine]
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  bar = tqdm(total=len(tasks), desc="generating shards", unit="shard", disable=not progress)
+  if workers <= 1:
+    results = map(_worker, tasks)
+    pool = None
+  else:
+    # spawn, not fork: TensorFlow and tokenizers hold threads that do not survive a fork.
+    pool = multiprocessing.get_context("spawn").Pool(workers)
+    results = pool.imap_unordered(_worker, tasks)
+  try:
+    for _, shard_stats in results:
+      _merge(stats, shard_stats)
+      bar.update(1)
+      bar.set_postfix(documents=stats["documents"])
+  finally:
+    bar.close()
+    if pool is not None:
+      pool.close()
+      pool.join()
+  stats["seconds"] = round(time.time() - start, 2)
+  logging.info("create_pretraining_data: %s", summary_line(stats))
+  files = {length: {split: output_pattern(output_dir, length, split) for split in SPLITS}
+           for length in config.max_seq_lengths}
+  return {"stats": stats, "files": files}

@@ -1,0 +1,135 @@
+"""The pre-training TFRecord schema (google-research/bert's, also NVIDIA's) and shard integrity.
+
+Every record is a `tf.train.Example` with int64 features `input_ids`, `input_mask`,
+`segment_ids` [max_seq_length], `masked_lm_positions`, `masked_lm_ids`
+[max_predictions_per_seq], `next_sentence_labels` [1] and a float feature
+`masked_lm_weights` [max_predictions_per_seq]. `next_sentence_labels` is 1 when segment B is a
+random segment ("is_random_next"), 0 when it is the real continuation.
+"""
+
+import os
+import struct
+
+import numpy as np
+import tensorflow as tf
+
+INT_FEATURES = ("input_ids", "input_mask", "segment_ids")
+MASK_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+FEATURE_NAMES = INT_FEATURES + MASK_FEATURES + ("next_sentence_labels",)
+
+
+def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
+  """The `tf.io.parse_single_example` spec of the original create_pretraining_data.py files."""
+  return {
+      "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+      "input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+      "segment_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+      "masked_lm_positions": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+      "masked_lm_ids": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+      "masked_lm_weights": tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32),
+      "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+  }
+
+
+def serialize_example(input_ids: list[int], segment_ids: list[int], masked_positions: list[int],
+                      masked_ids: list[int], is_random_next: bool, max_seq_length: int,
+                      max_predictions_per_seq: int, pad_id: int = 0) -> bytes:
+  """One instance -> a serialized tf.train.Example, padded like the original."""
+  n = len(input_ids)
+  if n > max_seq_length:
+    raise ValueError(f"instance of {n} tokens exceeds max_seq_length {max_seq_length}")
+  pad = max_seq_length - n
+  num_masks = len(masked_positions)
+  mask_pad = max_predictions_per_seq - num_masks
+
+  def ints(values):
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+  features = {
+      "input_ids": ints(list(input_ids) + [pad_id] * pad),
+      "input_mask": ints([1] * n + [0] * pad),
+      "segment_ids": ints(list(segment_ids) + [0] * pad),
+      "masked_lm_positions": ints(list(masked_positions) + [0] * mask_pad),
+      "masked_lm_ids": ints(list(masked_ids) + [0] * mask_pad),
+      "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(
+          value=[1.0] * num_masks + [0.0] * mask_pad)),
+      "next_sentence_labels": ints([1 if is_random_next else 0]),
+  }
+  example = tf.train.Example(features=tf.train.Features(feature=features))
+  return example.SerializeToString(deterministic=True)  # Sorted map keys: same bytes anywhere.
+
+
+def parse_batch(serialized_B: tf.Tensor, max_seq_length: int,
+                max_predictions_per_seq: int) -> dict:
+  """A batch of serialized Examples -> dict of int32/float32 tensors (labels squeezed to [B])."""
+  parsed = tf.io.parse_example(serialized_B, feature_spec(max_seq_length,
+                                                          max_predictions_per_seq))
+  out = {}
+  for name, value in parsed.items():
+    if value.dtype == tf.int64:
+      value = tf.cast(value, tf.int32)
+    out[name] = value
+  out["next_sentence_labels"] = tf.reshape(out["next_sentence_labels"], [-1])
+  return out
+
+
+def check_record_framing(path: str, max_records: int | None = None) -> int:
+  """Walks the TFRecord framing (8-byte length, 4-byte crc, data, 4-byte crc) of a file.
+
+  Returns the number of records seen (stopping after `max_records` when given). Raises a
+  ValueError naming the file, the record and the byte offset when the file is cut mid-record.
+  Cheap: reads 12 bytes per record and seeks over the data.
+  """
+  size = tf.io.gfile.stat(path).length
+  count = 0
+  offset = 0
+  with tf.io.gfile.GFile(path, "rb") as f:
+    while offset < size:
+      if max_records is not None and count >= max_records:
+        break
+      header = f.read(12)
+      if len(header) < 12:
+        raise ValueError(f"{path}: TFRecord file truncated inside the header of record {count} "
+                         f"(byte {offset} of {size}); the shard is incomplete, regenerate it")
+      (length,) = struct.unpack("<Q", header[:8])
+      end = offset + 12 + length + 4
+      if end > size:
+        raise ValueError(f"{path}: TFRecord file truncated inside record {count} (starts at byte "
+                         f"{offset}, needs {end} bytes, file has {size}); the shard is "
+                         "incomplete, regenerate it")
+      f.seek(end)
+      offset = end
+      count += 1
+  return count
+
+
+def find_broken_file(paths: list[str]) -> str | None:
+  """The error of the first file among `paths` whose framing is broken, else None."""
+  for path in paths:
+    try:
+      check_record_framing(path)
+    except ValueError as e:
+      return str(e)
+  return None
+
+
+def count_records(paths: list[str]) -> int:
+  """Number of records in TFRecord files (framing walk; no parsing)."""
+  return sum(check_record_framing(p) for p in paths)
+
+
+def write_records(path: str, records: list[bytes]) -> None:
+  """Writes serialized records to `path` atomically (a temp file renamed when complete), so an
+  interrupted run never leaves a truncated shard under the final name."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with tf.io.TFRecordWriter(tmp) as writer:
+    for record in records:
+      writer.write(record)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def example_to_numpy(serialized: bytes, max_seq_length: int, max_predictions_per_seq: int) -> dict:
+  """One serialized Example -> dict of numpy arrays (for inspection and tests)."""
+  parsed = tf.io.parse_single_example(serialized, feature_spec(max_seq_length,
+                                                               max_predictions_per_seq))
+  return {k: np.asarray(v) for k, v in parsed.items()}

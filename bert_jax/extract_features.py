@@ -1,0 +1,61 @@
+r"""Extract contextual token features from a pre-trained BERT (google-research/bert's script).
+
+  python -m bert_jax.extract_features --input_file=sentences.txt --output_file=features.jsonl \
+      --checkpoint=path/to/model --layers=-1,-2,-3,-4 --max_seq_length=128 --batch_size=32
+
+Each input line is a sentence or ``text_a ||| text_b``; each output line is a JSON object
+``{"linex_index", "features": [{"token", "layers": [{"index", "values"}]}]}`` as the original
+writes it. --checkpoint is a bert_jax workdir, a Hugging Face directory or a google-research/bert
+TensorFlow checkpoint. See docs/extract_features.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input_file", None, "UTF-8 text, one sentence (or 'a ||| b') per line.")
+flags.DEFINE_string("output_file", None, "JSON lines output (written when complete).")
+flags.DEFINE_string("checkpoint", None, "bert_jax workdir, Hugging Face directory or "
+                    "google-research/bert checkpoint (directory or bert_model.ckpt prefix).")
+flags.DEFINE_list("layers", ["-1", "-2", "-3", "-4"], "Encoder layers to output (-1: last).")
+flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated (counted in the "
+                     "summary).")
+flags.DEFINE_integer("batch_size", 32, "Lines per jitted batch.")
+flags.DEFINE_boolean("do_lower_case", None, "Override the checkpoint tokenizer's casing.")
+flags.DEFINE_boolean("allow_empty_lines", False, "Extract [CLS] [SEP] for an empty line (the "
+                     "original's behaviour) instead of stopping with an error naming it.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  missing = [f"--{n}" for n in ("input_file", "output_file", "checkpoint") if not FLAGS[n].value]
+  if missing:
+    raise app.UsageError(f"{', '.join(missing)} required")
+  from bert_jax.features import extract_features  # pylint: disable=import-outside-toplevel
+  try:
+    layers = [int(x) for x in FLAGS.layers]
+  except ValueError:
+    raise app.UsageError(f"--layers must be integers, got {','.join(FLAGS.layers)}") from None
+  try:
+    summary = extract_features(FLAGS.input_file, FLAGS.output_file, FLAGS.checkpoint, layers,
+                               FLAGS.max_seq_length, FLAGS.batch_size, FLAGS.do_lower_case,
+                               FLAGS.allow_empty_lines)
+  except (ValueError, OSError) as e:
+    print(f"extract_features: error: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps(summary))
+  return 0
+
+
+def run():
+  """Console-script entry (bert-jax-extract-features)."""
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,257 @@
+"""Contextual token features from a pre-trained BERT, as google-research/bert's extract_features.
+
+Input: a UTF-8 text file, one example a line: a sentence, or ``text_a ||| text_b`` (a pair,
+segments 0 and 1). Output: JSON lines in the original's layout::
+
+  {"linex_index": 0, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]},
+                                                              ...]}, ...]}
+
+one line per input line, in input order; ``values`` are float32 activations rounded to 6
+decimals as the original does (``round(float(x), 6)``). ``layers`` index the encoder layers
+as the original's ``get_all_encoder_layers()`` (-1 is the last layer, 0 the first layer's
+output; the embeddings are not a layer).
+
+Batches are jitted at a few bucketed lengths (powers of two up to ``max_seq_length``) and a
+fixed batch size, so a file compiles a handful of programs whatever its line lengths; lines are
+sorted by length within a window for dense batches and written back in input order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import time
+from typing import Any, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.model import BertEncoder
+
+_PAIR = re.compile(r"^(.*) \|\|\| (.*)$")  # the original's separator: " ||| "
+
+
+@dataclasses.dataclass(frozen=True)
+class InputExample:
+  unique_id: int  # 0-based line index: the output's linex_index
+  text_a: str
+  text_b: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFeatures:
+  unique_id: int
+  tokens: list[str]  # including [CLS] and [SEP]
+  input_ids: list[int]
+  segment_ids: list[int]
+  truncated: bool = False  # whether tokens were dropped to fit max_seq_length
+
+
+def read_examples(path: str | os.PathLike, allow_empty_lines: bool = False) -> list[InputExample]:
+  """The examples of an input file; a bad line is a ValueError naming ``path:line``.
+
+  Bytes that are not UTF-8 are an error. An empty (or blank) line is an error unless
+  ``allow_empty_lines``: then, as in the original, it is an example of no text whose features
+  are those of ``[CLS] [SEP]`` (so line numbers and linex_index stay aligned).
+  """
+  from bert_jax.tokenize import iter_text_lines  # pylint: disable=import-outside-toplevel
+  path = str(path)
+  if not os.path.isfile(path):
+    raise ValueError(f"{path}: no such input file")
+  examples = []
+  for i, line in enumerate(iter_text_lines(path)):
+    line = line.strip()
+    if not line and not allow_empty_lines:
+      raise ValueError(f"{path}:{i + 1}: empty line (every line is one example; remove it, or "
+                       f"pass allow_empty_lines / --allow_empty_lines to extract [CLS] [SEP])")
+    m = _PAIR.match(line)
+    examples.append(InputExample(i, m.group(1), m.group(2)) if m else InputExample(i, line))
+  if not examples:
+    raise ValueError(f"{path}: the input file is empty")
+  return examples
+
+
+def _truncate_pair(a: list, b: list, max_length: int) -> None:
+  """The original's heuristic: drop a token from the end of the longer one until they fit."""
+  while len(a) + len(b) > max_length:
+    (a if len(a) > len(b) else b).pop()
+
+
+def convert_examples(examples: Sequence[InputExample], tokenizer, max_seq_length: int
+                     ) -> list[InputFeatures]:
+  """[CLS] a [SEP] (b [SEP]) with segment ids; truncated to max_seq_length as the original."""
+  if max_seq_length < 3:
+    raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
+  tokens_a = tokenizer.tokenize_batch([e.text_a for e in examples])
+  pairs = [e for e in examples if e.text_b is not None]
+  tokens_b = dict(zip((e.unique_id for e in pairs),
+                      tokenizer.tokenize_batch([e.text_b for e in pairs]) if pairs else []))
+  cls, sep = tokenizer.convert_ids_to_tokens([tokenizer.cls_id, tokenizer.sep_id])
+  out = []
+  for e, a in zip(examples, tokens_a):
+    a = list(a)
+    b = tokens_b.get(e.unique_id)
+    full = len(a) + (0 if b is None else len(b))
+    if b is not None:
+      b = list(b)
+      _truncate_pair(a, b, max_seq_length - 3)
+    else:
+      a = a[:max_seq_length - 2]
+    tokens = [cls] + a + [sep]
+    segments = [0] * len(tokens)
+    if b is not None:
+      tokens += b + [sep]
+      segments += [1] * (len(b) + 1)
+    ids = tokenizer.convert_tokens_to_ids(tokens)
+    out.append(InputFeatures(e.unique_id, tokens, ids, segments,
+                             truncated=len(a) + (0 if b is None else len(b)) < full))
+  return out
+
+
+def bucket_lengths(max_seq_length: int) -> list[int]:
+  """Padded lengths batches are compiled at: 8, 16, 24, 32, 48, 64, 96, ... (steps of at most
+  half the length, so padding wastes at most a third), then ``max_seq_length``."""
+  steps, n = [8, 16, 24], 32
+  while n < max_seq_length:
+    steps += [n, n * 3 // 2]
+    n *= 2
+  return [b for b in steps if b < max_seq_length] + [max_seq_length]
+
+
+def check_layers(layers: Sequence[int], num_hidden_layers: int) -> tuple[int, ...]:
+  layers = tuple(int(i) for i in layers)
+  if not layers:
+    raise ValueError("layers is empty; pass e.g. -1,-2,-3,-4")
+  bad = [i for i in layers if not -num_hidden_layers <= i < num_hidden_layers]
+  if bad:
+    raise ValueError(f"layers {bad} out of range for a model of {num_hidden_layers} layers "
+                     f"(use -{num_hidden_layers}..{num_hidden_layers - 1}; -1 is the last)")
+  return layers
+
+
+class FeatureExtractor:
+  """Runs a pre-trained encoder over InputFeatures, returning the chosen layers per token."""
+
+  def __init__(self, params: dict[str, Any], config, layers: Sequence[int] = (-1, -2, -3, -4),
+               max_seq_length: int = 128, batch_size: int = 32):
+    if max_seq_length > config.max_position_embeddings:
+      raise ValueError(f"max_seq_length {max_seq_length} exceeds the model's "
+                       f"max_position_embeddings {config.max_position_embeddings}")
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be positive, got {batch_size}")
+    self.config = config.replace(dtype="float32")
+    self.layers = check_layers(layers, config.num_hidden_layers)
+    self.max_seq_length = max_seq_length
+    self.batch_size = batch_size
+    self.buckets = bucket_lengths(max_seq_length)
+    self.params = jax.device_put(params["bert"] if "bert" in params else params)
+    encoder = BertEncoder(self.config)
+    n = config.num_hidden_layers
+    picked = [n + 1 + i if i < 0 else i + 1 for i in self.layers]  # hidden_states[0] = embeddings
+
+    def run(params, ids_BxL, mask_BxL, seg_BxL):
+      out = encoder.apply({"params": params}, ids_BxL, mask_BxL, seg_BxL,
+                          output_hidden_states=True)
+      return jnp.stack([out["hidden_states"][j] for j in picked], axis=1)  # BxNxLxD
+
+    self._run = jax.jit(run)
+
+  def _bucket(self, length: int) -> int:
+    return next(b for b in self.buckets if b >= length)
+
+  def _arrays(self, feats: Sequence[InputFeatures]):
+    length = self._bucket(max(len(f.input_ids) for f in feats))
+    ids, seg = (np.zeros((self.batch_size, length), np.int32) for _ in range(2))
+    mask = np.zeros((self.batch_size, length), np.int32)
+    for r, f in enumerate(feats):
+      n = len(f.input_ids)
+      ids[r, :n], seg[r, :n], mask[r, :n] = f.input_ids, f.segment_ids, 1
+    return ids, mask, seg
+
+  def __call__(self, features: Sequence[InputFeatures], window: int = 64
+               ) -> Iterator[tuple[InputFeatures, np.ndarray]]:
+    """Yields (features, values [num_layers, num_tokens, hidden]) in the order given.
+
+    Lines are sorted by length within windows of ``window`` batches; the next batch is
+    dispatched before the last one is fetched, so host and device work overlap.
+    """
+    span = window * self.batch_size
+    for start in range(0, len(features), span):
+      chunk = sorted(features[start:start + span], key=lambda f: len(f.input_ids))
+      batches = [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+      results: dict[int, np.ndarray] = {}
+      pending = None
+      for feats in batches + [None]:
+        dispatched = None if feats is None else (feats, self._run(self.params,
+                                                                  *self._arrays(feats)))
+        if pending is not None:
+          done, out = pending
+          out = np.asarray(out)
+          for r, f in enumerate(done):
+            results[f.unique_id] = out[r, :, :len(f.input_ids)]
+        pending = dispatched
+      for f in features[start:start + span]:
+        yield f, results.pop(f.unique_id)
+
+
+def round_like_original(values: np.ndarray) -> list:
+  """``[round(float(x), 6) for x in values]``, vectorised.
+
+  Exact for float32 input: a float32 times 10**6 is exact in float64 (24 + 20 bits < 53), so
+  rint then division by 10**6 rounds as Python's correctly rounded ``round`` does.
+  """
+  return np.round(np.asarray(values, np.float32).astype(np.float64), 6).tolist()
+
+
+def to_json(f: InputFeatures, values_NxTxD: np.ndarray, layers: Sequence[int]) -> str:
+  """One output line in the original's layout."""
+  rounded = round_like_original(values_NxTxD)  # N x T x D nested lists
+  feats = [{"token": tok, "layers": [{"index": layer, "values": rounded[j][t]}
+                                     for j, layer in enumerate(layers)]}
+           for t, tok in enumerate(f.tokens)]
+  return json.dumps({"linex_index": f.unique_id, "features": feats})
+
+
+def extract_features(input_file: str, output_file: str, checkpoint: str,
+                     layers: Sequence[int] = (-1, -2, -3, -4), max_seq_length: int = 128,
+                     batch_size: int = 32, do_lower_case: bool | None = None,
+                     allow_empty_lines: bool = False) -> dict[str, Any]:
+  """Writes ``output_file`` (JSON lines) for every line of ``input_file``; returns a summary.
+
+  ``checkpoint`` is anything ``load_pretrained`` reads (a bert_jax workdir, a Hugging Face
+  directory, a google-research/bert checkpoint). The input is read and checked before the
+  model is loaded; the output appears only when complete (an existing file is replaced then).
+  """
+  from bert_jax.checkpoint import load_pretrained  # pylint: disable=import-outside-toplevel
+  start = time.perf_counter()
+  examples = read_examples(input_file, allow_empty_lines)
+  pre = load_pretrained(checkpoint, task="encoder", do_lower_case=do_lower_case)
+  if pre.tokenizer is None:
+    raise ValueError(f"{checkpoint}: the checkpoint has no vocabulary (vocab.txt or a "
+                     f"SentencePiece .model) to tokenize the input with")
+  extractor = FeatureExtractor(pre.params, pre.config, layers, max_seq_length, batch_size)
+  features = convert_examples(examples, pre.tokenizer, max_seq_length)
+  loaded = time.perf_counter()
+  out_path = pathlib.Path(output_file)
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out_path.parent / f".{out_path.name}.{os.getpid()}.tmp"
+  num_tokens = 0
+  try:
+    with open(tmp, "w", encoding="utf-8") as w:
+      for f, values in extractor(features):
+        w.write(to_json(f, values, extractor.layers) + "\n")
+        num_tokens += len(f.tokens)
+    os.replace(tmp, out_path)
+  except BaseException:
+    os.unlink(tmp)
+    raise
+  end = time.perf_counter()
+  return {"num_lines": len(features), "num_tokens": num_tokens,
+          "num_truncated": sum(f.truncated for f in features),
+          "load_seconds": round(loaded - start, 3), "extract_seconds": round(end - loaded, 3),
+          "lines_per_second": round(len(features) / max(end - loaded, 1e-9), 1),
+          "output_file": str(out_path), "checkpoint_source": pre.source}

@@ -1,0 +1,54 @@
+r"""Fine-tune BERT on a downstream task (GLUE, SWAG, NER, feature-based NER, SQuAD).
+
+  python -m bert_jax.finetune --config configs/glue.py:rte --workdir /tmp/rte \
+      --config.data_dir=../shared/data/glue --config.init_checkpoint=PATH_TO_BERT
+  python -m bert_jax.finetune --config configs/ner.py --workdir /tmp/ner \
+      --config.train_file=../shared/data/conll2003/train.txt \
+      --config.dev_file=../shared/data/conll2003/dev.txt --config.init_checkpoint=PATH
+
+``init_checkpoint`` is a bert_jax workdir, a Hugging Face directory or a google-research/bert
+TF checkpoint: its encoder is loaded, the head is new, and what was not loaded is printed.
+Every config key can be overridden with ``--config.<key>=value`` (a key that does not exist is
+an error), e.g. the paper's grid: learning_rate, train_batch_size, num_train_epochs, seed.
+Re-running with the same workdir resumes. The workdir ends with metrics.json (the task's
+primary dev metric, for sweeps), summary.json, predictions/ and best/. See docs/finetuning.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A configs/<task>.py:<arg> file; override keys with --config.<key>=v",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, best/, "
+                               "predictions/, metrics.json, summary.json")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from bert_jax.tasks.runner import finetune  # noqa: PLC0415
+  from bert_jax.train.loop import NonFiniteLossError  # noqa: PLC0415
+  from bert_jax.train.metrics import quiet_library_logs  # noqa: PLC0415
+  quiet_library_logs()
+  try:
+    result = finetune(_CONFIG.value, _WORKDIR.value)
+  except (NonFiniteLossError, ValueError, FileNotFoundError) as e:
+    logging.error("%s", e)
+    sys.exit(f"error: {e}")
+  if result.get("status") != "completed":
+    logging.warning("Stopped (%s) at step %d; re-run to resume", result["status"],
+                    result["step"])
+    return
+  print(json.dumps({"task": result["task"], "primary_metric": result["primary_metric"],
+                    "dev": result["dev"], "best_step": result["best_step"]}, default=str))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,176 @@
+"""The downstream-task interface: what a task supplies so that the shared runner fine-tunes it.
+
+A task is one class, built as ``TaskClass(config, tokenizer)`` from the run config (a locked
+``ml_collections.ConfigDict``, see ``configs/glue.py``) and a ``bert_jax.tokenize`` Tokenizer.
+The runner (``bert_jax.tasks.runner``) owns everything that is the same for every task: the
+mesh and shardings, the optimizer, the jitted train step, batching and padding, the Orbax
+checkpoints (keep-best on dev), resume, initialisation from a pre-trained encoder, the metrics
+JSON and TensorBoard. A task owns only what is task specific:
+
+========================  ================================================================
+``name``, ``head``        registry name; head kind for head.json ("sequence_classification",
+                          "token_classification", "question_answering", "multiple_choice")
+``primary_metric``        key in ``evaluate``'s metrics used to keep the best checkpoint
+``higher_is_better``      direction of ``primary_metric`` (True for acc/F1/MCC/EM)
+``labels``                label names (head.json; [] for regression and span tasks)
+``train_split``           split name used for training (usually "train")
+``eval_splits``           dev split names evaluated during and after training, e.g.
+                          ("dev",) or ("dev_matched", "dev_mismatched") for MNLI; the first
+                          one's ``primary_metric`` selects the best checkpoint
+``test_splits``           splits without labels for which only predictions are written
+``build_model(cfg)``      the Flax module (keeps the encoder under params["bert"])
+``load_split(split)``     read + featurise a split -> ``SplitData`` (numpy arrays, [N, ...])
+``apply(...)``            run the module on a batch -> dict of outputs (default: the three
+                          standard inputs; override with ``init_batch``/``init_variables``
+                          for other inputs)
+``loss(outputs, batch)``  pure jnp: (scalar loss, dict of scalar metrics) for a training batch
+``predict(outputs)``      pure jnp: dict of per-row arrays to bring back to the host at eval
+``evaluate(data, preds)`` host side: (metrics dict, predictions) from all rows of a split
+``write_predictions``     write prediction files for a split into a directory, return paths
+========================  ================================================================
+
+Batches. ``SplitData.arrays`` holds every array the model or the loss needs, each with the
+same leading dimension N (one row per *feature*: a GLUE pair, a SQuAD window, a SWAG example
+with its C choices). The runner slices rows, shuffles for training (dropping the remainder),
+and, for evaluation, pads the last batch with copies of row 0 and drops the padded rows'
+outputs before calling ``evaluate``; ``predict`` outputs therefore need a leading axis of the
+batch size. Rows of a padded training batch never exist, so ``loss`` sees only real rows; a
+per-row weight, where a task wants one, is just another array in ``arrays``.
+
+Whatever else post-processing needs (example ids, token-to-word maps, SQuAD windows' offsets)
+goes in ``SplitData.examples`` / ``SplitData.features``, which the runner never looks at.
+``SplitData.stats`` holds counts worth reporting (examples read, truncated, skipped); the runner
+logs them and writes them into metrics.json.
+
+Bad input is the task's to report: errors name the file and line (or JSON key / question id);
+documented skips are counted in ``stats``.
+
+Frozen parameters (the feature-based approach): ``trainable(path)`` says for a parameter path
+(a tuple of names) whether the optimizer updates it; the default trains everything.
+
+A new task is registered in ``bert_jax/tasks/__init__.py`` (``TASKS``: name -> "module:Class",
+imported lazily) and gets a config file in ``configs/``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+
+from bert_jax.model import BertConfig
+
+INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
+
+
+@dataclasses.dataclass
+class SplitData:
+  """One featurised split.
+
+  Attributes:
+    split: the split's name ("train", "dev", "dev_matched", "test", ...).
+    arrays: numpy arrays with the same leading dimension N (rows = features); the model inputs
+      (``input_ids``, ``input_mask``, ``segment_ids`` int32) and the targets the loss needs.
+    examples: the task's own examples (opaque to the runner), for post-processing and metrics.
+    features: the task's own per-row metadata (opaque to the runner), e.g. SQuAD windows.
+    stats: counts to report, e.g. {"examples": 872, "truncated": 3, "skipped": 0}.
+    has_labels: False for unlabelled test splits (only predictions are written).
+  """
+  split: str
+  arrays: dict[str, np.ndarray]
+  examples: Any = None
+  features: Any = None
+  stats: dict[str, int] = dataclasses.field(default_factory=dict)
+  has_labels: bool = True
+
+  def __post_init__(self):
+    sizes = {k: int(v.shape[0]) for k, v in self.arrays.items()}
+    if len(set(sizes.values())) > 1:
+      raise ValueError(f"split {self.split!r}: arrays differ in their leading dimension {sizes}")
+
+  @property
+  def num_rows(self) -> int:
+    return int(next(iter(self.arrays.values())).shape[0]) if self.arrays else 0
+
+
+class Task(abc.ABC):
+  """A downstream task (see the module docstring for the contract)."""
+
+  name: str = ""
+  head: str = ""
+  primary_metric: str = ""
+  higher_is_better: bool = True
+  train_split: str = "train"
+  eval_splits: Sequence[str] = ("dev",)
+  test_splits: Sequence[str] = ("test",)
+
+  def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
+    self.config = config
+    self.tokenizer = tokenizer
+
+  @property
+  def labels(self) -> list[str]:
+    """Label names in logit order ([] for regression and span tasks)."""
+    return []
+
+  @property
+  def num_labels(self) -> int:
+    return len(self.labels)
+
+  def head_info(self) -> dict[str, Any]:
+    """The content of head.json."""
+    return {"task": self.head, "num_labels": self.num_labels, "labels": list(self.labels),
+            "name": self.name}
+
+  @abc.abstractmethod
+  def build_model(self, bert_config: BertConfig) -> nn.Module:
+    """The Flax module; it keeps the encoder under params["bert"]."""
+
+  @abc.abstractmethod
+  def load_split(self, split: str) -> SplitData:
+    """Read and featurise ``split``; errors name the file and line."""
+
+  def apply(self, model: nn.Module, params: Any, batch: Mapping[str, jax.Array],
+            deterministic: bool, rng: jax.Array | None = None) -> dict[str, Any]:
+    """Run the model on a batch (dropout rng under the name "dropout")."""
+    rngs = None if deterministic or rng is None else {"dropout": rng}
+    return model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS),
+                       deterministic=deterministic, rngs=rngs)
+
+  def init_variables(self, model: nn.Module, rng: jax.Array, batch_size: int) -> Any:
+    """``model.init`` on ``init_batch(batch_size)`` (deterministic): the boxed variables."""
+    batch = self.init_batch(batch_size)
+    return model.init({"params": rng}, *(batch[k] for k in INPUT_KEYS), deterministic=True)
+
+  def init_batch(self, batch_size: int) -> dict[str, np.ndarray]:
+    """A dummy batch with the model inputs' shapes, for ``model.init`` / ``jax.eval_shape``."""
+    length = int(self.config.max_seq_length)
+    return {k: np.zeros((batch_size, length), np.int32) for k in INPUT_KEYS}
+
+  @abc.abstractmethod
+  def loss(self, outputs: Mapping[str, jax.Array],
+           batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(scalar loss, scalar metrics) for a training batch; pure jnp, jitted."""
+
+  @abc.abstractmethod
+  def predict(self, outputs: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Per-row arrays (leading axis = batch) brought back to the host for ``evaluate``."""
+
+  @abc.abstractmethod
+  def evaluate(self, data: SplitData,
+               predictions: Mapping[str, np.ndarray]) -> tuple[dict[str, float], Any]:
+    """(metrics, task predictions) for a split; metrics are {} when not data.has_labels."""
+
+  @abc.abstractmethod
+  def write_predictions(self, data: SplitData, predictions: Any, out_dir: str) -> list[str]:
+    """Write prediction file(s) for a split into ``out_dir``; return their paths."""
+
+  def trainable(self, path: tuple[str, ...]) -> bool:
+    """Whether the optimizer updates the parameter at ``path`` (default: all of them)."""
+    del path
+    return True

@@ -1,0 +1,148 @@
+"""What a fine-tuning run reads and writes besides checkpoints: model, tokenizer, workdir files.
+
+Where the encoder and tokenizer come from, in order:
+  1. resuming (the workdir already holds ``model_config.json`` and checkpoints): the workdir's
+     own model config and tokenizer files, so a resumed run is the same model;
+  2. ``config.init_checkpoint`` (a bert_jax workdir, a Hugging Face directory, a TF checkpoint,
+     via ``bert_jax.checkpoint.pretrained.load_pretrained``): its BertConfig and tokenizer;
+  3. from scratch: ``BertConfig.from_preset(config.model_preset)`` sized to the tokenizer.
+``config.vocab_file`` (with ``do_lower_case``) replaces the tokenizer in cases 2 and 3. The run
+config's numerics (``dtype``, dropout rates) are applied on top of the architecture.
+
+A workdir (common.md): config.json, model_config.json, vocab.txt / sentencepiece.model +
+tokenizer_config.json, head.json, checkpoints/ (latest, for resume), best/ (a bert_jax workdir
+of the best checkpoint on dev), tensorboard/, metrics.json, summary.json, predictions/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+
+from bert_jax.checkpoint.manager import write_json
+from bert_jax.model import BertConfig
+
+BEST_DIR = "best"
+PREDICTIONS_DIR = "predictions"
+
+
+@dataclasses.dataclass
+class ModelSetup:
+  bert_config: BertConfig
+  tokenizer: Any
+  pretrained: Any = None      # bert_jax.checkpoint.pretrained.Pretrained when initialising
+
+
+def has_checkpoint(workdir: str) -> bool:
+  ckpt = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt))
+
+
+def read_model_config(workdir: str) -> BertConfig:
+  path = os.path.join(workdir, "model_config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{workdir} is not a bert_jax workdir: no model_config.json")
+  with open(path) as f:
+    return BertConfig.from_dict(json.load(f), source=path)
+
+
+def _tokenizer(path: str, do_lower_case):
+  from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+  return load_tokenizer(path, do_lower_case=do_lower_case)
+
+
+def resolve_model(config: ml_collections.ConfigDict, workdir: str) -> ModelSetup:
+  """The encoder config, tokenizer and (when initialising) pretrained weights of a run."""
+  if has_checkpoint(workdir) and os.path.isfile(os.path.join(workdir, "model_config.json")):
+    setup = ModelSetup(read_model_config(workdir), _tokenizer(workdir, None))
+  else:
+    pretrained, tokenizer, bert_config = None, None, None
+    if config.init_checkpoint:
+      from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415
+      pretrained = load_pretrained(config.init_checkpoint)
+      bert_config, tokenizer = pretrained.config, pretrained.tokenizer
+    if config.vocab_file:
+      tokenizer = _tokenizer(config.vocab_file, config.do_lower_case)
+    elif (tokenizer is not None and config.do_lower_case is not None
+          and tokenizer.do_lower_case != config.do_lower_case):
+      tokenizer = _tokenizer(config.init_checkpoint, config.do_lower_case)
+    if tokenizer is None:
+      raise ValueError("no tokenizer: config.init_checkpoint is empty or has no vocabulary; "
+                       "set config.vocab_file (a vocab.txt or SentencePiece .model)")
+    if bert_config is None:
+      bert_config = BertConfig.from_preset(config.model_preset, vocab_size=tokenizer.vocab_size)
+    if tokenizer.vocab_size > bert_config.vocab_size:
+      raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                       f"vocab_size is {bert_config.vocab_size} (config.vocab_file does not "
+                       "belong to config.init_checkpoint?)")
+    setup = ModelSetup(bert_config, tokenizer, pretrained)
+  setup.bert_config = setup.bert_config.replace(
+      dtype=config.dtype, hidden_dropout_prob=float(config.hidden_dropout_prob),
+      attention_probs_dropout_prob=float(config.attention_probs_dropout_prob))
+  return setup
+
+
+def write_run_files(workdir: str, config: ml_collections.ConfigDict, setup: ModelSetup,
+                    head: dict) -> None:
+  """config.json, model_config.json, tokenizer files and head.json (process 0 only)."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
+  write_json(os.path.join(workdir, "model_config.json"), setup.bert_config.to_dict())
+  write_json(os.path.join(workdir, "head.json"), head)
+  setup.tokenizer.save(workdir)
+
+
+def copy_model_files(workdir: str, target: str) -> None:
+  """model_config.json, head.json and the tokenizer files of ``workdir`` into ``target``."""
+  import shutil  # noqa: PLC0415
+  if jax.process_index() != 0:
+    return
+  os.makedirs(target, exist_ok=True)
+  for name in ("model_config.json", "head.json", "config.json", "vocab.txt",
+               "sentencepiece.model", "tokenizer_config.json"):
+    src = os.path.join(workdir, name)
+    if os.path.isfile(src):
+      shutil.copyfile(src, os.path.join(target, name))
+
+
+def read_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved run config a fine-tuning run saved in ``workdir/config.json``."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{workdir} holds no config.json: not a fine-tuning workdir")
+  with open(path) as f:
+    d = json.load(f)
+  if "task" not in d:
+    raise ValueError(f"{path}: no 'task' key; this is not a fine-tuning run (pre-training?)")
+  if "logical_axis_rules" in d:
+    d["logical_axis_rules"] = tuple(tuple(r) for r in d["logical_axis_rules"])
+  return ml_collections.ConfigDict(d)
+
+
+def json_safe(x: Any) -> Any:
+  """Floats, ints, strings, lists and dicts only (numpy scalars converted)."""
+  if isinstance(x, dict):
+    return {str(k): json_safe(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [json_safe(v) for v in x]
+  if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+    return x.item()
+  return x
+
+
+def scalar_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
+  """Flattened numeric entries of a (nested) metrics dict, for TensorBoard and console."""
+  out = {}
+  for k, v in metrics.items():
+    if isinstance(v, dict):
+      out.update(scalar_metrics(v, f"{prefix}{k}/"))
+    elif isinstance(v, (int, float)) or (hasattr(v, "ndim") and v.ndim == 0):
+      out[f"{prefix}{k}"] = float(v)
+  return out

@@ -1,0 +1,176 @@
+"""Building vocabularies from a corpus: WordPiece ``vocab.txt`` or a SentencePiece model.
+
+Corpora are UTF-8 text files (``.gz`` and ``.bz2`` are read compressed), one sentence or
+paragraph per line; blank lines are skipped. Bytes that are not UTF-8 raise an error naming the
+file and line unless ``decode_errors="replace"``.
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import os
+import pathlib
+import tempfile
+from typing import Iterable, Iterator, Sequence
+
+from tokenizers import Tokenizer as RustTokenizer
+from tokenizers import models, trainers
+
+from bert_jax.tokenize import base
+from bert_jax.tokenize.sentencepiece import SentencePieceTokenizer
+from bert_jax.tokenize.wordpiece import (CONTINUATION_PREFIX, VOCAB_FILE, WordPieceTokenizer,
+                                         write_vocab)
+
+MODEL_TYPES = ("unigram", "bpe")
+
+
+def expand_files(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+  """Paths and glob patterns (one, or a list; a string may hold several separated by commas)
+  -> the sorted, de-duplicated files they name; a pattern that matches nothing is an error."""
+  if isinstance(files, (str, os.PathLike)):
+    files = [p for p in str(files).split(",") if p]
+  out: list[str] = []
+  for pattern in files:
+    pattern = os.path.expanduser(str(pattern))
+    matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    if not matches:
+      raise ValueError(f"input {pattern!r} matches no file")
+    out.extend(m for m in matches if m not in out)
+  return out
+
+
+def _open(path: str):
+  if path.endswith(".gz"):
+    return gzip.open(path, "rb")
+  if path.endswith(".bz2"):
+    return bz2.open(path, "rb")
+  return open(path, "rb")
+
+
+def iter_corpus(files: Sequence[str], decode_errors: str = "strict",
+                lower: bool = False) -> Iterator[str]:
+  """The non-blank lines of ``files``, decoded by base.decode_line, optionally lower-cased."""
+  for path in files:
+    with _open(path) as f:
+      for lineno, raw in enumerate(f, start=1):
+        line = base.decode_line(raw.rstrip(b"\r\n"), path, lineno, decode_errors).strip()
+        if line:
+          yield line.lower() if lower else line
+
+
+def _specials(num_unused: int) -> list[str]:
+  if num_unused < 0:
+    raise ValueError(f"num_unused must be >= 0, got {num_unused}")
+  return list(base.SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)]
+
+
+def build_wordpiece_vocab(files, out_path: str | os.PathLike, vocab_size: int,
+                          do_lower_case: bool = True, *, min_frequency: int = 2,
+                          limit_alphabet: int = 1000, num_unused: int = 0,
+                          decode_errors: str = "strict") -> WordPieceTokenizer:
+  """Trains a WordPiece vocabulary (``tokenizers``' WordPieceTrainer) with BERT's text pipeline.
+
+  The vocabulary has BERT's layout: one token per line, [PAD] [UNK] [CLS] [SEP] [MASK] at ids
+  0..4, then ``num_unused`` "[unusedN]" slots (room for tokens added later without resizing the
+  embeddings), then single characters and whole-word pieces, with "##" marking pieces that
+  continue a word. ``tokenizer_config.json`` with do_lower_case is written beside the file.
+
+  Args:
+    files: corpus files or glob patterns (see expand_files).
+    out_path: the file to write (a name ending in .txt), or a directory (existing, or any other
+      name) to write vocab.txt into.
+    vocab_size: the target size, special tokens included (the result is smaller when the corpus
+      has fewer distinct pieces).
+    do_lower_case: build an uncased vocabulary (lower-case, strip accents), as BERT-uncased.
+    min_frequency: pieces seen fewer times are not merged into the vocabulary.
+    limit_alphabet: keep at most this many distinct characters (the most frequent).
+    num_unused: number of "[unusedN]" tokens after the special ones.
+    decode_errors: "strict" or "replace" for bytes that are not UTF-8 (base.decode_line).
+
+  Returns:
+    the tokenizer that loads the written vocabulary.
+  """
+  paths = expand_files(files)
+  specials = _specials(num_unused)
+  if vocab_size <= len(specials):
+    raise ValueError(f"vocab_size {vocab_size} leaves no room beyond {len(specials)} special "
+                     f"tokens")
+  out_path = pathlib.Path(out_path)
+  if out_path.is_dir() or (not out_path.exists() and out_path.suffix != ".txt"):
+    out_path = out_path / VOCAB_FILE
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  # The same normalizer and pre-tokenizer as the tokenizer that will use the vocabulary.
+  shell = WordPieceTokenizer(list(base.SPECIAL_TOKENS), do_lower_case=do_lower_case)
+  rust = RustTokenizer(models.WordPiece(unk_token=base.UNK,
+                                        continuing_subword_prefix=CONTINUATION_PREFIX))
+  rust.normalizer = shell._rust.normalizer
+  rust.pre_tokenizer = shell._rust.pre_tokenizer
+  trainer = trainers.WordPieceTrainer(
+      vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
+      limit_alphabet=limit_alphabet, continuing_subword_prefix=CONTINUATION_PREFIX,
+      show_progress=False)
+  rust.train_from_iterator(iter_corpus(paths, decode_errors), trainer=trainer)
+  vocab = rust.get_vocab()
+  tokens = sorted(vocab, key=vocab.__getitem__)
+  if tokens[:len(specials)] != specials:
+    raise RuntimeError(f"WordPieceTrainer did not put {specials} first: {tokens[:len(specials)]}")
+  # Write next to the target, then rename: a failed build never leaves half a vocabulary.
+  with tempfile.NamedTemporaryFile("w", dir=out_path.parent, delete=False,
+                                   suffix=".tmp") as tmp:
+    pass
+  write_vocab(tokens, tmp.name)
+  os.replace(tmp.name, out_path)
+  tokenizer = WordPieceTokenizer(tokens, do_lower_case=do_lower_case, source=str(out_path))
+  tokenizer._write_config(out_path.parent)
+  return tokenizer
+
+
+def build_sentencepiece_model(files, out_prefix: str | os.PathLike, vocab_size: int,
+                              model_type: str = "unigram", *, do_lower_case: bool = False,
+                              character_coverage: float = 0.9995,
+                              input_sentence_size: int = 10_000_000,
+                              decode_errors: str = "strict",
+                              seed: int = 0) -> SentencePieceTokenizer:
+  """Trains a SentencePiece model with BERT's special tokens at fixed ids.
+
+  [PAD]=0 and [UNK]=1 are SentencePiece's pad and unknown pieces; [CLS]=2, [SEP]=3, [MASK]=4
+  are control symbols (never produced from text); no BOS/EOS pieces. Writes
+  ``out_prefix.model`` and ``out_prefix.vocab`` (SentencePiece's own formats) and
+  ``tokenizer_config.json`` beside them.
+
+  Args:
+    files: corpus files or glob patterns (see expand_files).
+    out_prefix: path without extension, e.g. "workdir/sentencepiece".
+    vocab_size: exact size, special tokens included.
+    model_type: "unigram" or "bpe".
+    do_lower_case: lower-case the corpus for training and every text at encode time.
+    character_coverage: share of characters covered by the alphabet (rest -> [UNK]).
+    input_sentence_size: sample at most this many lines (SentencePiece keeps them in memory).
+    decode_errors: "strict" or "replace" for bytes that are not UTF-8.
+    seed: the seed of SentencePiece's sampling of input lines.
+  """
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+  if vocab_size <= len(base.SPECIAL_TOKENS):
+    raise ValueError(f"vocab_size {vocab_size} leaves no room beyond the special tokens")
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  paths = expand_files(files)
+  out_prefix = pathlib.Path(out_prefix)
+  out_prefix.parent.mkdir(parents=True, exist_ok=True)
+  spm.set_random_generator_seed(seed)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter_corpus(paths, decode_errors, lower=do_lower_case),
+        model_prefix=str(out_prefix), vocab_size=vocab_size, model_type=model_type,
+        character_coverage=character_coverage, input_sentence_size=input_sentence_size,
+        shuffle_input_sentence=True, pad_id=0, pad_piece=base.PAD, unk_id=1,
+        unk_piece=base.UNK, bos_id=-1, eos_id=-1, control_symbols=list(base.SPECIAL_TOKENS[2:]),
+        num_threads=max(1, min(os.cpu_count() or 1, 16)), minloglevel=2)
+  except RuntimeError as e:
+    raise ValueError(f"SentencePiece training on {len(paths)} file(s) ({paths[0]}, ...) failed: "
+                     f"{e}") from None
+  tokenizer = SentencePieceTokenizer.from_file(f"{out_prefix}.model", do_lower_case=do_lower_case)
+  tokenizer._write_config(out_prefix.parent)
+  return tokenizer

@@ -1,0 +1,216 @@
+"""BERT's WordPiece tokenizer from a ``vocab.txt``, run by Hugging Face ``tokenizers`` (Rust).
+
+The pipeline is google-research/bert's ``FullTokenizer`` as Hugging Face's reference
+``transformers.BertTokenizer`` runs it: text clean-up (drop NUL, U+FFFD and control characters,
+map whitespace to " "), spaces around CJK ideographs, Unicode NFC, then when uncased
+lower-casing and accent stripping (NFD, drop non-spacing marks), split on whitespace and
+punctuation, then greedy longest-match-first pieces with the "##" prefix; a word longer than
+100 characters, or one with no complete split into pieces, is a single [UNK].
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import unicodedata
+from typing import Sequence
+
+from tokenizers import AddedToken, Regex
+from tokenizers import Tokenizer as RustTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+from bert_jax.tokenize import base, charclasses
+
+VOCAB_FILE = "vocab.txt"
+CONTINUATION_PREFIX = "##"
+MAX_INPUT_CHARS_PER_WORD = 100
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def read_vocab(path: str | os.PathLike) -> list[str]:
+  """The tokens of a BERT ``vocab.txt`` (one per line, id = 0-based line number), checked.
+
+  Raises ValueError naming the file and line for bytes that are not UTF-8, an empty line, or a
+  token seen before (naming both lines).
+  """
+  path = pathlib.Path(path)
+  try:
+    data = path.read_bytes()
+  except OSError as e:
+    raise ValueError(f"{path}: cannot read the vocabulary: {e.strerror}") from None
+  lines = data.split(b"\n")
+  if lines and lines[-1] == b"":
+    lines.pop()  # the newline that ends the last line
+  tokens: list[str] = []
+  first_line: dict[str, int] = {}
+  for lineno, raw in enumerate(lines, start=1):
+    token = base.decode_line(raw.rstrip(b"\r"), path, lineno)
+    if not token:
+      raise ValueError(f"{path}:{lineno}: empty line in the vocabulary (every line is a token "
+                       f"whose id is its line number - 1)")
+    if token in first_line:
+      raise ValueError(f"{path}:{lineno}: duplicate token {token!r} (already on line "
+                       f"{first_line[token]}); each token must appear once")
+    first_line[token] = lineno
+    tokens.append(token)
+  if not tokens:
+    raise ValueError(f"{path}: the vocabulary is empty")
+  return tokens
+
+
+def write_vocab(tokens: Sequence[str], path: str | os.PathLike) -> str:
+  """Writes tokens one per line (UTF-8, "\\n" line ends), the layout of BERT's vocab.txt."""
+  with open(path, "w", encoding="utf-8", newline="\n") as f:
+    for token in tokens:
+      f.write(token + "\n")
+  return str(path)
+
+
+class WordPieceTokenizer(base.Tokenizer):
+  """BERT's WordPiece: ids identical to ``transformers.BertTokenizer`` (the slow reference).
+
+  Args:
+    tokens: the vocabulary; id i is ``tokens[i]``.
+    do_lower_case: lower-case (and by default strip accents) before splitting, as for the
+      "uncased" BERT models.
+    strip_accents: None follows do_lower_case (BERT's rule); True/False force it.
+    tokenize_chinese_chars: put spaces around CJK ideographs so each is a word.
+    max_input_chars_per_word: a longer word is one [UNK].
+    split_special_tokens: True (the default, as google-research/bert) treats "[MASK]" etc. in
+      the text as text ("[", "mask", "]"), so no corpus can inject special ids; False maps
+      them to their ids, as Hugging Face's tokenizers do by default (e.g. a fill-mask prompt).
+    source: where the vocabulary came from, named in error messages.
+  """
+
+  kind = "wordpiece"
+
+  def __init__(self, tokens: Sequence[str], do_lower_case: bool = True,
+               strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
+               max_input_chars_per_word: int = MAX_INPUT_CHARS_PER_WORD,
+               split_special_tokens: bool = True, source: str = "<vocab>"):
+    super().__init__(tokens, do_lower_case, source)
+    self.strip_accents = strip_accents
+    self.tokenize_chinese_chars = bool(tokenize_chinese_chars)
+    strip = self.do_lower_case if strip_accents is None else bool(strip_accents)
+    model = models.WordPiece(vocab=dict(self._ids), unk_token=base.UNK,
+                             continuing_subword_prefix=CONTINUATION_PREFIX,
+                             max_input_chars_per_word=max_input_chars_per_word)
+    rust = RustTokenizer(model)
+    rust.normalizer = self._normalizer(strip)
+    # Rust's split on whitespace and punctuation, then also on what the reference counts as
+    # punctuation or CJK (Unicode added some since Rust's tables).
+    split_class = charclasses.reference_classes()[
+        "punct_cjk" if self.tokenize_chinese_chars else "punct"]
+    rust.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.BertPreTokenizer(),
+        pre_tokenizers.Split(Regex(split_class), behavior="isolated")])
+    # ASCII text (most of an English corpus; str.isascii() is O(1)) needs none of the Unicode
+    # corrections: a leaner pipeline, exact on ASCII, encodes it.
+    ascii_rust = RustTokenizer(model)
+    ascii_rust.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=False, strip_accents=False,
+        lowercase=self.do_lower_case)
+    ascii_rust.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    self.split_special_tokens = bool(split_special_tokens)
+    for r in (rust, ascii_rust):
+      r.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
+      if not self.split_special_tokens:
+        # Matched in the raw text, case-sensitively, before normalization (as the reference).
+        r.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                              for t in base.SPECIAL_TOKENS])
+    self._rust, self._ascii_rust = rust, ascii_rust
+
+  def _normalizer(self, strip: bool) -> normalizers.Normalizer:
+    """The reference's steps in its order: clean-up and CJK spacing, NFC, case and accents."""
+    classes = charclasses.reference_classes()
+    steps = [normalizers.Replace(Regex(classes["control"]), "")]  # what Rust's tables keep
+    placeholder = next((c for c in charclasses.PLACEHOLDER_CANDIDATES
+                        if c not in self._ids and CONTINUATION_PREFIX + c not in self._ids), None)
+    for char in charclasses.RECLASSIFIED_WORD_CHARS:
+      is_mark = unicodedata.category(char) == "Mn"
+      if placeholder and char not in self._ids and not (strip and is_mark):
+        steps.append(normalizers.Replace(char, placeholder))
+    steps += [
+        normalizers.BertNormalizer(clean_text=True,
+                                   handle_chinese_chars=self.tokenize_chinese_chars,
+                                   strip_accents=False, lowercase=False),
+        normalizers.NFC(),
+        normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=False,
+                                   strip_accents=strip, lowercase=self.do_lower_case),
+    ]
+    if strip:
+      steps.append(normalizers.Replace(Regex(classes["mark"]), ""))
+    return normalizers.Sequence(steps)
+
+  @classmethod
+  def from_file(cls, path: str | os.PathLike, do_lower_case: bool | None = None,
+                **kwargs) -> "WordPieceTokenizer":
+    """Reads ``vocab.txt``; do_lower_case None -> tokenizer_config.json beside it, else True."""
+    path = pathlib.Path(path)
+    config = base.read_tokenizer_config(path.parent)
+    if do_lower_case is None:
+      do_lower_case = config.get("do_lower_case", True)
+    for key in ("strip_accents", "tokenize_chinese_chars"):
+      if key in config and key not in kwargs:
+        kwargs[key] = config[key]
+    return cls(read_vocab(path), do_lower_case=do_lower_case, source=str(path), **kwargs)
+
+  def _encode(self, texts: list[str], fast: bool) -> list:
+    texts = [base.check_text(t) for t in texts]
+    ascii_idx = [i for i, t in enumerate(texts) if t.isascii()]
+    if len(ascii_idx) == len(texts):
+      return self._run(self._ascii_rust, texts, fast)
+    if not ascii_idx:
+      return self._run(self._rust, texts, fast)
+    is_ascii = set(ascii_idx)
+    other_idx = [i for i in range(len(texts)) if i not in is_ascii]
+    out = [None] * len(texts)
+    for idx, rust in ((ascii_idx, self._ascii_rust), (other_idx, self._rust)):
+      for i, e in zip(idx, self._run(rust, [texts[i] for i in idx], fast)):
+        out[i] = e
+    return out
+
+  @staticmethod
+  def _run(rust: RustTokenizer, texts: list[str], fast: bool) -> list:
+    # encode_batch_fast skips offset tracking (and so fills no token strings): ids only.
+    encode = getattr(rust, "encode_batch_fast", rust.encode_batch) if fast else rust.encode_batch
+    try:
+      return encode(texts, add_special_tokens=False)
+    except TypeError:
+      # Lone surrogates (a str from bytes decoded with "surrogateescape") cannot cross into
+      # Rust; the reference deletes them as control characters, and so do we.
+      return encode([_SURROGATES.sub("", t) for t in texts], add_special_tokens=False)
+
+  def tokenize(self, text: str) -> list[str]:
+    return self._encode([text], fast=False)[0].tokens
+
+  def encode(self, text: str) -> list[int]:
+    return self._encode([text], fast=True)[0].ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self._encode(list(texts), fast=True)]
+
+  def tokenize_batch(self, texts: Sequence[str]) -> list[list[str]]:
+    return [e.tokens for e in self._encode(list(texts), fast=False)]
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    tokens = self.convert_ids_to_tokens(ids)
+    if skip_special_tokens:
+      special = set(base.SPECIAL_TOKENS)
+      tokens = [t for t in tokens if t not in special]
+    return self._rust.decoder.decode(tokens)
+
+  def is_word_start(self, token: str) -> bool:
+    return not token.startswith(CONTINUATION_PREFIX)
+
+  def save(self, directory: str | os.PathLike) -> list[str]:
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    extra = {}
+    if self.strip_accents is not None:
+      extra["strip_accents"] = bool(self.strip_accents)
+    if not self.tokenize_chinese_chars:
+      extra["tokenize_chinese_chars"] = False
+    return [write_vocab(self._tokens, directory / VOCAB_FILE),
+            self._write_config(directory, extra)]

@@ -1,0 +1,236 @@
+"""The training loop shared by pre-training and fine-tuning: step -> log -> eval -> checkpoint.
+
+How a task plugs in (fine-tuning does exactly this; ``bert_jax/train/pretraining.py`` is the
+worked example):
+
+  1. Mesh and rules:  mesh = parallel.create_mesh(config.mesh)
+                      rules = parallel.normalize_rules(config.logical_axis_rules)
+  2. Model + loss:    model = BertForSequenceClassification(bert_config, num_labels)
+                      def loss_fn(params, batch, rng, deterministic) -> (loss, {metric: scalar})
+                      (call ``model.apply({"params": params}, ..., deterministic=deterministic,
+                      rngs={"dropout": rng})``; metrics are means over the batch)
+  3. Optimizer:       schedule = optimizers.warmup_linear_decay(lr, warmup, num_train_steps)
+                      tx = optimizers.create_optimizer(config.optimizer, schedule)
+  4. State:           init_params = lambda rng: model.init(rng, *dummy_inputs)["params"]
+                      abstract, shardings = state.abstract_train_state(init_params, tx, mesh,
+                                                                      rules, config.seed)
+                      manager = CheckpointManager(workdir, keep, async_save)
+                      st, input_state, meta, report = restore_or_initialize(
+                          manager, abstract,
+                          lambda: state.init_train_state(init_params, tx, mesh, rules,
+                                                         config.seed, shardings),
+                          init_checkpoint=path,   # e.g. a pre-training workdir
+                          with_params=lambda s, p: state.state_with_params(s, p, tx, shardings))
+     Fine-tuning from a pre-trained encoder: ``init_checkpoint`` loads every tensor the new model
+     has by name (the encoder under "bert"); the head is reported as newly initialised.
+  5. Step:            step = train_step.jit_train_step(
+                          train_step.make_train_step(loss_fn, tx, schedule, grad_accum, mesh),
+                          shardings, mesh, rules)
+  6. Phases:          [Phase(name, end_step, make_input, step, global_batch_size, seq_len,
+                      flops_per_example)] -- one phase for fine-tuning; ``make_input()`` returns
+                      an iterator of this host's numpy batches with get_state()/set_state(dict)
+                      (or without them: then a resumed run restarts its input from the start).
+  7. Eval hook:       eval_fn(state) -> {name: float}, run every ``eval_every_steps`` and at the
+                      end (e.g. GLUE dev accuracy), logged under eval/ and put in summary.json.
+  8. Run:             summary = train_loop(state, phases, manager, LoopOptions(...), writer,
+                                           mesh, rules, input_state=input_state)
+
+The loop saves a checkpoint every ``save_every_steps`` and at the end (asynchronously; state,
+the current phase's input position and ``{"phase": name}``), stops cleanly on SIGTERM after
+saving, and stops on a non-finite loss naming the step and the last good checkpoint (a state is
+only saved after every loss up to it was checked finite). It returns the summary dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+
+from bert_jax.checkpoint.manager import CheckpointManager
+from bert_jax.parallel.sharding import Rules, make_global_batch
+from bert_jax.train.metrics import MetricWriter, progress_line
+
+
+class NonFiniteLossError(FloatingPointError):
+  """Training produced a NaN/inf loss; nothing was saved after the last finite step."""
+
+
+@dataclasses.dataclass
+class Phase:
+  """A stretch of training with one input stream and one compiled step.
+
+  Steps ``[previous phase's end_step, end_step)`` run in this phase.
+  """
+  name: str
+  end_step: int
+  make_input: Callable[[], Iterator[dict]]
+  train_step: Callable[[Any, dict], tuple[Any, dict]]
+  global_batch_size: int
+  seq_len: int
+  flops_per_example: float = 0.0
+
+
+@dataclasses.dataclass
+class LoopOptions:
+  save_every_steps: int
+  log_every_steps: int = 100
+  eval_every_steps: int = 0          # 0: only at the end (when eval_fn is given)
+  peak_flops_per_device: float = 0.0  # 0: no MFU
+  save_on_preemption: bool = True
+  eval_fn: Callable[[Any], dict] | None = None
+  eval_at_end: bool = True
+
+
+class PreemptionWatcher:
+  """Sets a flag on SIGTERM (installed only in the main thread); agreed across processes."""
+
+  def __init__(self):
+    self._flag = False
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+    return self
+
+  def _on_signal(self, signum, frame):
+    del frame
+    logging.warning("Received signal %d: saving a checkpoint and stopping", signum)
+    self._flag = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+  def requested(self) -> bool:
+    if jax.process_count() == 1:
+      return self._flag
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+    flags = multihost_utils.process_allgather(np.asarray(self._flag, np.int32))
+    return bool(np.any(flags))
+
+
+def phase_index(phases: Sequence[Phase], step: int) -> int:
+  for i, phase in enumerate(phases):
+    if step < phase.end_step:
+      return i
+  return len(phases) - 1
+
+
+def _to_float(metrics: dict) -> dict[str, float]:
+  return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
+               options: LoopOptions, writer: MetricWriter, mesh: jax.sharding.Mesh,
+               rules: Rules, input_state: dict | None = None,
+               input_phase: str | None = None) -> dict[str, Any]:
+  """Runs ``state`` to ``phases[-1].end_step``; returns the summary (see module docstring).
+
+  ``input_state``/``input_phase``: the input position and phase name saved in the checkpoint
+  resumed from (its ``input`` item and ``meta["phase"]``); the position is applied only to that
+  phase's input (a checkpoint taken at a phase boundary starts the next phase's input afresh).
+  """
+  total = phases[-1].end_step
+  step = int(jax.device_get(state.step))
+  start_step = step
+  current, inputs = -1, None
+  pending: list[tuple[int, dict]] = []
+  last_train: dict[str, float] = {}
+  last_eval: dict[str, float] = {}
+  t_last, step_last, t_start = time.time(), step, time.time()
+  status = "completed"
+
+  def flush(now_step: int) -> None:
+    """Fetches pending metrics; stops on a non-finite loss; logs the last one."""
+    nonlocal pending, last_train, t_last, step_last
+    if not pending:
+      return
+    fetched = [(s, _to_float(m)) for s, m in pending]
+    pending = []
+    for s, m in fetched:
+      bad = [k for k in ("loss", "update_norm") if k in m and not math.isfinite(m[k])]
+      if bad:
+        manager.wait()
+        good = manager.latest_step()
+        what = ", ".join(f"{k} is {m[k]}" for k in bad)
+        raise NonFiniteLossError(
+            f"{what} at step {s}; stopping without saving. The last good checkpoint is step "
+            f"{good} in {manager.directory}" if good is not None else
+            f"{what} at step {s}; stopping. No checkpoint was saved yet")
+    last_train = dict(fetched[-1][1])
+    phase = phases[phase_index(phases, now_step - 1)]
+    elapsed = time.time() - t_last
+    n_steps = now_step - step_last
+    if elapsed > 0 and n_steps > 0:
+      ex_per_sec = n_steps * phase.global_batch_size / elapsed
+      last_train.update(examples_per_sec=ex_per_sec, tokens_per_sec=ex_per_sec * phase.seq_len,
+                        steps_per_sec=n_steps / elapsed,
+                        eta_sec=(total - now_step) * elapsed / n_steps)
+      if options.peak_flops_per_device > 0 and phase.flops_per_example > 0:
+        last_train["mfu"] = (ex_per_sec * phase.flops_per_example
+                             / (options.peak_flops_per_device * jax.device_count()))
+    t_last, step_last = time.time(), now_step
+    writer.scalars(now_step, {f"train/{k}": v for k, v in last_train.items()})
+    logging.info(progress_line(now_step, total, last_train, phase.name))
+
+  def save(now_step: int) -> None:
+    flush(now_step)
+    input_pos = inputs.get_state() if inputs is not None and hasattr(inputs, "get_state") else {}
+    manager.save(now_step, state, input_state=input_pos,
+                 meta={"phase": phases[current].name if current >= 0 else phases[0].name,
+                       "step": now_step})
+
+  def run_eval(now_step: int) -> None:
+    nonlocal last_eval
+    flush(now_step)
+    last_eval = dict(options.eval_fn(state))
+    writer.scalars(now_step, {f"eval/{k}": v for k, v in last_eval.items()})
+    logging.info("eval at step %d: %s", now_step,
+                 ", ".join(f"{k} {v:.4f}" for k, v in sorted(last_eval.items())))
+
+  with PreemptionWatcher() as preemption:
+    while step < total:
+      idx = phase_index(phases, step)
+      if idx != current:
+        if current >= 0:
+          flush(step)
+          logging.info("Phase %s -> %s at step %d", phases[current].name, phases[idx].name, step)
+        inputs = phases[idx].make_input()
+        if (input_state and current < 0 and hasattr(inputs, "set_state")
+            and input_phase in (None, phases[idx].name)):
+          inputs.set_state(input_state)  # resumed mid-phase: continue where the checkpoint was
+        current = idx
+        t_last, step_last = time.time(), step
+      batch = make_global_batch(next(inputs), mesh, rules)
+      state, metrics = phases[idx].train_step(state, batch)
+      step += 1
+      pending.append((step, metrics))
+      if step - start_step == 1:
+        flush(step)  # the first step (compilation) is timed apart from the rest
+      elif step % options.log_every_steps == 0 or step == total:
+        flush(step)
+      if step == total or step % options.save_every_steps == 0:
+        save(step)
+      if options.eval_fn is not None and (
+          (options.eval_every_steps and step % options.eval_every_steps == 0)
+          or (step == total and options.eval_at_end)):
+        run_eval(step)
+      if options.save_on_preemption and step < total and preemption.requested():
+        save(step)
+        status = "preempted"
+        logging.warning("Saved step %d after the stop signal; exiting", step)
+        break
+    flush(step)
+  manager.wait()
+  return dict(status=status, step=step, start_step=start_step, num_train_steps=total,
+              train=last_train, eval=last_eval, wall_time_sec=time.time() - t_start,
+              last_checkpoint_step=manager.latest_step())

@@ -1,0 +1,88 @@
+"""Training metrics out: TensorBoard event files (tensorboardX) and a concise console line.
+
+  writer = MetricWriter(workdir)                    # <workdir>/tensorboard, process 0 only
+  writer.scalars(step, {"train/loss": 3.2, ...})
+  logging.info(progress_line(step, total, metrics))
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Mapping
+
+import jax
+
+
+class MetricWriter:
+  """Scalars to ``<workdir>/tensorboard``; a no-op on processes other than 0."""
+
+  def __init__(self, workdir: str, enabled: bool | None = None):
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self._writer = None
+    if self.enabled:
+      from tensorboardX import SummaryWriter  # noqa: PLC0415 (heavy; only on process 0)
+      self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    if self._writer is None:
+      return
+    for name, value in values.items():
+      if value is not None and math.isfinite(float(value)):
+        self._writer.add_scalar(name, float(value), step)
+    self._writer.flush()
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+
+def _fmt_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def progress_line(step: int, total: int, m: Mapping[str, float], phase: str = "") -> str:
+  """'step 100/600 [seq128] loss 5.12 | mlm 4.43 acc 0.213 | nsp 0.69 acc 0.55 | ...'."""
+  parts = [f"step {step}/{total}" + (f" [{phase}]" if phase else "")]
+  if "loss" in m:
+    parts.append(f"loss {m['loss']:.4f}")
+  for task in ("mlm", "nsp"):
+    if f"{task}_loss" in m:
+      parts.append(f"{task} {m[f'{task}_loss']:.3f} acc {m.get(f'{task}_accuracy', 0.0):.3f}")
+  if "learning_rate" in m:
+    parts.append(f"lr {m['learning_rate']:.2e}")
+  if "grad_norm" in m:
+    parts.append(f"gnorm {m['grad_norm']:.2f}")
+  if "examples_per_sec" in m:
+    perf = f"{m['examples_per_sec']:.1f} ex/s {m.get('tokens_per_sec', 0.0):,.0f} tok/s"
+    if "mfu" in m:
+      perf += f" MFU {100 * m['mfu']:.1f}%"
+    parts.append(perf)
+  if "eta_sec" in m:
+    parts.append(f"eta {_fmt_duration(m['eta_sec'])}")
+  return " | ".join(parts)
+
+
+class _LibraryInfoFilter:
+  """Drops INFO (and lower) records logged from inside noisy libraries (Orbax's per-save
+  chatter); warnings and errors still pass."""
+
+  def __init__(self, markers: tuple[str, ...]):
+    self.markers = markers
+
+  def filter(self, record) -> bool:
+    if record.levelno > 20:
+      return True
+    return not any(m in record.pathname for m in self.markers)
+
+
+def quiet_library_logs(markers: tuple[str, ...] = ("orbax", "xla_bridge")) -> None:
+  """Keeps the console to bert_jax's own progress lines (call once, from an entry point)."""
+  from absl import logging as absl_logging  # noqa: PLC0415
+  handler = absl_logging.get_absl_handler()
+  if not any(isinstance(f, _LibraryInfoFilter) for f in handler.filters):
+    handler.addFilter(_LibraryInfoFilter(markers))

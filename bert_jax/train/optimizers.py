@@ -1,0 +1,75 @@
+"""Learning-rate schedules and optimizers as BERT uses them (optax).
+
+  schedule = warmup_linear_decay(peak=1e-4, num_warmup_steps=10_000, num_train_steps=1_000_000)
+  tx = create_optimizer(config.optimizer, schedule)      # clip(1.0) -> AdamW / LAMB
+
+The schedule is google-research/bert's ``optimization.create_optimizer``: the learning rate
+decays linearly from ``peak`` at step 0 to 0 at ``num_train_steps``, and during the first
+``num_warmup_steps`` it is replaced by ``peak * step / num_warmup_steps``. AdamW is decoupled
+weight decay (0.01 by default) applied to every parameter except LayerNorm parameters and biases;
+the gradient is clipped to global norm 1.0 first. Unlike the original TF AdamWeightDecayOptimizer,
+optax's Adam applies the usual bias correction (it matters only in the first ~1/(1-b2) steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+# google-research/bert: exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"].
+_NO_DECAY_SUBSTRINGS = ("LayerNorm", "layer_norm", "bias")
+
+
+def warmup_linear_decay(peak: float, num_warmup_steps: int, num_train_steps: int,
+                        kind: str = "linear") -> optax.Schedule:
+  """BERT's schedule (see module docstring); ``kind="constant"`` keeps ``peak`` after warmup."""
+  if kind not in ("linear", "constant"):
+    raise ValueError(f"config.optimizer.schedule must be 'linear' or 'constant', got {kind!r}")
+  total = max(int(num_train_steps), 1)
+  warmup = max(int(num_warmup_steps), 0)
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    if kind == "linear":
+      lr = peak * jnp.maximum(1.0 - step / total, 0.0)
+    else:
+      lr = jnp.full_like(step, peak)
+    if warmup:
+      lr = jnp.where(step < warmup, peak * step / warmup, lr)
+    return lr
+
+  return schedule
+
+
+def join_schedules(schedules: Sequence[optax.Schedule], boundaries: Sequence[int]
+                   ) -> optax.Schedule:
+  """Schedule i runs from boundaries[i-1]; each sees steps counted from its own start."""
+  return optax.join_schedules(list(schedules), list(boundaries))
+
+
+def decay_mask(params: Any) -> Any:
+  """True for parameters that get weight decay (not LayerNorm parameters, not biases)."""
+  def use_decay(path, _):
+    name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+    return not any(s in name for s in _NO_DECAY_SUBSTRINGS)
+  return jax.tree_util.tree_map_with_path(use_decay, params)
+
+
+def create_optimizer(cfg: Mapping[str, Any], learning_rate: optax.Schedule | float
+                     ) -> optax.GradientTransformation:
+  """Global-norm clipping then AdamW or LAMB, from a ``config.optimizer`` section."""
+  name = cfg["name"]
+  kwargs = dict(learning_rate=learning_rate, b1=cfg["b1"], b2=cfg["b2"], eps=cfg["eps"],
+                weight_decay=cfg["weight_decay"], mask=decay_mask)
+  if name == "adamw":
+    tx = optax.adamw(**kwargs)
+  elif name == "lamb":
+    tx = optax.lamb(**kwargs)
+  else:
+    raise ValueError(f"config.optimizer.name must be 'adamw' or 'lamb', got {name!r}")
+  if cfg["max_grad_norm"] > 0:
+    tx = optax.chain(optax.clip_by_global_norm(cfg["max_grad_norm"]), tx)
+  return tx

@@ -1,0 +1,92 @@
+r"""Launch bert_jax jobs and sweeps locally, on TPU VMs, under SLURM or on Kubernetes.
+
+  python -m launch run --job=pretrain --config=configs/pretrain.py:tiny --workdir=/tmp/pt \
+      --target=local --num_processes=2 -- --config.num_train_steps=20
+  python -m launch run --job=pretrain --config=configs/pretrain.py:base --workdir=gs://b/pt \
+      --target=tpu --tpu_name=pod --zone=us-central2-b --project=p --dry_run
+  python -m launch sweep --job=finetune --config=configs/glue.py:rte --workdir=/tmp/rte \
+      --sweep=sweeps/glue_paper_grid.py:3 --parallel=2
+  python -m launch results --workdir=/tmp/rte [--metric=dev.accuracy]
+
+Arguments after ``--`` go to the entry point verbatim (``--config.*`` ones are checked first).
+Target settings are flags named like the target's fields (see ``launch/targets/``).
+"""
+
+import dataclasses
+import sys
+
+from absl import app, flags
+
+from launch.job import Job, LaunchError
+from launch.launch import launch
+from launch.results import write_results
+from launch.sweep import load_sweep, plan_sweep, run_sweep
+from launch.targets import TARGETS, make_target
+
+FLAGS = flags.FLAGS
+COMMANDS = ("run", "sweep", "results")
+flags.DEFINE_string("job", "pretrain", "pretrain, finetune, evaluate or a module path.")
+flags.DEFINE_string("config", "", "The job's config, path.py[:arg].")
+flags.DEFINE_string("workdir", None, "The run's workdir (a sweep's root directory).")
+flags.DEFINE_enum("target", "local", sorted(TARGETS), "Where the job runs.")
+flags.DEFINE_bool("dry_run", False, "Print exactly what would run; start nothing.")
+flags.DEFINE_string("python", None, "Interpreter (default: this one locally, python3 remotely).")
+flags.DEFINE_string("sweep", None, "sweep: the sweep file, path.py[:arg].")
+flags.DEFINE_integer("parallel", 1, "sweep: local runs at a time.")
+flags.DEFINE_string("metric", None, "results: the metric to sort by (default: primary).")
+flags.DEFINE_enum("mode", "auto", ["auto", "max", "min"], "results: is higher or lower better.")
+
+_TYPES = {str: flags.DEFINE_string, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+          bool: flags.DEFINE_bool}
+_SETTINGS: dict[str, list[str]] = {}
+for _name, _cls in TARGETS.items():
+  for _f in dataclasses.fields(_cls):
+    _SETTINGS.setdefault(_f.name, []).append(_name)
+for _field, _targets in _SETTINGS.items():
+  _f = next(f for f in dataclasses.fields(TARGETS[_targets[0]]) if f.name == _field)
+  _type = {"str": str, "int": int, "float": float, "bool": bool}.get(str(_f.type), None)
+  (_TYPES.get(_type) or flags.DEFINE_multi_string)(
+      _field, None, f"Target setting of {', '.join(_targets)} (default {_f.default!r}).")
+
+
+def target_from_flags():
+  given = {k: FLAGS[k].value for k in _SETTINGS if FLAGS[k].present}
+  wrong = sorted(k for k in given if FLAGS.target not in _SETTINGS[k])
+  if wrong:
+    raise LaunchError(f"--{' --'.join(wrong)} not a setting of the {FLAGS.target} target")
+  given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+  return make_target(FLAGS.target, given)
+
+
+def main(argv):
+  if len(argv) < 2 or argv[1] not in COMMANDS:
+    raise app.UsageError(f"usage: python -m launch {{{'|'.join(COMMANDS)}}} [flags] [-- args]")
+  if not FLAGS.workdir:
+    raise app.UsageError("--workdir is required")
+  try:
+    if argv[1] == "results":
+      mode = {"auto": None, "max": True, "min": False}[FLAGS.mode]
+      tables = write_results(FLAGS.workdir, FLAGS.metric, mode)
+      print(f"best run: {tables.best_run['run']} ({tables.metric} = "
+            f"{tables.best_run[tables.metric]:.4f}); tables in {FLAGS.workdir}/results.md")
+      return 0
+    python = FLAGS.python or (sys.executable if FLAGS.target == "local" else "python3")
+    job = Job(FLAGS.job, FLAGS.config, FLAGS.workdir, extra_args=tuple(argv[2:]), python=python)
+    target = target_from_flags()
+    if argv[1] == "run":
+      return launch(job, target, dry_run=FLAGS.dry_run)
+    runs = plan_sweep(job, load_sweep(FLAGS.sweep or ""), FLAGS.workdir, FLAGS.sweep or "sweep")
+    statuses = run_sweep(runs, target, FLAGS.parallel, FLAGS.dry_run)
+    if FLAGS.dry_run or FLAGS.target != "local":
+      return max(statuses.values(), default=0)
+    write_results(FLAGS.workdir)
+    failed = sorted(name for name, status in statuses.items() if status)
+    print(f"sweep: results in {FLAGS.workdir}/results.md; failed: {failed or 'none'}")
+    return 1 if failed else 0
+  except LaunchError as e:
+    print(f"launch: error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  app.run(main)

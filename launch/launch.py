@@ -1,0 +1,59 @@
+"""Launch one job on a target: check everything, record it, then run it (or print it).
+
+    from launch.job import Job
+    from launch.launch import launch
+    from launch.targets import make_target
+
+    job = Job("pretrain", "configs/pretrain.py:tiny", "/tmp/run",
+              overrides=(("num_train_steps", 10),))
+    status = launch(job, make_target("local", {"num_processes": 2}))
+
+Order: the config is loaded and every override applied (unknown key -> LaunchError), the
+target's settings are checked (missing zone/project/partition/image -> LaunchError), and only
+then is ``launch.json`` (command, resolved config, git commit, target settings) written into
+the workdir and the job started. ``dry_run`` prints exactly what would run and starts nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from launch.job import Job, launch_record, resolve_config, write_launch_record
+from launch.targets import target_settings
+
+
+def num_processes(target) -> int:
+  for field in ("num_processes", "num_hosts"):
+    if hasattr(target, field):
+      return getattr(target, field)
+  if hasattr(target, "nodes"):
+    return target.nodes * target.gpus_per_node
+  return 0  # a TPU slice: known to the workers only
+
+
+def can_write(workdir: str) -> bool:
+  """Whether launch.json can be written from here (a local path or a gs:// bucket)."""
+  return workdir.startswith("gs://") or "://" not in workdir
+
+
+def launch(job: Job, target, dry_run: bool = False, out: TextIO | None = None,
+           source: str = "command line") -> int:
+  """Validates ``job`` on ``target``, then prints it (dry run) or records and runs it."""
+  out = out or sys.stdout
+  config = resolve_config(job, source)
+  target.validate(job)
+  plan = target.describe(job)
+  if dry_run:
+    out.write(plan + "\n")
+    return 0
+  record = launch_record(job, config, target.name, target_settings(target), num_processes(target))
+  if can_write(job.workdir) and (target.name != "kubernetes" or job.workdir.startswith("gs://")):
+    write_launch_record(job.workdir, record)
+  else:
+    out.write(f"launch: {job.workdir} is not reachable from here; launch.json not written\n")
+  out.flush()
+  return target.run(job, out)
+
+
+__all__ = ["can_write", "launch", "num_processes"]

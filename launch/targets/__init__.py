@@ -1,0 +1,46 @@
+"""Where a job runs: this machine, a Cloud TPU VM slice, a SLURM cluster or Kubernetes.
+
+Every target is a frozen dataclass of its settings with the same three methods:
+``validate(job)`` (a missing or bad setting -> LaunchError, before anything starts),
+``describe(job) -> str`` (exactly what would run: commands, script or manifest; ``--dry_run``
+prints it) and ``run(job) -> int`` (the exit status).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from launch.job import LaunchError
+from launch.targets.kubernetes import KubernetesTarget
+from launch.targets.local import LocalTarget
+from launch.targets.slurm import SlurmTarget
+from launch.targets.tpu import TpuTarget
+
+TARGETS = {"local": LocalTarget, "tpu": TpuTarget, "slurm": SlurmTarget,
+           "kubernetes": KubernetesTarget}
+
+
+def target_fields(name: str) -> list[str]:
+  return [f.name for f in dataclasses.fields(TARGETS[name])]
+
+
+def make_target(name: str, settings: Mapping[str, Any] | None = None):
+  """A target by name from its settings; a setting it does not have -> LaunchError."""
+  if name not in TARGETS:
+    raise LaunchError(f"unknown target {name!r}; choose one of {sorted(TARGETS)}")
+  settings = dict(settings or {})
+  unknown = sorted(set(settings) - set(target_fields(name)))
+  if unknown:
+    raise LaunchError(f"{name} target has no setting(s) {unknown}; its settings: "
+                      f"{target_fields(name)}")
+  return TARGETS[name](**settings)
+
+
+def target_settings(target) -> dict[str, Any]:
+  """A target's settings as a JSON-able dict (recorded in launch.json)."""
+  return dataclasses.asdict(target)
+
+
+__all__ = ["TARGETS", "KubernetesTarget", "LocalTarget", "SlurmTarget", "TpuTarget",
+           "make_target", "target_fields", "target_settings"]

@@ -1,0 +1,183 @@
+"""Run a job on this machine: one process, or N processes joined with ``jax.distributed``.
+
+With ``num_processes > 1`` the target picks a free port, puts the coordinator on localhost and
+gives process i the environment ``JAX_COORDINATOR_ADDRESS=localhost:<port>``,
+``JAX_NUM_PROCESSES=N``, ``JAX_PROCESS_ID=i`` (what ``bert_jax.parallel`` reads). Each process
+logs to ``<workdir>/logs/process_<i>.log`` (process 0 is echoed to the console too). The first
+process to fail takes the others down (SIGTERM to its process group, SIGKILL after a grace
+period) and its exit status is the launch's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Sequence, TextIO
+
+from launch.job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
+
+
+def free_port() -> int:
+  with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSpec:
+  """One local process: its command, the environment variables it adds, and its log file."""
+  process_id: int
+  argv: list[str]
+  env: dict[str, str]
+  log_path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTarget:
+  """Settings of a local launch.
+
+  Attributes:
+    num_processes: processes joined with jax.distributed (1: a plain single process).
+    cpu_devices_per_process: > 0 gives each process that many CPU devices (XLA_FLAGS).
+    gpus_per_process: > 0 gives process i GPUs [i*g, (i+1)*g) via CUDA_VISIBLE_DEVICES.
+    coordinator_port: 0 picks a free port.
+    process_log_dir: where process logs go; empty means ``<workdir>/logs``.
+    kill_grace_s: seconds between SIGTERM and SIGKILL when one process failed.
+    echo: stream process 0's output to this console as well as its log.
+  """
+  num_processes: int = 1
+  cpu_devices_per_process: int = 0
+  gpus_per_process: int = 0
+  coordinator_port: int = 0
+  process_log_dir: str = ""
+  kill_grace_s: float = 10.0
+  echo: bool = True
+
+  name = "local"
+
+  def validate(self, job: Job) -> None:
+    if self.num_processes < 1:
+      raise LaunchError(f"local target: num_processes must be >= 1, got {self.num_processes}")
+    if "://" in job.workdir:
+      raise LaunchError(f"local target: workdir {job.workdir!r} must be a local path")
+
+  def plan(self, job: Job) -> list[ProcessSpec]:
+    """The processes that would start, with their environments; starts nothing."""
+    self.validate(job)
+    log_dir = self.process_log_dir or os.path.join(job.workdir, "logs")
+    port = self.coordinator_port or free_port()
+    specs = []
+    for i in range(self.num_processes):
+      env: dict[str, str] = {}
+      if self.num_processes > 1:
+        env.update({ENV_COORDINATOR: f"localhost:{port}",
+                    ENV_NUM_PROCESSES: str(self.num_processes), ENV_PROCESS_ID: str(i)})
+      if self.cpu_devices_per_process:
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count")]
+        flags.append(f"--xla_force_host_platform_device_count={self.cpu_devices_per_process}")
+        env["XLA_FLAGS"] = " ".join(flags)
+      if self.gpus_per_process:
+        g = self.gpus_per_process
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in range(i * g, (i + 1) * g))
+      specs.append(ProcessSpec(i, job.argv(), env, os.path.join(log_dir, f"process_{i}.log")))
+    return specs
+
+  def describe(self, job: Job) -> str:
+    lines = []
+    for spec in self.plan(job):
+      env = " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
+      lines.append(f"{env + ' ' if env else ''}{' '.join(spec.argv)}  > {spec.log_path}")
+    return "\n".join(lines)
+
+  def run(self, job: Job, out: TextIO | None = None) -> int:
+    """Starts the processes and waits; returns 0 or the first failing process's status."""
+    return run_processes(self.plan(job), self.kill_grace_s, self.echo, out or sys.stdout)
+
+
+def _pump(stream, log: TextIO, echo: TextIO | None, prefix: str) -> None:
+  for line in iter(stream.readline, ""):
+    log.write(line)
+    log.flush()
+    if echo is not None:
+      echo.write(prefix + line)
+      echo.flush()
+  stream.close()
+
+
+def _exit_status(returncode: int) -> int:
+  return 128 - returncode if returncode < 0 else returncode  # killed by signal s -> 128 + s
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
+  """SIGTERM every live process group (a preemption save can run), then SIGKILL."""
+  for p in procs:
+    if p.poll() is None:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGTERM)
+  deadline = time.monotonic() + grace_s
+  for p in procs:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+      p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    if p.poll() is None:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+      p.wait()
+
+
+def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 10.0, echo: bool = True,
+                  out: TextIO = sys.stdout, poll_s: float = 0.1) -> int:
+  """Runs the processes of one job together: all succeed, or all stop when one fails."""
+  procs, threads, logs = [], [], []
+  try:
+    for spec in specs:
+      os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
+      log = open(spec.log_path, "a", buffering=1)
+      logs.append(log)
+      proc = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                              start_new_session=True)
+      procs.append(proc)
+      prefix = f"[{spec.process_id}] " if len(specs) > 1 else ""
+      t = threading.Thread(target=_pump, daemon=True,
+                           args=(proc.stdout, log, out if echo and spec.process_id == 0 else None,
+                                 prefix))
+      t.start()
+      threads.append(t)
+    status = 0
+    while True:
+      codes = [p.poll() for p in procs]
+      failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+      if failed:
+        i, code = failed[0]
+        status = _exit_status(code)
+        out.write(f"launch: process {i} exited with status {status}; stopping the others "
+                  f"(log: {specs[i].log_path})\n")
+        _print_tail(specs[i].log_path, out)
+        break
+      if all(c == 0 for c in codes):
+        break
+      time.sleep(poll_s)
+    return status
+  finally:
+    _stop(procs, kill_grace_s)
+    for t in threads:
+      t.join(timeout=5)
+    for log in logs:
+      log.close()
+
+
+def _print_tail(path: str, out: TextIO, n: int = 20) -> None:
+  time.sleep(0.2)  # let the pump thread write the last lines
+  with contextlib.suppress(OSError), open(path) as f:
+    tail = f.readlines()[-n:]
+  if tail:
+    out.write("".join(f"  | {line}" for line in tail))
+

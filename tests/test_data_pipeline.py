@@ -1,0 +1,235 @@
+"""PretrainInput: exact resumption, epochs, dynamic masking, host split, eval reading, bad shards."""
+
+import json
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_jax.data import generate
+from bert_jax.data import pipeline
+from bert_jax.data import tfrecord
+
+L, P = 128, 20
+
+
+@pytest.fixture(scope="module")
+def tokenizer(minilm_dir):
+  from bert_jax.tokenize import load_tokenizer
+  return load_tokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, shared_data, minilm_dir):
+  """Four shards made from the BERT sample text and three Shakespeare plays."""
+  out = tmp_path_factory.mktemp("pipeline_data")
+  plays = shared_data / "pretrain" / "shakespeare"
+  inputs = [str(shared_data / "pretrain" / "bert_sample_text.txt")] + [
+      str(plays / name) for name in ("macbeth_gut.txt", "tempest_gut.txt", "sonnets_gut.txt")]
+  config = generate.GenerationConfig(
+      tokenizer_path=str(minilm_dir / "vocab.txt"), do_lower_case=True, input_format="text",
+      max_seq_lengths=(L,), max_predictions_per_seq=(P,), dupe_factor=1, random_seed=3)
+  generate.generate(inputs, str(out), config, num_workers=1, progress=False)
+  return out
+
+
+def train_files(data_dir):
+  return str(data_dir / "seq_128" / "train-*.tfrecord")
+
+
+def make(data_dir, batch_size=16, **kw):
+  kw.setdefault("process_index", 0)
+  kw.setdefault("process_count", 1)
+  kw.setdefault("shuffle_buffer_size", 256)
+  return pipeline.PretrainInput(kw.pop("files", train_files(data_dir)), batch_size, L, P, **kw)
+
+
+def key_of(batch, i):
+  """An example's identity: its original tokens (static masks undone) and segment ids."""
+  ids = batch["input_ids"][i].copy()
+  w = batch["masked_lm_weights"][i] > 0
+  ids[batch["masked_lm_positions"][i][w]] = batch["masked_lm_ids"][i][w]
+  return ids.tobytes() + batch["segment_ids"][i].tobytes()
+
+
+def assert_batches_equal(a, b):
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def epoch_size(data_dir):
+  return tfrecord.count_records(sorted(map(str, (data_dir / "seq_128").glob("train-*"))))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_resume_gives_exactly_the_next_batch(data_dir, tokenizer, dynamic):
+  n = epoch_size(data_dir)
+  batch = 64
+  crossing = n // batch  # batch index (0-based) that straddles the end of epoch 0
+  assert n % batch, "pick a batch size that does not divide the epoch"
+  reference = make(data_dir, batch, seed=5, dynamic_masking=dynamic, tokenizer=tokenizer)
+  states, batches = [], []
+  for _ in range(crossing + 3):
+    states.append(reference.get_state())
+    batches.append(next(reference))
+  for resume_at in (3, crossing, crossing + 1):
+    state = json.loads(json.dumps(states[resume_at]))  # JSON round trip: small and plain.
+    resumed = make(data_dir, batch, seed=5, dynamic_masking=dynamic, tokenizer=tokenizer)
+    resumed.set_state(state)
+    assert_batches_equal(next(resumed), batches[resume_at])
+    assert_batches_equal(next(resumed), batches[resume_at + 1])
+  assert states[crossing + 1]["epoch"] == 1  # The straddling batch ended in epoch 1.
+
+
+def read_epoch(inp):
+  """All examples (identities) of the first epoch, in order (batch_size 1)."""
+  keys = []
+  while True:
+    b = next(inp)
+    if inp.get_state()["epoch"] > 0:
+      return keys
+    keys.append(key_of(b, 0))
+
+
+def test_epochs_reshuffle_and_cover_the_data(data_dir):
+  inp = make(data_dir, 1, seed=1)
+  first = read_epoch(inp)
+  second = [key_of(next(inp), 0) for _ in range(len(first) - 1)]
+  assert len(first) == epoch_size(data_dir)
+  assert len(set(first)) == len(first)
+  assert set(second) <= set(first) and second != first[1:]
+  other_seed = read_epoch(make(data_dir, 1, seed=2))
+  assert other_seed != first and sorted(other_seed) == sorted(first)
+
+
+@pytest.mark.parametrize("split", ["files", "records"])
+def test_hosts_are_disjoint_and_cover_the_data(data_dir, tmp_path, split):
+  files = train_files(data_dir)
+  if split == "records":  # One file for two hosts: split by record.
+    merged = str(tmp_path / "merged.tfrecord")
+    with tf.io.TFRecordWriter(merged) as w:
+      for r in tf.data.TFRecordDataset(tf.io.gfile.glob(files)):
+        w.write(r.numpy())
+    files = merged
+  hosts = [make(data_dir, 1, files=files, seed=9, process_index=i, process_count=2)
+           for i in range(2)]
+  assert [h.by_record for h in hosts] == [split == "records"] * 2
+  keys = [read_epoch(h) for h in hosts]
+  assert not set(keys[0]) & set(keys[1])
+  assert len(keys[0]) + len(keys[1]) == epoch_size(data_dir)
+  assert abs(len(keys[0]) - len(keys[1])) <= (1 if split == "records" else epoch_size(data_dir))
+
+
+def test_dynamic_masking_follows_the_procedure(data_dir, tokenizer):
+  static = make(data_dir, 32, seed=4, shuffle=False)
+  dynamic = make(data_dir, 32, seed=4, shuffle=False, dynamic_masking=True, tokenizer=tokenizer)
+  n_mask = n_kept = n_total = 0
+  for _ in range(20):
+    s, d = next(static), next(dynamic)
+    for i in range(32):
+      assert key_of(s, i) == key_of(d, i)  # Same example, same original tokens.
+      length = int(d["input_mask"][i].sum())
+      k = int(d["masked_lm_weights"][i].sum())
+      assert k == min(P, max(1, round(length * 0.15)))
+      positions = d["masked_lm_positions"][i][:k]
+      original = d["input_ids"][i].copy()
+      original[positions] = d["masked_lm_ids"][i][:k]
+      assert (np.diff(positions) > 0).all()
+      assert not np.isin(original[positions], [tokenizer.cls_id, tokenizer.sep_id]).any()
+      n_total += k
+      n_mask += int((d["input_ids"][i][positions] == tokenizer.mask_id).sum())
+      n_kept += int((d["input_ids"][i][positions] == original[positions]).sum())
+  sd = math.sqrt(n_total * 0.16)
+  assert abs(n_mask - 0.8 * n_total) < 5 * sd
+  assert abs(n_kept - 0.1 * n_total) < 5 * math.sqrt(n_total * 0.09)
+
+
+def test_dynamic_masks_change_each_epoch(data_dir, tokenizer):
+  n = epoch_size(data_dir)
+  inp = make(data_dir, n, seed=4, shuffle=False, dynamic_masking=True, tokenizer=tokenizer)
+  a, b = next(inp), next(inp)  # Epoch 0 and epoch 1, same order (no shuffle).
+  assert all(key_of(a, i) == key_of(b, i) for i in range(0, n, 50))
+  same = np.mean([np.array_equal(a["masked_lm_positions"][i], b["masked_lm_positions"][i])
+                  for i in range(n)])
+  assert same < 0.05
+
+
+def test_dynamic_whole_word_masking_keeps_words_whole(data_dir, tokenizer):
+  inp = make(data_dir, 64, seed=4, dynamic_masking=True, tokenizer=tokenizer,
+             whole_word_mask=True)
+  multi_piece = 0
+  for _ in range(3):
+    b = next(inp)
+    for i in range(64):
+      k = int(b["masked_lm_weights"][i].sum())
+      positions = b["masked_lm_positions"][i][:k]
+      masked = set(positions.tolist())
+      original = b["input_ids"][i].copy()
+      original[positions] = b["masked_lm_ids"][i][:k]
+      tokens = tokenizer.convert_ids_to_tokens(original[:int(b["input_mask"][i].sum())].tolist())
+      assert 1 <= k <= min(P, max(1, round(len(tokens) * 0.15)))
+      for p, tok in enumerate(tokens):
+        if tok.startswith("##") and p - 1 >= 0 and tokens[p - 1] not in ("[CLS]", "[SEP]"):
+          assert (p in masked) == (p - 1 in masked), (tokens[max(p - 3, 0):p + 2], p, sorted(masked))
+          multi_piece += p in masked
+  assert multi_piece > 10
+
+
+def test_eval_batches_fixed_order_padded(data_dir):
+  files = str(data_dir / "seq_128" / "train-*.tfrecord")
+  n = epoch_size(data_dir)
+  batches = list(pipeline.eval_batches(files, 100, L, P, process_index=0, process_count=1))
+  assert len(batches) == math.ceil(n / 100)
+  weights = np.concatenate([b["example_weights"] for b in batches])
+  assert weights.sum() == n and (weights[:n] == 1).all()
+  last = batches[-1]
+  assert (last["masked_lm_weights"][last["example_weights"] == 0] == 0).all()
+  again = list(pipeline.eval_batches(files, 100, L, P, process_index=0, process_count=1))
+  assert all(np.array_equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, again))
+  parts = [list(pipeline.eval_batches(files, 100, L, P, process_index=i, process_count=2))
+           for i in range(2)]
+  counts = [sum(int(b["example_weights"].sum()) for b in p) for p in parts]
+  assert sum(counts) == n and abs(counts[0] - counts[1]) <= 1
+
+
+def test_truncated_shard_is_named(data_dir, tmp_path):
+  src = sorted((data_dir / "seq_128").glob("train-*"))
+  for f in src:
+    shutil.copy(f, tmp_path / f.name)
+  victim = tmp_path / src[1].name
+  size = os.path.getsize(victim)
+  with open(victim, "r+b") as f:
+    f.truncate(size - 100)  # Cut inside the last record.
+  with pytest.raises(ValueError, match=f"{victim.name}.*truncated"):
+    tfrecord.check_record_framing(str(victim))
+  inp = make(data_dir, 64, files=str(tmp_path / "train-*"), seed=0)
+  with pytest.raises(ValueError, match=f"{victim.name}.*truncated"):
+    for _ in range(200):
+      next(inp)
+  with pytest.raises(ValueError, match=f"{victim.name}.*truncated"):
+    list(pipeline.eval_batches(str(tmp_path / "train-*"), 64, L, P, process_index=0,
+                               process_count=1))
+
+
+def test_empty_and_mismatched_inputs(data_dir, tmp_path):
+  empty = tmp_path / "empty.tfrecord"
+  empty.write_bytes(b"")
+  with pytest.raises(ValueError, match="all empty"):
+    make(data_dir, files=str(empty))
+  with pytest.raises(ValueError, match="matches no file"):
+    make(data_dir, files=str(tmp_path / "nothing-*.tfrecord"))
+  # An empty shard among good ones is simply a shard with no records.
+  inp = make(data_dir, 16, files=[train_files(data_dir), str(empty)])
+  assert next(inp)["input_ids"].shape == (16, L)
+  wrong = pipeline.PretrainInput(train_files(data_dir), 4, 512, 80, process_index=0,
+                                 process_count=1)
+  with pytest.raises(ValueError, match="max_seq_length=512"):
+    next(wrong)
+  with pytest.raises(ValueError, match="records for 3 hosts"):
+    make(data_dir, files=str(empty), process_index=0, process_count=3)
+  with pytest.raises(ValueError, match="needs the tokenizer"):
+    make(data_dir, dynamic_masking=True)

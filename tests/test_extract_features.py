@@ -1,0 +1,154 @@
+"""Feature extraction against Hugging Face (MiniLM) and google-research/bert's output format.
+
+References: ``transformers``' BertTokenizer (tokens, segment ids, longest-first truncation of
+pairs, as the original's ``_truncate_seq_pair``) and PyTorch BertModel hidden states; the
+original's rounding ``round(float(x), 6)`` and its JSON layout.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax import features
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+LINES = ["The quick brown fox jumps over the lazy dog.",
+         "Who was Jim Henson? ||| Jim Henson was a puppeteer.",
+         "Unbelievably, tokenization splits rare words like perplexingly.",
+         "a ||| b"]
+
+
+@pytest.fixture(scope="module")
+def hf_minilm(minilm_dir):
+  return (transformers.BertTokenizer.from_pretrained(minilm_dir),
+          transformers.BertModel.from_pretrained(minilm_dir).eval())
+
+
+def hf_reference(hf_minilm, line, layers, max_seq_length=128):
+  tok, model = hf_minilm
+  a, _, b = line.partition(" ||| ")
+  enc = tok(a, b or None, truncation="longest_first", max_length=max_seq_length,
+            return_tensors="pt")
+  with torch.no_grad():
+    hidden = model(**enc, output_hidden_states=True).hidden_states[1:]  # encoder layers only
+  tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+  return tokens, {i: hidden[i][0].numpy() for i in layers}
+
+
+def test_output_matches_hf_in_the_original_layout(minilm_dir, hf_minilm, tmp_path):
+  inp = tmp_path / "in.txt"
+  inp.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+  out = tmp_path / "out.jsonl"
+  layers = (-1, -2, 0)
+  summary = features.extract_features(str(inp), str(out), str(minilm_dir), layers=layers,
+                                      batch_size=3)
+  assert summary["num_lines"] == len(LINES) and summary["checkpoint_source"] == "huggingface"
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["linex_index"] for r in rows] == list(range(len(LINES)))
+  for row, line in zip(rows, LINES):
+    assert list(row) == ["linex_index", "features"]
+    tokens, ref = hf_reference(hf_minilm, line, layers)
+    assert [f["token"] for f in row["features"]] == tokens
+    for t, feat in enumerate(row["features"]):
+      assert list(feat) == ["token", "layers"]
+      assert [layer["index"] for layer in feat["layers"]] == list(layers)
+      for layer in feat["layers"]:
+        assert list(layer) == ["index", "values"]
+        np.testing.assert_allclose(layer["values"], ref[layer["index"]][t], atol=2e-5, rtol=0)
+
+
+def test_pairs_are_truncated_longest_first(minilm_dir, hf_minilm):
+  from bert_jax.checkpoint import load_pretrained
+  pre = load_pretrained(minilm_dir, task="encoder")
+  hf_tok = hf_minilm[0]
+  long_a = "word " * 30
+  examples = [features.InputExample(0, long_a.strip(), "a short second segment here"),
+              features.InputExample(1, "short", "the second one is " + "much " * 20 + "longer"),
+              features.InputExample(2, long_a.strip())]
+  feats = features.convert_examples(examples, pre.tokenizer, max_seq_length=16)
+  for e, f in zip(examples, feats):
+    enc = hf_tok(e.text_a, e.text_b, truncation="longest_first", max_length=16)
+    assert f.input_ids == enc["input_ids"]
+    assert f.segment_ids == enc["token_type_ids"]
+    assert f.tokens == hf_tok.convert_ids_to_tokens(enc["input_ids"])
+    assert f.truncated
+
+
+def test_rounding_is_the_originals():
+  rng = np.random.default_rng(0)
+  x = np.concatenate([rng.standard_normal(3000) * s for s in (1e-6, 1e-4, 0.3, 5.0, 4e3)])
+  x = np.concatenate([x, [0.0, -0.0, -1e-9, 5e-7, 1.5e-6, 2.5e-6, -0.0000005, 0.1234565]])
+  x = x.astype(np.float32)
+  ours = features.round_like_original(x)
+  ref = [round(float(v), 6) for v in x]
+  assert json.dumps(ours) == json.dumps(ref)  # same floats, same text (incl. -0.0, 5e-07)
+
+
+def test_one_compiled_program_per_length_bucket(minilm_dir):
+  from bert_jax.checkpoint import load_pretrained
+  pre = load_pretrained(minilm_dir, task="encoder")
+  texts = [" ".join(["word"] * n) for n in range(1, 20)]
+  feats = features.convert_examples([features.InputExample(i, t) for i, t in enumerate(texts)],
+                                    pre.tokenizer, max_seq_length=64)
+  extractor = features.FeatureExtractor(pre.params, pre.config, layers=(-1,), max_seq_length=64,
+                                        batch_size=4)
+  out = list(extractor(feats, window=2))
+  assert [f.unique_id for f, _ in out] == list(range(len(texts)))  # input order kept
+  assert all(v.shape == (1, len(f.tokens), 384) for f, v in out)
+  used = {extractor._bucket(len(f.input_ids)) for f in feats}  # pylint: disable=protected-access
+  assert extractor._run._cache_size() <= len(used) <= len(features.bucket_lengths(64))  # pylint: disable=protected-access
+
+
+def test_bad_input_names_file_and_line(tmp_path):
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(b"fine line\nsecond \xff\xfe line\n")
+  with pytest.raises(ValueError, match=r"bad\.txt:2: not valid UTF-8"):
+    features.read_examples(bad)
+  empty = tmp_path / "empty_line.txt"
+  empty.write_text("one\n\nthree\n")
+  with pytest.raises(ValueError, match=r"empty_line\.txt:2: empty line"):
+    features.read_examples(empty)
+  examples = features.read_examples(empty, allow_empty_lines=True)
+  assert [(e.unique_id, e.text_a) for e in examples] == [(0, "one"), (1, ""), (2, "three")]
+  (tmp_path / "nothing.txt").write_text("")
+  with pytest.raises(ValueError, match="nothing.txt: the input file is empty"):
+    features.read_examples(tmp_path / "nothing.txt")
+
+
+def test_empty_line_as_the_original_when_allowed(minilm_dir, tmp_path):
+  inp = tmp_path / "in.txt"
+  inp.write_text("hello\n\nworld\n")
+  out = tmp_path / "out.jsonl"
+  features.extract_features(str(inp), str(out), str(minilm_dir), layers=(-1,),
+                            allow_empty_lines=True)
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [[f["token"] for f in r["features"]] for r in rows] == [
+      ["[CLS]", "hello", "[SEP]"], ["[CLS]", "[SEP]"], ["[CLS]", "world", "[SEP]"]]
+
+
+def test_cli_reports_errors_and_keeps_existing_output(minilm_dir, tmp_path):
+  repo = pathlib.Path(__file__).resolve().parent.parent
+  inp = tmp_path / "in.txt"
+  inp.write_bytes(b"good\n\xc3\x28 broken\n")
+  out = tmp_path / "out.jsonl"
+  out.write_text("previous results\n")
+  env = {**os.environ, "PYTHONPATH": str(repo)}
+  cmd = [sys.executable, "-m", "bert_jax.extract_features", f"--input_file={inp}",
+         f"--output_file={out}", f"--checkpoint={minilm_dir}", "--layers=-1"]
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=repo, timeout=300)
+  assert proc.returncode == 2
+  assert "in.txt:2: not valid UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+  assert out.read_text() == "previous results\n"
+  inp.write_text("good\nalso good ||| and a pair\n")
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=repo, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert summary["num_lines"] == 2
+  assert [json.loads(x)["linex_index"] for x in out.read_text().splitlines()] == [0, 1]

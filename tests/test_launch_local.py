@@ -1,0 +1,96 @@
+"""Local launches: N processes joined with jax.distributed, logs, exit codes, kill-all.
+
+The first tests use a stand-in interpreter (seconds); the last launches real two-process
+pre-training of the tiny model on CPU through ``python -m launch`` and checks that both
+processes joined one jax.distributed job and that it trained and wrote checkpoints.
+"""
+
+import json
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+import time
+
+from launch.job import Job
+from launch.targets import LocalTarget
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def fake_python(tmp_path, body):
+  path = tmp_path / "fake_python"
+  path.write_text(f"#!{sys.executable}\nimport json, os, sys, time\n{body}\n")
+  path.chmod(path.stat().st_mode | stat.S_IXUSR)
+  return str(path)
+
+
+def test_each_process_gets_its_coordinates_and_its_log(tmp_path):
+  python = fake_python(tmp_path, """
+keys = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "XLA_FLAGS")
+print(json.dumps({k: os.environ.get(k) for k in keys}))
+""")
+  job = Job("pretrain", "", str(tmp_path / "run"), python=python)
+  target = LocalTarget(num_processes=3, cpu_devices_per_process=2, echo=False)
+  assert target.run(job) == 0
+  envs = [json.loads((tmp_path / "run" / "logs" / f"process_{i}.log").read_text())
+          for i in range(3)]
+  assert [e["JAX_PROCESS_ID"] for e in envs] == ["0", "1", "2"]
+  assert {e["JAX_NUM_PROCESSES"] for e in envs} == {"3"}
+  coordinators = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}
+  assert len(coordinators) == 1 and coordinators.pop().startswith("localhost:")
+  assert all("--xla_force_host_platform_device_count=2" in e["XLA_FLAGS"] for e in envs)
+
+
+def test_one_failing_process_stops_the_others_and_sets_the_status(tmp_path):
+  python = fake_python(tmp_path, """
+open(os.path.join(sys.argv[-1].split("=", 1)[1], "pid_%s" % os.environ["JAX_PROCESS_ID"]),
+     "w").write(str(os.getpid()))
+if os.environ["JAX_PROCESS_ID"] == "1":
+  time.sleep(1)
+  print("process 1 gives up", flush=True)
+  sys.exit(3)
+time.sleep(120)
+""")
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  job = Job("pretrain", "", str(workdir), python=python)
+  start = time.monotonic()
+  status = LocalTarget(num_processes=3, kill_grace_s=2, echo=False).run(job)
+  assert status == 3
+  assert time.monotonic() - start < 60
+  for i in (0, 2):  # the sleepers were stopped
+    pid = int((workdir / f"pid_{i}").read_text())
+    assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read()
+  assert "process 1 gives up" in (workdir / "logs" / "process_1.log").read_text()
+
+
+def test_two_process_pretraining_on_cpu(tmp_path):
+  """python -m launch: two processes, one jax.distributed job, trains and checkpoints."""
+  workdir = tmp_path / "pretrain"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run(
+      [sys.executable, "-m", "launch", "run", "--job=pretrain",
+       "--config=configs/pretrain.py:tiny", f"--workdir={workdir}", "--target=local",
+       "--num_processes=2", "--cpu_devices_per_process=1", "--",
+       "--config.synthetic_data=True", "--config.num_train_steps=4",
+       "--config.save_checkpoints_steps=2", "--config.train_batch_size=8",
+       "--config.phase2.fraction=0.0", "--config.eval_every_steps=0",
+       "--config.max_eval_steps=1", "--config.logging.log_every_steps=2"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  logs = [(workdir / "logs" / f"process_{i}.log").read_text() for i in range(2)]
+  for i, log in enumerate(logs):
+    assert f"process {i} of 2" in log, log[-2000:]
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
+                if p.name.isdigit()) == [2, 4]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["status"] == "completed" and summary["step"] == 4
+  assert summary["num_processes"] == 2 and summary["num_devices"] == 2
+  record = json.loads((workdir / "launch.json").read_text())
+  assert record["num_processes"] == 2 and record["target"] == "local"
+  assert record["config"]["num_train_steps"] == 4  # the resolved config, overrides applied
+  head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                        text=True).stdout.strip()
+  assert record["git"]["commit"] == (head or None)
