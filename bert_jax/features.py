@@ -18,6 +18,7 @@ sorted by length within a window for dense batches and written back in input ord
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -172,30 +173,40 @@ class FeatureExtractor:
       ids[r, :n], seg[r, :n], mask[r, :n] = f.input_ids, f.segment_ids, 1
     return ids, mask, seg
 
-  def __call__(self, features: Sequence[InputFeatures], window: int = 64
+  def _window(self, chunk: Sequence[InputFeatures]) -> dict[int, np.ndarray]:
+    """Values for each line of ``chunk``, computed in batches of similar lengths."""
+    chunk = sorted(chunk, key=lambda f: len(f.input_ids))
+    batches = [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+    results, pending = {}, None
+    for feats in batches + [None]:
+      # Dispatch this batch before fetching the last one, so the device never waits on us.
+      dispatched = None if feats is None else (
+          feats, self._run(self.params, *self._arrays(feats)))
+      if pending is not None:
+        done, out = pending
+        out = np.asarray(out)
+        for r, f in enumerate(done):
+          results[f.unique_id] = out[r, :, :len(f.input_ids)]
+      pending = dispatched
+    return results
+
+  def __call__(self, features: Sequence[InputFeatures], window: int = 8
                ) -> Iterator[tuple[InputFeatures, np.ndarray]]:
     """Yields (features, values [num_layers, num_tokens, hidden]) in the order given.
 
-    Lines are sorted by length within windows of ``window`` batches; the next batch is
-    dispatched before the last one is fetched, so host and device work overlap.
+    Lines are sorted by length within windows of ``window`` batches (dense batches, few
+    buckets); a background thread computes the next window while the caller consumes this
+    one (XLA releases the GIL, so writing output overlaps the model).
     """
     span = window * self.batch_size
-    for start in range(0, len(features), span):
-      chunk = sorted(features[start:start + span], key=lambda f: len(f.input_ids))
-      batches = [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-      results: dict[int, np.ndarray] = {}
-      pending = None
-      for feats in batches + [None]:
-        dispatched = None if feats is None else (feats, self._run(self.params,
-                                                                  *self._arrays(feats)))
-        if pending is not None:
-          done, out = pending
-          out = np.asarray(out)
-          for r, f in enumerate(done):
-            results[f.unique_id] = out[r, :, :len(f.input_ids)]
-        pending = dispatched
-      for f in features[start:start + span]:
-        yield f, results.pop(f.unique_id)
+    chunks = [features[i:i + span] for i in range(0, len(features), span)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+      upcoming = pool.submit(self._window, chunks[0]) if chunks else None
+      for k, chunk in enumerate(chunks):
+        results = upcoming.result()
+        upcoming = pool.submit(self._window, chunks[k + 1]) if k + 1 < len(chunks) else None
+        for f in chunk:
+          yield f, results.pop(f.unique_id)
 
 
 def round_like_original(values: np.ndarray) -> list:

@@ -21,7 +21,7 @@ from launch.job import Job, LaunchError
 from launch.launch import launch
 from launch.results import write_results
 from launch.sweep import load_sweep, plan_sweep, run_sweep
-from launch.targets import TARGETS, make_target
+from launch.targets import TARGETS, make_target, setting_help
 
 FLAGS = flags.FLAGS
 COMMANDS = ("run", "sweep", "results")
@@ -36,17 +36,28 @@ flags.DEFINE_integer("parallel", 1, "sweep: local runs at a time.")
 flags.DEFINE_string("metric", None, "results: the metric to sort by (default: primary).")
 flags.DEFINE_enum("mode", "auto", ["auto", "max", "min"], "results: is higher or lower better.")
 
-_TYPES = {str: flags.DEFINE_string, int: flags.DEFINE_integer, float: flags.DEFINE_float,
-          bool: flags.DEFINE_bool}
-_SETTINGS: dict[str, list[str]] = {}
-for _name, _cls in TARGETS.items():
-  for _f in dataclasses.fields(_cls):
-    _SETTINGS.setdefault(_f.name, []).append(_name)
-for _field, _targets in _SETTINGS.items():
-  _f = next(f for f in dataclasses.fields(TARGETS[_targets[0]]) if f.name == _field)
-  _type = {"str": str, "int": int, "float": float, "bool": bool}.get(str(_f.type), None)
-  (_TYPES.get(_type) or flags.DEFINE_multi_string)(
-      _field, None, f"Target setting of {', '.join(_targets)} (default {_f.default!r}).")
+_TYPES = {"str": flags.DEFINE_string, "int": flags.DEFINE_integer,
+          "float": flags.DEFINE_float, "bool": flags.DEFINE_bool}
+_SETTINGS: dict[str, list[str]] = {}  # setting -> the targets that have it
+
+
+def _define_target_flags():
+  """One flag per target setting (dataclass field), documented from the target's docstring."""
+  fields, helps, defaults = {}, {}, {}
+  for name, cls in TARGETS.items():
+    for f in dataclasses.fields(cls):
+      _SETTINGS.setdefault(f.name, []).append(name)
+      fields.setdefault(f.name, f)
+      helps.setdefault(f.name, setting_help(name).get(f.name, ""))
+      defaults.setdefault(f.name, []).append(f"{name}: {f.default!r}")
+  for key, f in fields.items():
+    define = _TYPES.get(str(f.type), flags.DEFINE_multi_string)
+    default = (f"default {f.default!r}" if len(defaults[key]) == 1 else
+               f"defaults {'; '.join(defaults[key])}")
+    define(key, None, f"[{', '.join(_SETTINGS[key])}] {helps[key]} ({default})")
+
+
+_define_target_flags()
 
 
 def target_from_flags():

@@ -12,6 +12,7 @@ value of the wrong type is a :class:`LaunchError` naming the key (and where it c
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import datetime
 import importlib.util
@@ -117,7 +118,7 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple[str, Any]],
                     source: str = "overrides") -> ml_collections.ConfigDict:
   """A copy of ``config`` with dotted-key overrides applied; unknown keys -> LaunchError."""
-  config = config.copy_and_resolve_references()  # a deep copy; stays locked if it was
+  config = copy.deepcopy(config)  # keeps placeholders' types and the lock
   config.lock()
   for key, value in overrides:
     node, parts = config, key.split(".")
@@ -147,16 +148,18 @@ def config_overrides_in_args(extra_args: Sequence[str]) -> list[tuple[str, str]]
 
 
 def parse_value(config: ml_collections.ConfigDict, key: str, raw: str) -> Any:
-  """A command-line string as the type of the config field ``key`` holds (as config_flags)."""
+  """A command-line string as the type of the config field ``key`` (as config_flags parses)."""
+  *parents, last = key.split(".")
   node = config
-  for part in key.split("."):
+  for part in parents:
     node = node[part]
-  if isinstance(node, bool):
+  kind = node.get_type(last)
+  if kind is bool:
     if raw.lower() not in ("true", "false", "1", "0"):
       raise ValueError(f"{raw!r} is not a boolean")
     return raw.lower() in ("true", "1")
-  if isinstance(node, (int, float, str)):
-    return type(node)(raw)
+  if kind in (int, float, str):
+    return kind(raw)
   try:
     return ast.literal_eval(raw)
   except (ValueError, SyntaxError):

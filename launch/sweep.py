@@ -189,6 +189,18 @@ def write_sweep_record(root: str, runs: Sequence[SweepRun]) -> None:
     f.write(text)
 
 
+def run_target(target, index: int, first: bool):
+  """The target for run ``index`` of a sweep: a distinct job name where the target has one;
+  on a TPU slice the code is shipped and installed (and the slice created) by the first run
+  only."""
+  changes: dict[str, Any] = {}
+  if getattr(target, "job_name", ""):
+    changes["job_name"] = f"{target.job_name}-{index}"
+  if target.name == "tpu" and not first:
+    changes.update(ship="none", create=False)
+  return dataclasses.replace(target, **changes) if changes else target
+
+
 def run_sweep(runs: Sequence[SweepRun], target, parallel: int = 1, dry_run: bool = False,
               out: TextIO | None = None) -> dict[str, int]:
   """Runs (or, dry, prints) every incomplete run; returns {name: exit status} of those run."""
@@ -204,7 +216,7 @@ def run_sweep(runs: Sequence[SweepRun], target, parallel: int = 1, dry_run: bool
   if dry_run:
     for r in todo:
       out.write(f"# run {r.name}\n")
-      launch(r.job, target, dry_run=True, out=out)
+      launch(r.job, run_target(target, runs.index(r), r is todo[0]), dry_run=True, out=out)
     return {}
   write_sweep_record(os.path.dirname(runs[0].job.workdir), runs)
   if target.name == "local":
@@ -213,7 +225,7 @@ def run_sweep(runs: Sequence[SweepRun], target, parallel: int = 1, dry_run: bool
   def one(r: SweepRun) -> int:
     out.write(f"sweep: start {r.name}\n")
     out.flush()
-    status = launch(r.job, target, out=out)
+    status = launch(r.job, run_target(target, runs.index(r), r is todo[0]), out=out)
     out.write(f"sweep: {r.name} {'done' if status == 0 else f'FAILED (status {status})'}\n")
     out.flush()
     return status

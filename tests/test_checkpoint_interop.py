@@ -319,6 +319,30 @@ def test_save_hf_keeps_existing_files(pretraining_dir, tmp_path):
   with pytest.raises(CheckpointError, match="refusing to overwrite"):
     save_hf(tmp_path, pre.params, pre.config, pre.tokenizer, head="encoder")
   assert (tmp_path / "model.safetensors").read_bytes() == before
-  with pytest.raises(CheckpointError, match=r"params lack what a BertForSequenceClassification needs: classifier"):
+  with pytest.raises(CheckpointError,
+                     match=r"params lack what a BertForSequenceClassification needs: classifier"):
     save_hf(tmp_path / "x", pre.params, pre.config, head="sequence_classification",
             num_labels=2)
+
+
+def test_bfloat16_checkpoint_imports_as_float32(tmp_path):
+  model = hf_model("BertModel").to(torch.bfloat16)
+  pre = load_pretrained(save_hf_dir(model, tmp_path))
+  kernel = pre.params["bert"]["layer_0"]["intermediate"]["kernel"]
+  assert kernel.dtype == np.float32
+  ref = model.state_dict()["encoder.layer.0.intermediate.dense.weight"].float().numpy().T
+  np.testing.assert_array_equal(kernel, ref)
+
+
+def test_params_only_export_loads(pretraining_dir, tmp_path):
+  params_only = pytest.importorskip("bert_jax.checkpoint.params_only")
+  directory, model = pretraining_dir
+  pre = load_pretrained(directory)
+  params_only.export_params_only(str(tmp_path / "p"), pre.params, pre.config, pre.head,
+                                 pre.tokenizer)
+  assert detect(tmp_path / "p") == "bert_jax"
+  again = load_pretrained(tmp_path / "p")
+  assert (again.source, again.task, again.config) == ("bert_jax", "pretraining", pre.config)
+  save_hf(tmp_path / "hf", again.params, again.config, again.tokenizer, head=again.task)
+  assert_same_state(state(transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")),
+                    state(model))

@@ -233,3 +233,25 @@ def test_empty_and_mismatched_inputs(data_dir, tmp_path):
     make(data_dir, files=str(empty), process_index=0, process_count=3)
   with pytest.raises(ValueError, match="needs the tokenizer"):
     make(data_dir, dynamic_masking=True)
+
+
+def test_vectorised_whole_word_selection_matches_the_sequential_rule():
+  from bert_jax.data import dynamic_masking
+
+  def sequential(lengths, budget):  # google-research/bert's loop over shuffled candidates.
+    taken, count = [], 0
+    for n in lengths:
+      if count >= budget:
+        taken.append(False)
+        continue
+      fits = count + n <= budget
+      taken.append(fits)
+      count += n if fits else 0
+    return taken
+
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    lengths = rng.choice([1, 1, 1, 2, 2, 3, 4, 6], size=int(rng.integers(0, 40)))
+    budget = int(rng.integers(1, 21))
+    got = dynamic_masking._greedy_take(tf.constant(lengths, tf.int32), tf.constant(budget))
+    assert got.numpy().tolist() == sequential(lengths.tolist(), budget), (lengths, budget)

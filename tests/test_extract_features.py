@@ -102,8 +102,9 @@ def test_one_compiled_program_per_length_bucket(minilm_dir):
   out = list(extractor(feats, window=2))
   assert [f.unique_id for f, _ in out] == list(range(len(texts)))  # input order kept
   assert all(v.shape == (1, len(f.tokens), 384) for f, v in out)
-  used = {extractor._bucket(len(f.input_ids)) for f in feats}  # pylint: disable=protected-access
-  assert extractor._run._cache_size() <= len(used) <= len(features.bucket_lengths(64))  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  used = {extractor._bucket(len(f.input_ids)) for f in feats}
+  assert extractor._run._cache_size() <= len(used) <= len(features.bucket_lengths(64))
 
 
 def test_bad_input_names_file_and_line(tmp_path):

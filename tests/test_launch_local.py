@@ -94,3 +94,31 @@ def test_two_process_pretraining_on_cpu(tmp_path):
   head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
                         text=True).stdout.strip()
   assert record["git"]["commit"] == (head or None)
+
+
+def test_sigterm_to_the_launcher_reaches_every_process(tmp_path):
+  """Pre-emption of the launcher: each process gets SIGTERM (and can save), status 143."""
+  python = fake_python(tmp_path, """
+import signal
+workdir = sys.argv[-1].split("=", 1)[1]
+me = os.environ["JAX_PROCESS_ID"]
+def on_term(signum, frame):
+  open(os.path.join(workdir, "saved_" + me), "w").write("checkpoint")
+  sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(workdir, "ready_" + me), "w").close()
+time.sleep(120)
+""")
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "launch", "run", f"--workdir={workdir}", f"--python={python}",
+       "--target=local", "--num_processes=2", "--kill_grace_s=20"],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.monotonic() + 120
+  while not all((workdir / f"ready_{i}").exists() for i in range(2)):
+    assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
+    time.sleep(0.2)
+  launcher.terminate()
+  assert launcher.wait(timeout=60) == 143
+  assert all((workdir / f"saved_{i}").read_text() == "checkpoint" for i in range(2))

@@ -2,6 +2,7 @@
 parallelism, FSDP, tensor parallelism and a mixed mesh, with params really sharded; bad meshes
 and batch sizes are clear errors."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,6 +88,7 @@ def test_same_trajectory_and_real_sharding(reference, sizes, expect):
   assert w.addressable_shards[0].data.size == w.size // n_shards
 
 
+@pytest.mark.slow
 def test_grad_accumulation_keeps_trajectory_close(reference):
   losses, _ = _trajectory({"data": 2, "fsdp": 2, "tensor": 2}, jax.devices(), grad_accum=2)
   # Two micro-batches average their (per-micro-batch normalised) losses: close, not identical.
@@ -124,10 +126,14 @@ def test_vocab_not_divisible_by_tensor_axis_is_left_unsharded():
   abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ids, ids, ids,
                                                ids[:, :2])["params"])
   shardings = parallel.logical_shardings(abstract, mesh, rules)
-  assert tuple(shardings["bert"]["embeddings"]["word_embeddings"]["embedding"].spec) == (
-      None, None)
+  # 1001 % 4 != 0: the vocab dimension stays whole; everything else is sharded as configured.
+  assert tuple(shardings["bert"]["embeddings"]["word_embeddings"]["embedding"].spec)[0] is None
   assert tuple(shardings["mlm_output_bias"].spec) == (None,)
-  assert tuple(shardings["bert"]["layer_0"]["intermediate"]["kernel"].spec) == (None, "tensor")
+  assert tuple(shardings["bert"]["layer_0"]["intermediate"]["kernel"].spec)[1] == "tensor"
+  params = jax.jit(lambda: nn.meta.unbox(model.init(jax.random.PRNGKey(0), ids, ids, ids,
+                                                    ids[:, :2])["params"]),
+                   out_shardings=shardings)()
+  assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (1001, 128)
 
 
 def test_rules_from_config_are_normalised():

@@ -149,3 +149,16 @@ def test_remote_sweep_gives_each_run_its_own_job():
   workdirs = {a for d in docs for a in d["spec"]["template"]["spec"]["containers"][0]["command"]
               if a.startswith("--workdir=")}
   assert workdirs == {f"--workdir=gs://bucket/grid/{r.name}" for r in runs}
+
+
+def test_tpu_sweep_ships_the_code_once():
+  from launch.targets import TpuTarget  # pylint: disable=import-outside-toplevel
+  runs = sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.axis("seed", [0, 1, 2]),
+                          "gs://bucket/grid")
+  out = io.StringIO()
+  sweep.run_sweep(runs, TpuTarget(tpu_name="pod", zone="z", project="p"), dry_run=True, out=out)
+  lines = [line for line in out.getvalue().splitlines() if line.startswith("gcloud")]
+  assert sum(" tpu-vm scp " in line for line in lines) == 1
+  runs_started = [line for line in lines if "bert_jax.finetune" in line]
+  assert [f"--workdir=gs://bucket/grid/seed={i}" in line for i, line in
+          enumerate(runs_started)] == [True] * 3

@@ -73,7 +73,8 @@ def _layer_norm(path, name, group):
           Entry(path + ("bias",), name + ".bias", "same", group)]
 
 
-def entries(config: BertConfig, task: str, num_labels: int = 2, prefix: str = "bert.") -> list[Entry]:
+def entries(config: BertConfig, task: str, num_labels: int = 2, prefix: str = "bert."
+            ) -> list[Entry]:
   """Every parameter of ``task``'s model with its Hugging Face name (encoder under ``prefix``)."""
   b, p = ("bert",), prefix
   out = [Entry(b + ("embeddings", n, "embedding"), f"{p}embeddings.{n}.weight", "same", "bert")
@@ -218,15 +219,16 @@ def tensors_to_params(tensors: Mapping[str, np.ndarray], config: BertConfig, tas
           f"{config.max_position_embeddings}, type_vocab_size={config.type_vocab_size}"
           f"{', num_labels=%d' % num_labels if e.group == 'classifier' else ''}) implies "
           f"{list(hf_shape(shape, e.layout))}")
-    if not np.issubdtype(x.dtype, np.floating):
-      raise CheckpointError(f"{source}: tensor {describe(e.name)} has dtype {x.dtype}, not floating point")
+    if not (np.issubdtype(x.dtype, np.floating) or x.dtype.name == "bfloat16"):
+      raise CheckpointError(f"{source}: tensor {describe(e.name)} has dtype {x.dtype}, not "
+                            "floating point")
     flat[e.path] = to_params_layout(x.astype(np.float32), e.layout, shape)
   for name, tied in (("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
                      ("cls.predictions.decoder.bias", "cls.predictions.bias")):
     if name in tensors and "mlm" not in absent and not np.array_equal(
         np.asarray(tensors[name], np.float32), np.asarray(tensors[tied], np.float32)):
-      raise CheckpointError(f"{source}: tensor {describe(name)} differs from {describe(tied)}; BERT ties "
-                            "them and bert_jax does not support an untied MLM decoder")
+      raise CheckpointError(f"{source}: tensor {describe(name)} differs from {describe(tied)}; "
+                            "BERT ties them and bert_jax does not support an untied MLM decoder")
   if "bert/pooler" in absent:
     for i, e in enumerate(x for x in all_entries if x.group == "bert/pooler"):
       flat[e.path] = _init_like(shapes[e.path], config, seed=i)

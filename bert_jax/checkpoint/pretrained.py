@@ -3,7 +3,8 @@
 Detected by what ``path`` holds:
 
 * a bert_jax workdir (``model_config.json`` + ``checkpoints/``): the latest Orbax checkpoint,
-  through ``bert_jax.checkpoint.manager.load_params``;
+  through ``bert_jax.checkpoint.manager.load_params``; or a parameters-only export
+  (``model_config.json`` + ``params/``, ``bert_jax.checkpoint.params_only``);
 * a Hugging Face directory (``config.json`` + ``model.safetensors`` / ``pytorch_model.bin``,
   possibly sharded), any ``BertModel`` / ``BertFor*`` class, with or without the ``bert.``
   prefix;
@@ -181,13 +182,20 @@ def load_tensorflow(path, task: str | None = None, do_lower_case: bool | None = 
 
 
 def load_bert_jax(workdir, task: str | None = None) -> Pretrained:
-  """The latest checkpoint of a bert_jax workdir (through the Orbax manager)."""
+  """The latest checkpoint of a bert_jax workdir (through the Orbax manager), or a
+  parameters-only export (``params/`` beside ``model_config.json``)."""
   from flax import traverse_util  # pylint: disable=import-outside-toplevel
   from flax.linen import meta  # pylint: disable=import-outside-toplevel
-
-  from bert_jax.checkpoint.manager import load_params  # pylint: disable=import-outside-toplevel
   workdir = pathlib.Path(workdir)
-  params, config, tokenizer = load_params(workdir)
+  try:
+    if (workdir / "checkpoints").is_dir():
+      from bert_jax.checkpoint.manager import load_params  # pylint: disable=import-outside-toplevel
+      params, config, tokenizer = load_params(str(workdir))
+    else:
+      from bert_jax.checkpoint import params_only  # pylint: disable=import-outside-toplevel
+      params, config, _, tokenizer = params_only.restore_params_only(str(workdir))
+  except FileNotFoundError as e:
+    raise CheckpointError(f"{workdir}: {e}") from e
   params = traverse_util.unflatten_dict({
       k: np.asarray(v) for k, v in traverse_util.flatten_dict(dict(meta.unbox(params))).items()})
   head = _read_json(workdir / "head.json") if (workdir / "head.json").is_file() else {}
@@ -233,7 +241,8 @@ def _check_shapes(params, config: BertConfig, task: str, num_labels: int | None,
 def detect(path) -> str:
   """"bert_jax", "huggingface" or "tensorflow": what kind of checkpoint ``path`` is."""
   path = pathlib.Path(path)
-  if path.is_dir() and (path / "model_config.json").is_file() and (path / "checkpoints").is_dir():
+  if path.is_dir() and (path / "model_config.json").is_file() and (
+      (path / "checkpoints").is_dir() or (path / "params").is_dir()):
     return "bert_jax"
   if path.is_dir() and (path / "config.json").is_file() and any(
       (path / f).is_file() for f in hf.WEIGHT_FILES):

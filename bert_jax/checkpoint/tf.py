@@ -23,7 +23,8 @@ SKIPPED = re.compile(r"(^global_step$|/adam_[mv]$|^_CHECKPOINTABLE_OBJECT_GRAPH$
                      r"^beta[12]_power$|/(Adam|Adam_1|Momentum)$)")
 _RENAMES = [
     # (TF pattern, HF replacement); applied in order, first match wins.
-    (r"^bert/embeddings/(word|position|token_type)_embeddings$", r"bert.embeddings.\1_embeddings.weight"),
+    (r"^bert/embeddings/(word|position|token_type)_embeddings$",
+     r"bert.embeddings.\1_embeddings.weight"),
     (r"^bert/embeddings/LayerNorm/(gamma|beta)$", r"bert.embeddings.LayerNorm.\1"),
     (r"^bert/encoder/layer_(\d+)/(.*)$", r"bert.encoder.layer.\1.\2"),
     (r"^bert/pooler/dense/(.*)$", r"bert.pooler.dense.\1"),

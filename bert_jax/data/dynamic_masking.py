@@ -12,6 +12,32 @@ import tensorflow as tf
 from bert_jax.data import masking
 
 
+def _greedy_take(length_W, budget):
+  """Which words to take, visiting them in order and taking each one that still fits.
+
+  The sequential rule (skip a word that would overflow, keep going) computed in a few vector
+  steps: a word longer than the remaining budget can never be taken later (the budget only
+  shrinks), so each step drops those, takes the longest prefix of the rest that fits, and
+  repeats with the smaller budget. Each step takes at least one word or finishes.
+  """
+  num_words = tf.shape(length_W)[0]
+
+  def cond(remaining, decided_W, taken_W):
+    return (remaining > 0) & ~tf.reduce_all(decided_W)
+
+  def body(remaining, decided_W, taken_W):
+    candidate_W = ~decided_W & (length_W <= remaining)
+    decided_W = decided_W | (length_W > remaining)
+    cumulative_W = tf.cumsum(tf.where(candidate_W, length_W, 0))
+    take_W = candidate_W & (cumulative_W <= remaining)
+    remaining -= tf.reduce_sum(tf.where(take_W, length_W, 0))
+    return remaining, decided_W | take_W, taken_W | take_W
+
+  _, _, taken_W = tf.while_loop(
+      cond, body, (budget, tf.zeros([num_words], tf.bool), tf.zeros([num_words], tf.bool)))
+  return taken_W
+
+
 class DynamicMasker:
   """Callable on one parsed example (int32/float32 tensors, unbatched) plus a seed pair."""
 
@@ -39,15 +65,8 @@ class DynamicMasker:
     word_len_W = tf.math.unsorted_segment_sum(tf.cast(valid_L, tf.int32), word_L,
                                               length + 1)[:num_words]
     order_W = tf.argsort(tf.random.stateless_uniform([num_words], seed))
-    sorted_len_W = tf.gather(word_len_W, order_W)
-
-    def step(carry, word_len):
-      count, _ = carry
-      take = count + word_len <= budget
-      return count + tf.where(take, word_len, 0), take
-
-    _, take_sorted_W = tf.scan(step, sorted_len_W, initializer=(tf.constant(0), False))
-    take_W = tf.scatter_nd(order_W[:, None], take_sorted_W, [num_words])
+    take_W = tf.scatter_nd(order_W[:, None], _greedy_take(tf.gather(word_len_W, order_W), budget),
+                           [num_words])
     take_W = tf.concat([take_W, [False]], axis=0)  # The slot of invalid positions.
     return valid_L & tf.gather(take_W, tf.minimum(word_L, num_words))
 

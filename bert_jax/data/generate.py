@@ -29,6 +29,7 @@ from bert_jax.data import examples as examples_lib
 from bert_jax.data import masking
 
 SPLITS = ("train", "eval")
+AUTO_PARALLEL_MIN_BYTES = 32 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +216,9 @@ def generate(inputs, output_dir: str, config: GenerationConfig, num_shards: int 
              tfds_text_key: str = "text", progress: bool = True) -> dict:
   """Generates this host's shards. Returns {"stats", "files": {L: {split: pattern}}}.
 
-  `num_workers` 0 means all cores (`os.cpu_count()`); 1 runs in this process.
+  `num_workers`: 1 runs in this process; 0 means all cores (`os.cpu_count()`), except for inputs
+  under AUTO_PARALLEL_MIN_BYTES in all, which run in this process: a worker process takes
+  seconds to start (it imports TensorFlow), more than such an input takes to generate.
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in [0, process_count={process_count})")
@@ -224,7 +227,12 @@ def generate(inputs, output_dir: str, config: GenerationConfig, num_shards: int 
                                     tfds_text_key=tfds_text_key)
   _check_or_write_config(output_dir, config, len(shards), overwrite)
   mine = [s for s in shards if s.index % process_count == process_index]
-  workers = min(num_workers or os.cpu_count() or 1, max(len(mine), 1))
+  if not num_workers:
+    small = config.input_format != "tfds" and sum(
+        os.path.getsize(f) for s in mine for f in s.files
+        if os.path.exists(f)) < AUTO_PARALLEL_MIN_BYTES
+    num_workers = 1 if small else (os.cpu_count() or 1)
+  workers = min(num_workers, max(len(mine), 1))
   stats = _new_stats()
   start = time.time()
   tasks = [(s, config, output_dir, overwrite) for s in mine]

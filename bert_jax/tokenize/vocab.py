@@ -60,6 +60,28 @@ def iter_corpus(files: Sequence[str], decode_errors: str = "strict",
           yield line.lower() if lower else line
 
 
+def _check_overwrite(path: pathlib.Path, overwrite: bool) -> None:
+  if path.exists() and not overwrite:
+    raise ValueError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
+
+
+def corpus_stats(tokenizer: base.Tokenizer, files, max_lines: int = 20_000,
+                 decode_errors: str = "strict") -> dict:
+  """How a tokenizer splits the first ``max_lines`` non-blank lines of a corpus: lines, words
+  (whitespace-separated), tokens, tokens per word and the share of [UNK] tokens."""
+  lines = []
+  for line in iter_corpus(expand_files(files), decode_errors):
+    lines.append(line)
+    if len(lines) >= max_lines:
+      break
+  ids = tokenizer.encode_batch(lines)
+  tokens = sum(map(len, ids))
+  words = sum(len(line.split()) for line in lines)
+  unk = sum(row.count(tokenizer.unk_id) for row in ids)
+  return {"lines": len(lines), "words": words, "tokens": tokens,
+          "tokens_per_word": tokens / max(words, 1), "unk_share": unk / max(tokens, 1)}
+
+
 def _specials(num_unused: int) -> list[str]:
   if num_unused < 0:
     raise ValueError(f"num_unused must be >= 0, got {num_unused}")
@@ -69,7 +91,8 @@ def _specials(num_unused: int) -> list[str]:
 def build_wordpiece_vocab(files, out_path: str | os.PathLike, vocab_size: int,
                           do_lower_case: bool = True, *, min_frequency: int = 2,
                           limit_alphabet: int = 1000, num_unused: int = 0,
-                          decode_errors: str = "strict") -> WordPieceTokenizer:
+                          decode_errors: str = "strict",
+                          overwrite: bool = False) -> WordPieceTokenizer:
   """Trains a WordPiece vocabulary (``tokenizers``' WordPieceTrainer) with BERT's text pipeline.
 
   The vocabulary has BERT's layout: one token per line, [PAD] [UNK] [CLS] [SEP] [MASK] at ids
@@ -88,6 +111,7 @@ def build_wordpiece_vocab(files, out_path: str | os.PathLike, vocab_size: int,
     limit_alphabet: keep at most this many distinct characters (the most frequent).
     num_unused: number of "[unusedN]" tokens after the special ones.
     decode_errors: "strict" or "replace" for bytes that are not UTF-8 (base.decode_line).
+    overwrite: replace an existing vocabulary file (else it is an error).
 
   Returns:
     the tokenizer that loads the written vocabulary.
@@ -100,6 +124,7 @@ def build_wordpiece_vocab(files, out_path: str | os.PathLike, vocab_size: int,
   out_path = pathlib.Path(out_path)
   if out_path.is_dir() or (not out_path.exists() and out_path.suffix != ".txt"):
     out_path = out_path / VOCAB_FILE
+  _check_overwrite(out_path, overwrite)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   # The same normalizer and pre-tokenizer as the tokenizer that will use the vocabulary.
   shell = WordPieceTokenizer(list(base.SPECIAL_TOKENS), do_lower_case=do_lower_case)
@@ -132,7 +157,7 @@ def build_sentencepiece_model(files, out_prefix: str | os.PathLike, vocab_size: 
                               character_coverage: float = 0.9995,
                               input_sentence_size: int = 10_000_000,
                               decode_errors: str = "strict",
-                              seed: int = 0) -> SentencePieceTokenizer:
+                              seed: int = 0, overwrite: bool = False) -> SentencePieceTokenizer:
   """Trains a SentencePiece model with BERT's special tokens at fixed ids.
 
   [PAD]=0 and [UNK]=1 are SentencePiece's pad and unknown pieces; [CLS]=2, [SEP]=3, [MASK]=4
@@ -150,6 +175,7 @@ def build_sentencepiece_model(files, out_prefix: str | os.PathLike, vocab_size: 
     input_sentence_size: sample at most this many lines (SentencePiece keeps them in memory).
     decode_errors: "strict" or "replace" for bytes that are not UTF-8.
     seed: the seed of SentencePiece's sampling of input lines.
+    overwrite: replace an existing model (else it is an error).
   """
   if model_type not in MODEL_TYPES:
     raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
@@ -158,6 +184,7 @@ def build_sentencepiece_model(files, out_prefix: str | os.PathLike, vocab_size: 
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   paths = expand_files(files)
   out_prefix = pathlib.Path(out_prefix)
+  _check_overwrite(pathlib.Path(f"{out_prefix}.model"), overwrite)
   out_prefix.parent.mkdir(parents=True, exist_ok=True)
   spm.set_random_generator_seed(seed)
   try:
@@ -174,3 +201,27 @@ def build_sentencepiece_model(files, out_prefix: str | os.PathLike, vocab_size: 
   tokenizer = SentencePieceTokenizer.from_file(f"{out_prefix}.model", do_lower_case=do_lower_case)
   tokenizer._write_config(out_prefix.parent)
   return tokenizer
+
+
+def build_vocabulary(files, output_dir: str | os.PathLike, *, kind: str = "wordpiece",
+                     vocab_size: int = 30522, do_lower_case: bool = True,
+                     model_type: str = "unigram", min_frequency: int = 2, num_unused: int = 0,
+                     character_coverage: float = 0.9995, decode_errors: str = "strict",
+                     overwrite: bool = False, stats_lines: int = 20_000) -> dict:
+  """Builds either kind into ``output_dir`` (a workdir's tokenizer layout) and returns a summary
+  with corpus_stats over the first ``stats_lines`` lines (what bert_jax.build_vocab prints)."""
+  if kind == "wordpiece":
+    tokenizer = build_wordpiece_vocab(
+        files, pathlib.Path(output_dir) / VOCAB_FILE, vocab_size, do_lower_case=do_lower_case,
+        min_frequency=min_frequency, num_unused=num_unused, decode_errors=decode_errors,
+        overwrite=overwrite)
+  elif kind == "sentencepiece":
+    tokenizer = build_sentencepiece_model(
+        files, pathlib.Path(output_dir) / "sentencepiece", vocab_size, model_type,
+        do_lower_case=do_lower_case, character_coverage=character_coverage,
+        decode_errors=decode_errors, overwrite=overwrite)
+  else:
+    raise ValueError(f"kind must be 'wordpiece' or 'sentencepiece', got {kind!r}")
+  stats = corpus_stats(tokenizer, files, max_lines=stats_lines, decode_errors=decode_errors)
+  return {"vocabulary": tokenizer.source, "kind": kind, "vocab_size": tokenizer.vocab_size,
+          "do_lower_case": tokenizer.do_lower_case, **stats}

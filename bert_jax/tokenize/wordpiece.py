@@ -18,13 +18,15 @@ from typing import Sequence
 
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as RustTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers
+from tokenizers import models, normalizers, pre_tokenizers
 
 from bert_jax.tokenize import base, charclasses
 
 VOCAB_FILE = "vocab.txt"
 CONTINUATION_PREFIX = "##"
 MAX_INPUT_CHARS_PER_WORD = 100
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
@@ -114,7 +116,6 @@ class WordPieceTokenizer(base.Tokenizer):
     ascii_rust.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     self.split_special_tokens = bool(split_special_tokens)
     for r in (rust, ascii_rust):
-      r.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
       if not self.split_special_tokens:
         # Matched in the raw text, case-sensitively, before normalization (as the reference).
         r.add_special_tokens([AddedToken(t, special=True, normalized=False)
@@ -195,11 +196,16 @@ class WordPieceTokenizer(base.Tokenizer):
     return [e.tokens for e in self._encode(list(texts), fast=False)]
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """Ids -> text: pieces joined with spaces, "##" pieces glued on, then the spaces before
+    punctuation and English clitics removed (the clean-up of transformers' decode)."""
     tokens = self.convert_ids_to_tokens(ids)
     if skip_special_tokens:
-      special = set(base.SPECIAL_TOKENS)
-      tokens = [t for t in tokens if t not in special]
-    return self._rust.decoder.decode(tokens)
+      special = set(self.special_ids)
+      tokens = [t for t, i in zip(tokens, ids) if int(i) not in special]
+    text = " ".join(tokens).replace(" " + CONTINUATION_PREFIX, "").strip()
+    for before, after in _CLEAN_UP:
+      text = text.replace(before, after)
+    return text
 
   def is_word_start(self, token: str) -> bool:
     return not token.startswith(CONTINUATION_PREFIX)

@@ -9,6 +9,7 @@ prints it) and ``run(job) -> int`` (the exit status).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Mapping
 
 from launch.job import LaunchError
@@ -23,6 +24,31 @@ TARGETS = {"local": LocalTarget, "tpu": TpuTarget, "slurm": SlurmTarget,
 
 def target_fields(name: str) -> list[str]:
   return [f.name for f in dataclasses.fields(TARGETS[name])]
+
+
+def setting_help(name: str) -> dict[str, str]:
+  """Each setting's description, from the ``Attributes:`` section of the target's docstring."""
+  helps: dict[str, str] = {}
+  current = None
+  doc = inspect.getdoc(TARGETS[name]) or ""
+  in_attributes = False
+  for line in doc.splitlines():
+    if line.strip() == "Attributes:":
+      in_attributes = True
+      continue
+    if not in_attributes or not line.strip():
+      continue
+    head, sep, text = line.strip().partition(": ")
+    names = [n.strip() for n in head.split(",")]
+    if line.startswith("  ") and not line.startswith("    ") and sep and all(
+        n.isidentifier() for n in names):
+      for n in names:
+        helps[n] = text
+      current = names
+    elif current:
+      for n in current:
+        helps[n] += " " + line.strip()
+  return helps
 
 
 def make_target(name: str, settings: Mapping[str, Any] | None = None):
@@ -43,4 +69,4 @@ def target_settings(target) -> dict[str, Any]:
 
 
 __all__ = ["TARGETS", "KubernetesTarget", "LocalTarget", "SlurmTarget", "TpuTarget",
-           "make_target", "target_fields", "target_settings"]
+           "make_target", "setting_help", "target_fields", "target_settings"]

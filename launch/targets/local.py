@@ -47,7 +47,7 @@ class LocalTarget:
     num_processes: processes joined with jax.distributed (1: a plain single process).
     cpu_devices_per_process: > 0 gives each process that many CPU devices (XLA_FLAGS).
     gpus_per_process: > 0 gives process i GPUs [i*g, (i+1)*g) via CUDA_VISIBLE_DEVICES.
-    coordinator_port: 0 picks a free port.
+    coordinator_port: the jax.distributed coordinator's port (0: a free port on localhost).
     process_log_dir: where process logs go; empty means ``<workdir>/logs``.
     kill_grace_s: seconds between SIGTERM and SIGKILL when one process failed.
     echo: stream process 0's output to this console as well as its log.
@@ -57,7 +57,7 @@ class LocalTarget:
   gpus_per_process: int = 0
   coordinator_port: int = 0
   process_log_dir: str = ""
-  kill_grace_s: float = 10.0
+  kill_grace_s: float = 30.0
   echo: bool = True
 
   name = "local"
@@ -132,10 +132,26 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
       p.wait()
 
 
-def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 10.0, echo: bool = True,
+class _Terminated(Exception):
+  """SIGTERM reached the launcher: stop the job's processes the same way (they may save)."""
+
+
+def _on_sigterm(signum, frame):
+  del frame
+  raise _Terminated(signum)
+
+
+def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 30.0, echo: bool = True,
                   out: TextIO = sys.stdout, poll_s: float = 0.1) -> int:
-  """Runs the processes of one job together: all succeed, or all stop when one fails."""
+  """Runs the processes of one job together: all succeed, or all stop when one fails.
+
+  SIGTERM to the launcher (from the main thread) is passed on: every process gets SIGTERM
+  (a pre-emption checkpoint can be saved), SIGKILL after ``kill_grace_s``; status 143.
+  """
   procs, threads, logs = [], [], []
+  previous = None
+  if threading.current_thread() is threading.main_thread():
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
   try:
     for spec in specs:
       os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
@@ -166,8 +182,13 @@ def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 10.0, echo
         break
       time.sleep(poll_s)
     return status
+  except _Terminated:
+    out.write("launch: SIGTERM; stopping every process\n")
+    return 128 + signal.SIGTERM
   finally:
     _stop(procs, kill_grace_s)
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
     for t in threads:
       t.join(timeout=5)
     for log in logs:

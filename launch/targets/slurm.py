@@ -92,8 +92,10 @@ class SlurmTarget:
     lines += [self.setup] if self.setup else []
     lines += [
         f"mkdir -p {shlex.quote(logs)}",
-        'coordinator_host="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-        f'export {ENV_COORDINATOR}="$coordinator_host:{self.coordinator_port}"',
+        '# The first host of the allocation runs process 0 and the coordinator (no `| head`:',
+        '# under pipefail a closed pipe would fail the script).',
+        'hosts=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        f'export {ENV_COORDINATOR}="${{hosts[0]}}:{self.coordinator_port}"',
         f'export {ENV_NUM_PROCESSES}="$SLURM_NTASKS"',
         f"srun --kill-on-bad-exit=1 --output={shlex.quote(logs + '/process_%t.log')} "
         f"bash -c {shlex.quote(task)}",

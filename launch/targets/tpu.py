@@ -26,7 +26,7 @@ from launch.job import (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, REPO
                         LaunchError, git_state)
 
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
-SHIP_METHODS = ("scp", "git")
+SHIP_METHODS = ("scp", "git", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +40,8 @@ class TpuTarget:
     runtime_version: the TPU VM image for ``create``.
     create: create the slice as a queued resource first (and wait until it is ACTIVE).
     spot: create it as a spot slice.
-    ship: "scp" (tar of this working tree) or "git" (clone ``repo_url`` at this commit).
+    ship: "scp" (tar of this working tree), "git" (clone ``repo_url`` at this commit) or
+      "none" (the code is already installed in remote_dir, e.g. by an earlier run of a sweep).
     repo_url: the repository to clone with ``ship="git"``.
     remote_dir: where the code goes on each worker.
     install: the install command run in remote_dir on each worker.
@@ -108,6 +109,9 @@ class TpuTarget:
                             f"--accelerator-type={self.accelerator_type}",
                             f"--runtime-version={self.runtime_version}")
       cmds.append(create + (["--spot"] if self.spot else []))
+    if self.ship == "none":
+      cmds.append(self._ssh_all(self.worker_command(job)))
+      return cmds
     if self.ship == "scp":
       archive = f"/tmp/bert_jax_code_{self.tpu_name}.tar.gz"
       cmds.append(["tar", "-czf", archive, "--exclude=.venv", "--exclude=.git",
