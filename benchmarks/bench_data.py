@@ -2,6 +2,9 @@
 
   python benchmarks/bench_data.py --workdir=/tmp/bench_data
 
+  python benchmarks/bench_data.py --workdir=/tmp/bench_data --skip_reader \
+    --gen_input='../shared/data/pretrain/shakespeare/*_gut.txt' --gen_format=text
+
 Uses the built-in corpus (CPython's documentation, bert_jax.data.default_corpus): prepares it
 once under --workdir, then times
   * generation (examples/s, seq 128 + 20 predictions, dupe_factor 1) with 1 worker and with
@@ -28,6 +31,10 @@ flags.DEFINE_string("workdir", "/tmp/bench_data", "Scratch directory.")
 flags.DEFINE_integer("num_workers", 0, "Generation workers for the parallel run (0: all cores).")
 flags.DEFINE_integer("batch_size", 256, "Reader batch size.")
 flags.DEFINE_integer("warmup", 5, "Reader batches before timing.")
+flags.DEFINE_string("gen_input", "", "Generation input globs (default: the built-in corpus), e.g. "
+                    "'../shared/data/pretrain/shakespeare/*_gut.txt'.")
+flags.DEFINE_boolean("skip_reader", False, "Only time generation.")
+flags.DEFINE_string("gen_format", "original", "--input_format of --gen_input.")
 flags.DEFINE_integer("batches", 40, "Reader batches timed.")
 
 
@@ -39,15 +46,17 @@ def _report(name, examples, seconds, **extra):
 def bench_generation(data, workers):
   config = generate.GenerationConfig(
       tokenizer_path=data.vocab_file, do_lower_case=True, max_seq_lengths=(128,),
-      max_predictions_per_seq=(20,), dupe_factor=1)
+      max_predictions_per_seq=(20,), dupe_factor=1,
+      input_format=FLAGS.gen_format if FLAGS.gen_input else "original")
+  inputs = FLAGS.gen_input or list(data.corpus_files)
   out = os.path.join(FLAGS.workdir, f"gen_{workers}")
   shutil.rmtree(out, ignore_errors=True)
   start = time.time()
-  result = generate.generate(list(data.corpus_files), out, config, num_workers=workers,
+  result = generate.generate(inputs, out, config, num_workers=workers,
                              overwrite=True, progress=False)
   seconds = time.time() - start
   _report("generate_seq128", result["stats"]["per_length"]["128"]["examples"], seconds,
-          workers=workers, cores=os.cpu_count())
+          workers=workers, cores=os.cpu_count(), input=FLAGS.gen_input or "built-in corpus")
 
 
 def bench_reader(data, name, **kw):
@@ -70,6 +79,8 @@ def main(argv):
                     "note": "0 when reused from an earlier run"}), flush=True)
   bench_generation(data, 1)
   bench_generation(data, FLAGS.num_workers or os.cpu_count())
+  if FLAGS.skip_reader:
+    return
   from bert_jax.tokenize import load_tokenizer  # pylint: disable=g-import-not-at-top
   tokenizer = load_tokenizer(data.tokenizer_dir)
   bench_reader(data, "reader_seq128_static")

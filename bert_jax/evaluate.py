@@ -20,7 +20,8 @@ from absl import app, flags, logging
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A bert_jax fine-tuning workdir")
 _SPLIT = flags.DEFINE_string("split", "dev", "dev | test | a split name of the task")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", "", "Where to write (default <workdir>/eval_<split>)")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", "",
+                                  "Where to write (default <workdir>/eval_<split>)")
 _SET = flags.DEFINE_multi_string("set", [], "key=value overrides of the saved run config")
 flags.mark_flags_as_required(["workdir"])
 

@@ -12,6 +12,8 @@ the requested one is an error before anything is written. See docs/export.md.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 
 from absl import app, flags
@@ -47,6 +49,17 @@ def load_for_export(path: str, task: str | None = None):
   if pretrained.task == "pretraining" and missing_heads:
     raise hf.CheckpointError(f"{path}: the checkpoint has no {' / '.join(missing_heads)} head "
                              f"weights to export as BertForPreTraining; use --task=encoder")
+  head_path = os.path.join(path, "head.json")
+  if pretrained.task in ("sequence_classification", "token_classification") and os.path.isfile(
+      head_path):
+    with open(head_path) as f:
+      head = json.load(f)
+    n, labels = head.get("num_labels"), head.get("labels") or []
+    if (n is not None and n != pretrained.num_labels) or (
+        labels and len(labels) != pretrained.num_labels):
+      raise hf.CheckpointError(
+          f"{head_path}: num_labels {n} / {len(labels)} labels, but the classifier in the "
+          f"checkpoint has {pretrained.num_labels} outputs")
   want = hf.param_shapes(pretrained.config, pretrained.task, pretrained.num_labels or 2)
   have = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(pretrained.params).items()}
   problems = [f"{'/'.join(k)}: missing" for k in want if k not in have]
@@ -63,7 +76,6 @@ def load_for_export(path: str, task: str | None = None):
 def export(path: str, fmt: str, output: str, task: str | None = None,
            overwrite: bool = False) -> str:
   """Exports the checkpoint at ``path`` as ``fmt`` into ``output``; returns ``output``."""
-  import os  # pylint: disable=import-outside-toplevel
   if fmt not in FORMATS:
     raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
   if os.path.exists(output) and os.listdir(output) and not overwrite:

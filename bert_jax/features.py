@@ -135,10 +135,15 @@ def check_layers(layers: Sequence[int], num_hidden_layers: int) -> tuple[int, ..
 
 
 class FeatureExtractor:
-  """Runs a pre-trained encoder over InputFeatures, returning the chosen layers per token."""
+  """Runs a pre-trained encoder over InputFeatures, returning the chosen layers per token.
+
+  Batches are split over ``devices`` (default: this host's local devices; params replicated),
+  so the batch size is rounded up to a multiple of their number.
+  """
 
   def __init__(self, params: dict[str, Any], config, layers: Sequence[int] = (-1, -2, -3, -4),
-               max_seq_length: int = 128, batch_size: int = 32):
+               max_seq_length: int = 128, batch_size: int = 32,
+               devices: Sequence[jax.Device] | None = None):
     if max_seq_length > config.max_position_embeddings:
       raise ValueError(f"max_seq_length {max_seq_length} exceeds the model's "
                        f"max_position_embeddings {config.max_position_embeddings}")
@@ -147,9 +152,13 @@ class FeatureExtractor:
     self.config = config.replace(dtype="float32")
     self.layers = check_layers(layers, config.num_hidden_layers)
     self.max_seq_length = max_seq_length
-    self.batch_size = batch_size
+    devices = list(devices or jax.local_devices())
+    self.batch_size = -(-batch_size // len(devices)) * len(devices)
+    mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+    self._batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     self.buckets = bucket_lengths(max_seq_length)
-    self.params = jax.device_put(params["bert"] if "bert" in params else params)
+    self.params = jax.device_put(params["bert"] if "bert" in params else params, replicated)
     encoder = BertEncoder(self.config)
     n = config.num_hidden_layers
     picked = [n + 1 + i if i < 0 else i + 1 for i in self.layers]  # hidden_states[0] = embeddings
@@ -159,7 +168,7 @@ class FeatureExtractor:
                           output_hidden_states=True)
       return jnp.stack([out["hidden_states"][j] for j in picked], axis=1)  # BxNxLxD
 
-    self._run = jax.jit(run)
+    self._run = jax.jit(run, in_shardings=(replicated,) + (self._batch_sharding,) * 3)
 
   def _bucket(self, length: int) -> int:
     return next(b for b in self.buckets if b >= length)
@@ -181,7 +190,8 @@ class FeatureExtractor:
     for feats in batches + [None]:
       # Dispatch this batch before fetching the last one, so the device never waits on us.
       dispatched = None if feats is None else (
-          feats, self._run(self.params, *self._arrays(feats)))
+          feats, self._run(self.params, *jax.device_put(self._arrays(feats),
+                                                        self._batch_sharding)))
       if pending is not None:
         done, out = pending
         out = np.asarray(out)

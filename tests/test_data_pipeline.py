@@ -255,3 +255,17 @@ def test_vectorised_whole_word_selection_matches_the_sequential_rule():
     budget = int(rng.integers(1, 21))
     got = dynamic_masking._greedy_take(tf.constant(lengths, tf.int32), tf.constant(budget))
     assert got.numpy().tolist() == sequential(lengths.tolist(), budget), (lengths, budget)
+
+
+def test_corrupt_record_is_named(data_dir, tmp_path):
+  src = sorted((data_dir / "seq_128").glob("train-*"))
+  for f in src:
+    shutil.copy(f, tmp_path / f.name)
+  victim = tmp_path / src[2].name
+  data = bytearray(victim.read_bytes())
+  data[len(data) // 2] ^= 0xFF  # Flip a byte inside a record: the CRC no longer matches.
+  victim.write_bytes(bytes(data))
+  inp = make(data_dir, 64, files=str(tmp_path / "train-*"), seed=0)
+  with pytest.raises(ValueError, match=f"{victim.name}.*corrupt"):
+    for _ in range(200):
+      next(inp)

@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -139,20 +140,25 @@ def test_complete_runs_are_skipped(tmp_path):
 def test_remote_sweep_gives_each_run_its_own_job():
   from launch.targets import KubernetesTarget  # pylint: disable=import-outside-toplevel
   import yaml  # pylint: disable=import-outside-toplevel
+  root = "/mnt/workdir/grid"  # on a PersistentVolumeClaim mounted in every pod
   runs = sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.load_sweep(
-      str(REPO / "sweeps" / "glue_paper_grid.py") + ":2"), "gs://bucket/grid")
+      str(REPO / "sweeps" / "glue_paper_grid.py") + ":1"), root)
   out = io.StringIO()
-  sweep.run_sweep(runs, KubernetesTarget(image="img"), dry_run=True, out=out)
+  sweep.run_sweep(runs, KubernetesTarget(image="img", volume_claim="runs"), dry_run=True,
+                  out=out)
   docs = [d for d in yaml.safe_load_all(out.getvalue()) if d and d.get("kind") == "Job"]
-  assert len(docs) == len(runs) == 48
-  assert len({d["metadata"]["name"] for d in docs}) == 48  # distinct, valid DNS labels
+  assert len(docs) == len(runs) == 24
+  names = {d["metadata"]["name"] for d in docs}
+  assert len(names) == 24  # distinct names for distinct runs
+  assert all(re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", n) and len(n) <= 63 for n in names)
   workdirs = {a for d in docs for a in d["spec"]["template"]["spec"]["containers"][0]["command"]
               if a.startswith("--workdir=")}
-  assert workdirs == {f"--workdir=gs://bucket/grid/{r.name}" for r in runs}
+  assert workdirs == {f"--workdir={root}/{r.name}" for r in runs}
 
 
-def test_tpu_sweep_ships_the_code_once():
+def test_tpu_sweep_ships_the_code_once(monkeypatch):
   from launch.targets import TpuTarget  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(sweep, "exists", lambda path: False)  # no bucket to look into here
   runs = sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.axis("seed", [0, 1, 2]),
                           "gs://bucket/grid")
   out = io.StringIO()

@@ -35,6 +35,18 @@ def test_load_minilm_directory_and_file(minilm_dir):
   assert load_tokenizer(minilm_dir, do_lower_case=False).encode("Hello") != tok.encode("Hello")
 
 
+def test_case_mismatch_warns(minilm_dir, tmp_path, caplog):
+  load_tokenizer(minilm_dir, do_lower_case=False)
+  assert "an uncased vocabulary?" in caplog.text
+  caplog.clear()
+  write_vocab(tmp_path / "vocab.txt", GOOD + [f"Word{i}" for i in range(50)])
+  load_tokenizer(tmp_path / "vocab.txt", do_lower_case=True)
+  assert "a cased vocabulary?" in caplog.text
+  caplog.clear()
+  load_tokenizer(minilm_dir)
+  assert not caplog.text
+
+
 def test_do_lower_case_defaults(tmp_path):
   write_vocab(tmp_path / "vocab.txt", GOOD + ["Hello"])
   assert load_tokenizer(tmp_path).do_lower_case is True  # no config: BERT-uncased
@@ -74,7 +86,8 @@ def test_vocab_missing_special_token(tmp_path, missing):
 
 def test_vocab_duplicate_names_lines(tmp_path):
   path = write_vocab(tmp_path / "vocab.txt", GOOD + ["world"])
-  with pytest.raises(ValueError, match=rf"{path}:13: duplicate token 'world' \(already on line 7\)"):
+  with pytest.raises(ValueError,
+                     match=rf"{path}:13: duplicate token 'world' \(already on line 7\)"):
     load_tokenizer(path)
 
 

@@ -91,8 +91,12 @@ def make_input_shards(inputs: str | list[str], input_format: str = "original",
 
 def _decode_lines(path: str, stats: dict) -> Iterator[str]:
   """Yields the decoded, stripped lines of a text file; skips (and counts) non-UTF-8 lines."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  with tf.io.gfile.GFile(path, "rb") as f:
+  if "://" in path:  # gs://, s3://: only tf.io.gfile knows those.
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    opened = tf.io.gfile.GFile(path, "rb")
+  else:  # Local files without TensorFlow: generation workers then start in a second.
+    opened = open(path, "rb")
+  with opened as f:
     for line_number, raw in enumerate(f, start=1):
       if b"\x00" in raw:
         raise ValueError(

@@ -25,11 +25,12 @@ import random
 import time
 
 from bert_jax.data import corpus
+from bert_jax.data import example_proto
 from bert_jax.data import examples as examples_lib
 from bert_jax.data import masking
 
 SPLITS = ("train", "eval")
-AUTO_PARALLEL_MIN_BYTES = 32 << 20
+AUTO_PARALLEL_MIN_BYTES = 4 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +86,7 @@ def _load_tokenizer_and_spec(tokenizer_path: str, do_lower_case: bool | None):
 
 def _new_stats() -> dict:
   return {"shards": 0, "shards_skipped_existing": 0, "documents": 0, "sentences": 0,
-          "one_sentence_documents": 0, "lines_skipped_non_utf8": 0,
+          "one_sentence_documents": 0, "single_document_shards": 0, "lines_skipped_non_utf8": 0,
           "documents_skipped_non_utf8": 0, "per_length": {}}
 
 
@@ -100,14 +101,14 @@ def _shard_outputs(shard: corpus.InputShard, config: GenerationConfig, output_di
           for length in config.max_seq_lengths for split in SPLITS]
 
 
-def generate_shard(shard: corpus.InputShard, config: GenerationConfig, output_dir: str,
-                   overwrite: bool = False) -> dict:
-  """Reads, tokenizes and writes one input shard for every sequence length. Returns stats."""
-  from bert_jax.data import tfrecord  # pylint: disable=g-import-not-at-top  (TF in workers only)
+def make_shard_records(shard: corpus.InputShard, config: GenerationConfig,
+                       output_dir: str) -> tuple[dict, dict[str, list[bytes]]]:
+  """Reads, tokenizes and makes the records of one input shard for every sequence length.
+
+  Returns (stats, {output path: serialized records}). Runs in worker processes, which never
+  import TensorFlow (example_proto serializes); the parent writes the files.
+  """
   stats = _new_stats()
-  if not overwrite and all(os.path.exists(p) for p in _shard_outputs(shard, config, output_dir)):
-    stats["shards_skipped_existing"] = 1
-    return stats
   tokenizer, spec = _load_tokenizer_and_spec(config.tokenizer_path, config.do_lower_case)
   read_stats: dict = {}
   documents: dict[str, list[list[list[int]]]] = {"train": [], "eval": []}
@@ -124,7 +125,10 @@ def generate_shard(shard: corpus.InputShard, config: GenerationConfig, output_di
     documents["eval" if is_eval else "train"].append(tokenized)
   for key in ("lines_skipped_non_utf8", "documents_skipped_non_utf8"):
     stats[key] += read_stats.get(key, 0)
+  # NSP's random B comes from another document of the shard; with one, from the same one.
+  stats["single_document_shards"] += len(documents["train"]) == 1
 
+  outputs = {}
   for length, max_predictions in zip(config.max_seq_lengths, config.max_predictions_per_seq):
     length_stats = _new_length_stats()
     for split in SPLITS:
@@ -134,7 +138,7 @@ def generate_shard(shard: corpus.InputShard, config: GenerationConfig, output_di
           config.masked_lm_prob, max_predictions, spec, config.whole_word_mask, rng)
       records = []
       for inst in instances:
-        records.append(tfrecord.serialize_example(
+        records.append(example_proto.serialize_example(
             inst.input_ids, inst.segment_ids, inst.masked_positions, inst.masked_ids,
             inst.is_random_next, length, max_predictions, pad_id=spec.pad_id))
         length_stats["tokens"] += len(inst.input_ids)
@@ -149,12 +153,10 @@ def generate_shard(shard: corpus.InputShard, config: GenerationConfig, output_di
           length_stats[kind] += 1
       length_stats["examples"] += len(instances)
       length_stats[f"{split}_examples"] += len(instances)
-      path = output_path(output_dir, length, split, shard.index, shard.num_shards)
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      tfrecord.write_records(path, records)
+      outputs[output_path(output_dir, length, split, shard.index, shard.num_shards)] = records
     stats["per_length"][str(length)] = length_stats
   stats["shards"] = 1
-  return stats
+  return stats, outputs
 
 
 def _merge(total: dict, part: dict) -> None:
@@ -169,8 +171,8 @@ def _merge(total: dict, part: dict) -> None:
 
 
 def _worker(args):
-  shard, config, output_dir, overwrite = args
-  return shard.index, generate_shard(shard, config, output_dir, overwrite)
+  shard, config, output_dir = args
+  return make_shard_records(shard, config, output_dir)
 
 
 def summary_line(stats: dict) -> str:
@@ -183,6 +185,10 @@ def summary_line(stats: dict) -> str:
         f"seq {length}: examples {s['examples']} (train {s['train_examples']}, eval "
         f"{s['eval_examples']}), tokens {s['tokens']}, masked {s['masked'] / max(s['maskable'], 1):.4f}"
         f" of maskable, NSP random-next {s['random_next'] / n:.4f}")
+  if stats["single_document_shards"]:
+    parts.append(f"WARNING {stats['single_document_shards']} shard(s) hold a single training "
+                 "document, so their random-next B comes from that same document: put several "
+                 "documents in each shard (--num_shards, --doc_boundary)")
   if stats["lines_skipped_non_utf8"] or stats["documents_skipped_non_utf8"]:
     parts.append(f"skipped non-UTF-8: {stats['lines_skipped_non_utf8']} lines, "
                  f"{stats['documents_skipped_non_utf8']} documents")
@@ -217,8 +223,8 @@ def generate(inputs, output_dir: str, config: GenerationConfig, num_shards: int 
   """Generates this host's shards. Returns {"stats", "files": {L: {split: pattern}}}.
 
   `num_workers`: 1 runs in this process; 0 means all cores (`os.cpu_count()`), except for inputs
-  under AUTO_PARALLEL_MIN_BYTES in all, which run in this process: a worker process takes
-  seconds to start (it imports TensorFlow), more than such an input takes to generate.
+  under AUTO_PARALLEL_MIN_BYTES in all, which run in this process (starting workers would take
+  longer than generating). Workers make records; this process writes the files.
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in [0, process_count={process_count})")
@@ -226,27 +232,41 @@ def generate(inputs, output_dir: str, config: GenerationConfig, num_shards: int 
                                     tfds_split=tfds_split, tfds_data_dir=tfds_data_dir,
                                     tfds_text_key=tfds_text_key)
   _check_or_write_config(output_dir, config, len(shards), overwrite)
+  from bert_jax.data import tfrecord  # pylint: disable=g-import-not-at-top  (TensorFlow)
   mine = [s for s in shards if s.index % process_count == process_index]
+  stats = _new_stats()
+  if not overwrite:
+    done = [s for s in mine
+            if all(os.path.exists(p) for p in _shard_outputs(s, config, output_dir))]
+    stats["shards_skipped_existing"] = len(done)
+    mine = [s for s in mine if s not in done]
   if not num_workers:
     small = config.input_format != "tfds" and sum(
         os.path.getsize(f) for s in mine for f in s.files
         if os.path.exists(f)) < AUTO_PARALLEL_MIN_BYTES
     num_workers = 1 if small else (os.cpu_count() or 1)
   workers = min(num_workers, max(len(mine), 1))
-  stats = _new_stats()
   start = time.time()
-  tasks = [(s, config, output_dir, overwrite) for s in mine]
+  tasks = [(s, config, output_dir) for s in mine]
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   bar = tqdm(total=len(tasks), desc="generating shards", unit="shard", disable=not progress)
   if workers <= 1:
     results = map(_worker, tasks)
     pool = None
   else:
-    # spawn, not fork: TensorFlow and tokenizers hold threads that do not survive a fork.
-    pool = multiprocessing.get_context("spawn").Pool(workers)
+    # Not fork: the parent may hold TensorFlow/JAX threads, which do not survive a fork. Not
+    # spawn: it re-imports the caller's __main__ (an entry point importing TensorFlow and JAX)
+    # in every worker. A fork server that preloads only this module starts workers in about a
+    # second: they import neither TensorFlow nor JAX (see example_proto).
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["bert_jax.data.generate", "bert_jax.tokenize"])
+    pool = context.Pool(workers)
     results = pool.imap_unordered(_worker, tasks)
   try:
-    for _, shard_stats in results:
+    for shard_stats, outputs in results:
+      for path, records in outputs.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tfrecord.write_records(path, records)
       _merge(stats, shard_stats)
       bar.update(1)
       bar.set_postfix(documents=stats["documents"])

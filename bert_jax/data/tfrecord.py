@@ -4,7 +4,8 @@ Every record is a `tf.train.Example` with int64 features `input_ids`, `input_mas
 `segment_ids` [max_seq_length], `masked_lm_positions`, `masked_lm_ids`
 [max_predictions_per_seq], `next_sentence_labels` [1] and a float feature
 `masked_lm_weights` [max_predictions_per_seq]. `next_sentence_labels` is 1 when segment B is a
-random segment ("is_random_next"), 0 when it is the real continuation.
+random segment ("is_random_next"), 0 when it is the real continuation. Records are written by
+`example_proto.serialize_example` (no TensorFlow needed) and `write_records`.
 """
 
 import os
@@ -29,34 +30,6 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
       "masked_lm_weights": tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32),
       "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
   }
-
-
-def serialize_example(input_ids: list[int], segment_ids: list[int], masked_positions: list[int],
-                      masked_ids: list[int], is_random_next: bool, max_seq_length: int,
-                      max_predictions_per_seq: int, pad_id: int = 0) -> bytes:
-  """One instance -> a serialized tf.train.Example, padded like the original."""
-  n = len(input_ids)
-  if n > max_seq_length:
-    raise ValueError(f"instance of {n} tokens exceeds max_seq_length {max_seq_length}")
-  pad = max_seq_length - n
-  num_masks = len(masked_positions)
-  mask_pad = max_predictions_per_seq - num_masks
-
-  def ints(values):
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
-
-  features = {
-      "input_ids": ints(list(input_ids) + [pad_id] * pad),
-      "input_mask": ints([1] * n + [0] * pad),
-      "segment_ids": ints(list(segment_ids) + [0] * pad),
-      "masked_lm_positions": ints(list(masked_positions) + [0] * mask_pad),
-      "masked_lm_ids": ints(list(masked_ids) + [0] * mask_pad),
-      "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(
-          value=[1.0] * num_masks + [0.0] * mask_pad)),
-      "next_sentence_labels": ints([1 if is_random_next else 0]),
-  }
-  example = tf.train.Example(features=tf.train.Features(feature=features))
-  return example.SerializeToString(deterministic=True)  # Sorted map keys: same bytes anywhere.
 
 
 def parse_batch(serialized_B: tf.Tensor, max_seq_length: int,
@@ -104,12 +77,19 @@ def check_record_framing(path: str, max_records: int | None = None) -> int:
 
 
 def find_broken_file(paths: list[str]) -> str | None:
-  """The error of the first file among `paths` whose framing is broken, else None."""
+  """Names the first unreadable file among `paths` (error path only): a framing walk finds
+  truncation cheaply; a full read per file finds corruption (TensorFlow's CRC check)."""
   for path in paths:
     try:
       check_record_framing(path)
     except ValueError as e:
       return str(e)
+  for path in paths:
+    try:
+      for _ in tf.data.TFRecordDataset(path):
+        pass
+    except tf.errors.DataLossError as e:
+      return f"{path}: corrupt TFRecord data ({e.message}); regenerate this shard"
   return None
 
 

@@ -40,8 +40,11 @@ def bias_init(axes: tuple[str | None, ...]):
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+  # Variance as mean((x - mean)^2), as BERT and PyTorch compute it: Flax's default
+  # E[x^2] - E[x]^2 loses float32 precision on hidden states whose mean is large.
   return nn.LayerNorm(
       epsilon=config.layer_norm_eps, dtype=config.dtype, param_dtype=config.param_dtype,
+      use_fast_variance=False,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
       bias_init=bias_init(("embed",)), name=name)
 

@@ -133,7 +133,15 @@ class GlueTask(Task):
     preds = logits[:, 0] if self.spec.is_regression else logits.argmax(-1)
     if not data.has_labels:
       return {}, preds
-    return glue_metrics(self.spec, data.arrays["label"], preds), preds
+    labels = data.arrays["label"]
+    metrics = glue_metrics(self.spec, labels, preds)
+    if self.spec.is_regression:
+      metrics["loss"] = float(np.mean(np.square(preds - labels)))
+    else:  # mean cross-entropy, as the training loss
+      z = logits - logits.max(-1, keepdims=True)
+      log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
+      metrics["loss"] = float(-np.mean(log_p[np.arange(len(labels)), labels]))
+    return metrics, preds
 
   def write_predictions(self, data: SplitData, predictions: Any, out_dir: str) -> list[str]:
     """GLUE submission files for test splits; ``<split>_predictions.tsv`` for labelled ones."""

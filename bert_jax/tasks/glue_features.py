@@ -53,10 +53,7 @@ def encode_texts(tokenizer: Any, texts_a: Sequence[str], texts_b: Sequence[str] 
   ids_a = tokenizer.encode_batch(list(texts_a))
   ids_b = tokenizer.encode_batch(list(texts_b)) if texts_b is not None else [None] * len(ids_a)
   rows = [pack(tokenizer, a, b, max_seq_length) for a, b in zip(ids_a, ids_b)]
-  n = len(rows)
-  arrays = {
-      "input_ids": np.stack([r[0] for r in rows]) if n else np.zeros((0, max_seq_length), np.int32),
-      "input_mask": np.stack([r[1] for r in rows]) if n else np.zeros((0, max_seq_length), np.int32),
-      "segment_ids": np.stack([r[2] for r in rows]) if n else np.zeros((0, max_seq_length), np.int32),
-  }
+  empty = np.zeros((0, max_seq_length), np.int32)
+  arrays = {key: np.stack([r[i] for r in rows]) if rows else empty
+            for i, key in enumerate(("input_ids", "input_mask", "segment_ids"))}
   return arrays, sum(r[3] for r in rows)

@@ -14,7 +14,8 @@ from bert_jax.tokenize.base import (SPECIAL_TOKENS, TOKENIZER_CONFIG, Tokenizer,
 from bert_jax.tokenize.sentencepiece import MODEL_FILE, SentencePieceTokenizer
 from bert_jax.tokenize.wordpiece import VOCAB_FILE, WordPieceTokenizer
 
-__all__ = ["SPECIAL_TOKENS", "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer",
+__all__ = ["SPECIAL_TOKENS", "TOKENIZER_CONFIG", "SentencePieceTokenizer", "Tokenizer",
+           "WordPieceTokenizer",
            "decode_line", "find_tokenizer_file", "iter_text_lines", "load_tokenizer"]
 
 
@@ -29,8 +30,8 @@ def find_tokenizer_file(directory: str | os.PathLike) -> pathlib.Path:
   if len(models) == 1:
     return models[0]
   if models:
-    raise ValueError(f"{directory}: several SentencePiece models ({', '.join(m.name for m in models)}); "
-                     f"pass the one to use")
+    names = ", ".join(m.name for m in models)
+    raise ValueError(f"{directory}: several SentencePiece models ({names}); pass the one to use")
   raise ValueError(f"{directory}: no tokenizer found (looked for {VOCAB_FILE}, {MODEL_FILE} "
                    f"or a *.model file)")
 

@@ -19,9 +19,11 @@ import unicodedata
 CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
-# Characters the reference treats as ordinary word characters but whose class in tokenizers'
-# tables differs (punctuation or a non-spacing mark there): seen in the sweep with tokenizers
-# 0.22 and Python 3.11/3.12's Unicode. Rust sees them as PLACEHOLDER_CANDIDATES instead.
+# Characters the reference treats as word characters (or, for U+111C9, a mark) but tokenizers'
+# tables as punctuation or a non-spacing mark: found by the sweep with tokenizers 0.22 and
+# Python 3.11 (Unicode 14). The classes above follow whatever Python runs; this list is fixed, and
+# the slow sweep test shows if another pairing of versions needs more. Rust sees these as a
+# PLACEHOLDER_CANDIDATES character instead.
 RECLASSIFIED_WORD_CHARS = ("\u166d", "\u1734", "\U000111c9")
 # Unassigned code points Rust's tables see as ordinary characters; one not in the vocabulary
 # stands in for a RECLASSIFIED_WORD_CHARS character (a word holding either is [UNK] the same).
@@ -45,8 +47,8 @@ def _ranges_to_class(codepoints: list[int]) -> str:
 def reference_classes() -> dict[str, str]:
   """Regex classes of the non-ASCII characters the reference deletes ("control": NUL, U+FFFD,
   every category C* but tab, newline and carriage return), splits off ("punct": category P*),
-  strips when removing accents ("mark": Mn), and splits off or spaces out ("punct_cjk"). ASCII is left out: both
-  sides agree on it. Built once per process (about half a second)."""
+  strips when removing accents ("mark": Mn), and splits off or spaces out ("punct_cjk"). ASCII
+  is left out: both sides agree on it. Built once per process (about half a second)."""
   control, punct, mark = [], [], []
   for cp in range(0x80, 0x110000):
     if 0xD800 <= cp <= 0xDFFF:

@@ -12,9 +12,9 @@ import glob
 import gzip
 import os
 import pathlib
-import tempfile
 from typing import Iterable, Iterator, Sequence
 
+import sentencepiece as spm
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import models, trainers
 
@@ -142,11 +142,12 @@ def build_wordpiece_vocab(files, out_path: str | os.PathLike, vocab_size: int,
   if tokens[:len(specials)] != specials:
     raise RuntimeError(f"WordPieceTrainer did not put {specials} first: {tokens[:len(specials)]}")
   # Write next to the target, then rename: a failed build never leaves half a vocabulary.
-  with tempfile.NamedTemporaryFile("w", dir=out_path.parent, delete=False,
-                                   suffix=".tmp") as tmp:
-    pass
-  write_vocab(tokens, tmp.name)
-  os.replace(tmp.name, out_path)
+  tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+  try:
+    write_vocab(tokens, tmp)
+    os.replace(tmp, out_path)
+  finally:
+    tmp.unlink(missing_ok=True)
   tokenizer = WordPieceTokenizer(tokens, do_lower_case=do_lower_case, source=str(out_path))
   tokenizer._write_config(out_path.parent)
   return tokenizer
@@ -181,7 +182,6 @@ def build_sentencepiece_model(files, out_prefix: str | os.PathLike, vocab_size: 
     raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
   if vocab_size <= len(base.SPECIAL_TOKENS):
     raise ValueError(f"vocab_size {vocab_size} leaves no room beyond the special tokens")
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   paths = expand_files(files)
   out_prefix = pathlib.Path(out_prefix)
   _check_overwrite(pathlib.Path(f"{out_prefix}.model"), overwrite)

@@ -10,6 +10,7 @@ punctuation, then greedy longest-match-first pieces with the "##" prefix; a word
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import re
@@ -69,6 +70,23 @@ def write_vocab(tokens: Sequence[str], path: str | os.PathLike) -> str:
   return str(path)
 
 
+def _warn_on_case_mismatch(tokens: Sequence[str], do_lower_case: bool, source: str) -> None:
+  """Logs a warning when the vocabulary's case does not fit do_lower_case (a common mistake:
+  loading a cased vocabulary uncased, or the reverse, silently maps many words to other ids)."""
+  words = [t for t in tokens if not (t.startswith("[") and t.endswith("]")) and
+           any(c.isalpha() for c in t)]
+  upper = sum(1 for t in words if any(c.isupper() for c in t))
+  if do_lower_case and upper > max(20, 0.02 * len(words)):
+    logging.getLogger(__name__).warning(
+        "%s: %d of %d word tokens hold capitals (a cased vocabulary?) but do_lower_case=True: "
+        "they can never match; pass do_lower_case=False or write tokenizer_config.json",
+        source, upper, len(words))
+  elif not do_lower_case and len(words) > 1000 and upper < 0.001 * len(words):
+    logging.getLogger(__name__).warning(
+        "%s: no word token holds capitals (an uncased vocabulary?) but do_lower_case=False: "
+        "capitalised words will split badly; pass do_lower_case=True", source)
+
+
 class WordPieceTokenizer(base.Tokenizer):
   """BERT's WordPiece: ids identical to ``transformers.BertTokenizer`` (the slow reference).
 
@@ -121,6 +139,7 @@ class WordPieceTokenizer(base.Tokenizer):
         r.add_special_tokens([AddedToken(t, special=True, normalized=False)
                               for t in base.SPECIAL_TOKENS])
     self._rust, self._ascii_rust = rust, ascii_rust
+    _warn_on_case_mismatch(self._tokens, self.do_lower_case, source)
 
   def _normalizer(self, strip: bool) -> normalizers.Normalizer:
     """The reference's steps in its order: clean-up and CJK spacing, NFC, case and accents."""
@@ -130,7 +149,8 @@ class WordPieceTokenizer(base.Tokenizer):
                         if c not in self._ids and CONTINUATION_PREFIX + c not in self._ids), None)
     for char in charclasses.RECLASSIFIED_WORD_CHARS:
       is_mark = unicodedata.category(char) == "Mn"
-      if placeholder and char not in self._ids and not (strip and is_mark):
+      in_vocab = char in self._ids or CONTINUATION_PREFIX + char in self._ids
+      if placeholder and not in_vocab and not (strip and is_mark):
         steps.append(normalizers.Replace(char, placeholder))
     steps += [
         normalizers.BertNormalizer(clean_text=True,

@@ -1,0 +1,141 @@
+"""The Orbax checkpoint manager: round trip of state + input position + meta, keep-last-k,
+refusing another model's checkpoint without touching it, the resume > pretrained > scratch
+order with an exact report, and load_params."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import parallel
+from bert_jax.checkpoint.manager import (CheckpointManager, load_params, merge_pretrained_params,
+                                         restore_or_initialize)
+from bert_jax.model import BertConfig, BertForPreTraining, BertForSequenceClassification
+from bert_jax.train import optimizers
+from bert_jax.train.state import abstract_train_state, init_train_state, state_with_params
+from configs import common
+
+
+def _setup(hidden=32, model_cls=BertForPreTraining, **kw):
+  bert = BertConfig(vocab_size=100, hidden_size=hidden, num_hidden_layers=1,
+                    num_attention_heads=2, intermediate_size=2 * hidden,
+                    max_position_embeddings=16)
+  model = model_cls(bert, **kw)
+  mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  rules = parallel.normalize_rules(common.logical_axis_rules())
+  tx = optimizers.create_optimizer(common.optimizer_config(), 1e-3)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  if model_cls is BertForPreTraining:
+    init = lambda rng: model.init(rng, ids, ids, ids, ids[:, :2])["params"]
+  else:
+    init = lambda rng: model.init(rng, ids, ids, ids)["params"]
+  abstract, shardings = abstract_train_state(init, tx, mesh, rules, 0)
+  make = lambda: init_train_state(init, tx, mesh, rules, 0, shardings)
+  return bert, tx, abstract, shardings, make
+
+
+def _listing(directory):
+  out = {}
+  for root, _, files in os.walk(directory):
+    for f in files:
+      p = os.path.join(root, f)
+      out[p] = (os.path.getsize(p), os.path.getmtime(p))
+  return out
+
+
+def test_round_trip_keep_last_k_and_load_params(tmp_path):
+  bert, _, abstract, shardings, make = _setup()
+  state = make()
+  manager = CheckpointManager(str(tmp_path), keep=2, async_save=True)
+  for step in (1, 2, 3):
+    state = state.replace(step=jnp.asarray(step, jnp.int32))
+    manager.save(step, state, input_state={"epoch": 0, "position": step * 8},
+                 meta={"phase": "seq128"})
+  manager.wait()
+  assert manager.all_steps() == [2, 3]
+  restored, input_state, meta = manager.restore(3, abstract)
+  assert input_state == {"epoch": 0, "position": 24} and meta == {"phase": "seq128"}
+  assert int(restored.step) == 3
+  for a, b, s in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(state),
+                     jax.tree_util.tree_leaves(shardings)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert a.sharding == s   # placed straight into the run's shardings
+  manager.close()
+
+  with open(tmp_path / "model_config.json", "w") as f:
+    json.dump(bert.to_dict(), f)
+  params, config, tokenizer = load_params(str(tmp_path))
+  assert config == BertConfig.from_dict(bert.to_dict()) and tokenizer is None
+  np.testing.assert_array_equal(params["bert"]["embeddings"]["word_embeddings"]["embedding"],
+                                np.asarray(state.params["bert"]["embeddings"]["word_embeddings"]
+                                           ["embedding"]))
+  assert isinstance(params["mlm_output_bias"], np.ndarray)
+
+
+def test_checkpoint_of_another_model_is_refused_and_left_untouched(tmp_path):
+  _, _, _, _, make = _setup(hidden=32)
+  manager = CheckpointManager(str(tmp_path), keep=2, async_save=False)
+  manager.save(5, make(), input_state={}, meta={})
+  manager.close()
+  before = _listing(tmp_path)
+  _, tx, abstract, shardings, make_other = _setup(hidden=64)
+  manager = CheckpointManager(str(tmp_path), keep=2, async_save=False)
+  with pytest.raises(ValueError, match=r"(?s)another model.*bert/embeddings/word_embeddings/"
+                                       r"embedding: checkpoint \(100, 32\) vs model \(100, 64\)"):
+    restore_or_initialize(manager, abstract, make_other)
+  manager.close()
+  assert _listing(tmp_path) == before
+
+
+def test_restore_order_resume_then_pretrained_then_scratch(tmp_path, monkeypatch):
+  _, tx, abstract, shardings, make = _setup(model_cls=BertForSequenceClassification,
+                                             num_labels=3)
+  with_params = lambda s, p: state_with_params(s, p, tx, shardings)
+  manager = CheckpointManager(str(tmp_path / "run"), keep=2, async_save=False)
+  state, inp, meta, report = restore_or_initialize(manager, abstract, make)
+  assert report.source == "scratch" and inp == {} and meta == {}
+
+  # A pre-trained checkpoint: encoder + MLM/NSP heads, no classifier.
+  _, _, _, _, make_pre = _setup()
+  pre_params = jax.tree_util.tree_map(np.asarray, jax.device_get(make_pre().params))
+  pre_params = jax.tree_util.tree_map(lambda x: x + 1.0, pre_params)
+
+  class Fake:
+    params = pre_params
+
+  import bert_jax.checkpoint.pretrained as pretrained_lib
+  monkeypatch.setattr(pretrained_lib, "load_pretrained", lambda path: Fake)
+  state, _, _, report = restore_or_initialize(manager, abstract, make, init_checkpoint="PRE",
+                                              with_params=with_params)
+  assert report.source == "pretrained"
+  assert report.not_loaded == ["mlm_LayerNorm/bias", "mlm_LayerNorm/scale", "mlm_output_bias",
+                               "mlm_transform/bias", "mlm_transform/kernel", "nsp/bias",
+                               "nsp/kernel"]
+  assert report.newly_initialized == ["classifier/bias", "classifier/kernel"]
+  np.testing.assert_allclose(np.asarray(state.params["bert"]["pooler"]["kernel"]),
+                             pre_params["bert"]["pooler"]["kernel"])
+  assert state.params["bert"]["pooler"]["kernel"].sharding == \
+      shardings.params["bert"]["pooler"]["kernel"]
+  assert int(state.opt_state[1][0].count) == 0   # a fresh optimizer state
+
+  manager.save(7, state, input_state={"position": 3}, meta={"phase": "train"})
+  manager.wait()
+  state2, inp, meta, report = restore_or_initialize(manager, abstract, make,
+                                                    init_checkpoint="PRE",
+                                                    with_params=with_params)
+  assert report.source == "resumed" and report.step == 7 and inp == {"position": 3}
+  manager.close()
+
+
+def test_merge_refuses_shape_mismatch():
+  params = {"bert": {"w": np.zeros((2, 3))}, "head": np.zeros(2)}
+  merged, report = merge_pretrained_params(params, {"bert": {"w": np.ones((2, 3))},
+                                                    "extra": np.ones(1)})
+  assert report.loaded == ["bert/w"] and report.not_loaded == ["extra"]
+  assert report.newly_initialized == ["head"]
+  np.testing.assert_array_equal(merged["bert"]["w"], 1.0)
+  with pytest.raises(ValueError, match=r"bert/w: checkpoint \(3, 3\) vs model \(2, 3\)"):
+    merge_pretrained_params(params, {"bert": {"w": np.ones((3, 3))}}, "some/ckpt")
