@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -52,8 +53,10 @@ class InputFeatures:
   truncated: bool = False  # whether tokens were dropped to fit max_seq_length
 
 
-def read_examples(path: str | os.PathLike, allow_empty_lines: bool = False) -> list[InputExample]:
-  """The examples of an input file; a bad line is a ValueError naming ``path:line``.
+def iter_examples(path: str | os.PathLike, allow_empty_lines: bool = False
+                  ) -> Iterator[InputExample]:
+  """The examples of an input file, one per line; a bad line is a ValueError naming
+  ``path:line``.
 
   Bytes that are not UTF-8 are an error. An empty (or blank) line is an error unless
   ``allow_empty_lines``: then, as in the original, it is an example of no text whose features
@@ -63,17 +66,21 @@ def read_examples(path: str | os.PathLike, allow_empty_lines: bool = False) -> l
   path = str(path)
   if not os.path.isfile(path):
     raise ValueError(f"{path}: no such input file")
-  examples = []
-  for i, line in enumerate(iter_text_lines(path)):
+  n = 0
+  for n, line in enumerate(iter_text_lines(path), start=1):
     line = line.strip()
     if not line and not allow_empty_lines:
-      raise ValueError(f"{path}:{i + 1}: empty line (every line is one example; remove it, or "
+      raise ValueError(f"{path}:{n}: empty line (every line is one example; remove it, or "
                        f"pass allow_empty_lines / --allow_empty_lines to extract [CLS] [SEP])")
     m = _PAIR.match(line)
-    examples.append(InputExample(i, m.group(1), m.group(2)) if m else InputExample(i, line))
-  if not examples:
+    yield InputExample(n - 1, m.group(1), m.group(2)) if m else InputExample(n - 1, line)
+  if n == 0:
     raise ValueError(f"{path}: the input file is empty")
-  return examples
+
+
+def read_examples(path: str | os.PathLike, allow_empty_lines: bool = False) -> list[InputExample]:
+  """All of ``iter_examples`` (see there)."""
+  return list(iter_examples(path, allow_empty_lines))
 
 
 def _truncate_pair(a: list, b: list, max_length: int) -> None:
@@ -240,39 +247,44 @@ def to_json(f: InputFeatures, values_NxTxD: np.ndarray, layers: Sequence[int]) -
 def extract_features(input_file: str, output_file: str, checkpoint: str,
                      layers: Sequence[int] = (-1, -2, -3, -4), max_seq_length: int = 128,
                      batch_size: int = 32, do_lower_case: bool | None = None,
-                     allow_empty_lines: bool = False) -> dict[str, Any]:
+                     allow_empty_lines: bool = False, chunk_lines: int = 16384
+                     ) -> dict[str, Any]:
   """Writes ``output_file`` (JSON lines) for every line of ``input_file``; returns a summary.
 
   ``checkpoint`` is anything ``load_pretrained`` reads (a bert_jax workdir, a Hugging Face
-  directory, a google-research/bert checkpoint). The input is read and checked before the
-  model is loaded; the output appears only when complete (an existing file is replaced then).
+  directory, a google-research/bert checkpoint). The whole input is checked before the model is
+  loaded, then streamed ``chunk_lines`` lines at a time (memory stays bounded for any file
+  size); the output appears only when complete (an existing file is replaced then).
   """
   from bert_jax.checkpoint import load_pretrained  # pylint: disable=import-outside-toplevel
   start = time.perf_counter()
-  examples = read_examples(input_file, allow_empty_lines)
+  num_lines = sum(1 for _ in iter_examples(input_file, allow_empty_lines))  # fail early
   pre = load_pretrained(checkpoint, task="encoder", do_lower_case=do_lower_case)
   if pre.tokenizer is None:
     raise ValueError(f"{checkpoint}: the checkpoint has no vocabulary (vocab.txt or a "
                      f"SentencePiece .model) to tokenize the input with")
   extractor = FeatureExtractor(pre.params, pre.config, layers, max_seq_length, batch_size)
-  features = convert_examples(examples, pre.tokenizer, max_seq_length)
   loaded = time.perf_counter()
   out_path = pathlib.Path(output_file)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   tmp = out_path.parent / f".{out_path.name}.{os.getpid()}.tmp"
-  num_tokens = 0
+  num_tokens = num_truncated = 0
+  examples = iter_examples(input_file, allow_empty_lines)
   try:
     with open(tmp, "w", encoding="utf-8") as w:
-      for f, values in extractor(features):
-        w.write(to_json(f, values, extractor.layers) + "\n")
-        num_tokens += len(f.tokens)
+      while chunk := list(itertools.islice(examples, chunk_lines)):
+        feats = convert_examples(chunk, pre.tokenizer, max_seq_length)
+        for f, values in extractor(feats):
+          w.write(to_json(f, values, extractor.layers) + "\n")
+          num_tokens += len(f.tokens)
+          num_truncated += f.truncated
     os.replace(tmp, out_path)
   except BaseException:
-    os.unlink(tmp)
+    if tmp.exists():
+      tmp.unlink()
     raise
   end = time.perf_counter()
-  return {"num_lines": len(features), "num_tokens": num_tokens,
-          "num_truncated": sum(f.truncated for f in features),
+  return {"num_lines": num_lines, "num_tokens": num_tokens, "num_truncated": num_truncated,
           "load_seconds": round(loaded - start, 3), "extract_seconds": round(end - loaded, 3),
-          "lines_per_second": round(len(features) / max(end - loaded, 1e-9), 1),
+          "lines_per_second": round(num_lines / max(end - loaded, 1e-9), 1),
           "output_file": str(out_path), "checkpoint_source": pre.source}

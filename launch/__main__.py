@@ -90,9 +90,12 @@ def main(argv):
     statuses = run_sweep(runs, target, FLAGS.parallel, FLAGS.dry_run)
     if FLAGS.dry_run or FLAGS.target != "local":
       return max(statuses.values(), default=0)
-    write_results(FLAGS.workdir)
     failed = sorted(name for name, status in statuses.items() if status)
-    print(f"sweep: results in {FLAGS.workdir}/results.md; failed: {failed or 'none'}")
+    try:
+      write_results(FLAGS.workdir)
+      print(f"sweep: results in {FLAGS.workdir}/results.md; failed: {failed or 'none'}")
+    except LaunchError as e:  # e.g. no run complete yet
+      print(f"sweep: no results table: {e}; failed: {failed or 'none'}")
     return 1 if failed else 0
   except LaunchError as e:
     print(f"launch: error: {e}", file=sys.stderr)

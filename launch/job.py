@@ -220,18 +220,40 @@ def launch_record(job: Job, config: ml_collections.ConfigDict | None, target: st
   }
 
 
+def _previous_name(text: str) -> str:
+  """``launch.<launched_at>.json`` for an earlier record (its time, or 'previous')."""
+  try:
+    stamp = json.loads(text).get("launched_at") or "previous"
+  except ValueError:
+    stamp = "previous"
+  return "launch." + "".join(c if c.isalnum() or c in "-+" else "-" for c in stamp) + ".json"
+
+
 def write_launch_record(workdir: str, record: Mapping[str, Any]) -> str:
-  """Writes ``launch.json`` into the workdir (local or gs://); returns its path."""
+  """Writes ``launch.json`` into the workdir (local or gs://); returns its path.
+
+  A ``launch.json`` from an earlier launch of the same workdir (a resumed run) is kept, renamed
+  ``launch.<its launched_at>.json``.
+  """
   text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
   if "://" in workdir:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// only)
-    tf.io.gfile.makedirs(workdir)
-    path = workdir.rstrip("/") + "/launch.json"
-    with tf.io.gfile.GFile(path, "w") as f:
+    gfile, join = tf.io.gfile, lambda *p: "/".join(x.rstrip("/") for x in p)
+  else:
+    gfile, join = None, os.path.join
+  path = join(workdir, "launch.json")
+  if gfile is None:
+    os.makedirs(workdir, exist_ok=True)
+    if os.path.exists(path):
+      with open(path) as f:
+        os.replace(path, join(workdir, _previous_name(f.read())))
+    with open(path, "w") as f:
       f.write(text)
     return path
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "launch.json")
-  with open(path, "w") as f:
+  gfile.makedirs(workdir)
+  if gfile.exists(path):
+    with gfile.GFile(path) as f:
+      gfile.rename(path, join(workdir, _previous_name(f.read())), overwrite=True)
+  with gfile.GFile(path, "w") as f:
     f.write(text)
   return path

@@ -17,6 +17,7 @@ the workdir and the job started. ``dry_run`` prints exactly what would run and s
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TextIO
 
 from launch.job import Job, launch_record, resolve_config, write_launch_record
@@ -38,8 +39,11 @@ def can_write(workdir: str) -> bool:
 
 
 def launch(job: Job, target, dry_run: bool = False, out: TextIO | None = None,
-           source: str = "command line") -> int:
-  """Validates ``job`` on ``target``, then prints it (dry run) or records and runs it."""
+           source: str = "command line", stop: threading.Event | None = None) -> int:
+  """Validates ``job`` on ``target``, then prints it (dry run) or records and runs it.
+
+  ``stop`` (local target): setting it stops the job's processes (used by sweeps).
+  """
   out = out or sys.stdout
   config = resolve_config(job, source)
   target.validate(job)
@@ -53,6 +57,8 @@ def launch(job: Job, target, dry_run: bool = False, out: TextIO | None = None,
   else:
     out.write(f"launch: {job.workdir} is not reachable from here; launch.json not written\n")
   out.flush()
+  if target.name == "local":
+    return target.run(job, out, stop=stop)
   return target.run(job, out)
 
 

@@ -31,7 +31,9 @@ import json
 import os
 import pathlib
 import re
+import signal
 import sys
+import threading
 from typing import Any, Iterable, Mapping, Sequence, TextIO
 
 from launch.job import REPO_ROOT, Job, LaunchError, resolve_config
@@ -221,16 +223,27 @@ def run_sweep(runs: Sequence[SweepRun], target, parallel: int = 1, dry_run: bool
   write_sweep_record(os.path.dirname(runs[0].job.workdir), runs)
   if target.name == "local":
     target = dataclasses.replace(target, echo=parallel == 1 and target.echo)
+  stop = threading.Event()
 
   def one(r: SweepRun) -> int:
+    if stop.is_set():
+      return 128 + signal.SIGTERM
     out.write(f"sweep: start {r.name}\n")
     out.flush()
-    status = launch(r.job, run_target(target, runs.index(r), r is todo[0]), out=out)
+    status = launch(r.job, run_target(target, runs.index(r), r is todo[0]), out=out, stop=stop)
     out.write(f"sweep: {r.name} {'done' if status == 0 else f'FAILED (status {status})'}\n")
     out.flush()
     return status
 
-  workers = max(1, parallel) if target.name == "local" else 1
-  with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    statuses = dict(zip([r.name for r in todo], pool.map(one, todo)))
-  return statuses
+  # SIGTERM / Ctrl-C stop the running runs (SIGTERM to their processes) and start no more.
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
+  try:
+    workers = max(1, parallel) if target.name == "local" else 1
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+      return dict(zip([r.name for r in todo], pool.map(one, todo)))
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)

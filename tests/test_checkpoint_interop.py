@@ -137,6 +137,8 @@ def tf_name(hf_name):
   n = n.replace("cls/predictions/bias", "cls/predictions/output_bias")
   n = n.replace("cls/seq_relationship/weight", "cls/seq_relationship/output_weights")
   n = n.replace("cls/seq_relationship/bias", "cls/seq_relationship/output_bias")
+  # run_classifier.py's head: output_weights [num_labels, hidden] and output_bias.
+  n = {"classifier/weight": "output_weights", "classifier/bias": "output_bias"}.get(n, n)
   return re.sub(r"/weight$", "/kernel", n)
 
 
@@ -197,6 +199,20 @@ def test_tf_checkpoint_imports_to_same_outputs(pretraining_dir, tmp_path):
   save_hf(tmp_path / "hf", pre.params, pre.config, pre.tokenizer, head="pretraining")
   assert_same_state(state(transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")),
                     state(model))
+
+
+def test_tf_run_classifier_checkpoint_imports_as_a_classifier(tmp_path):
+  model = hf_model("BertForSequenceClassification", num_labels=3)
+  pre = load_pretrained(write_tf_checkpoint(model, tmp_path / "cased_glue"))
+  assert (pre.task, pre.num_labels) == ("sequence_classification", 3)
+  assert not pre.tokenizer.do_lower_case  # "cased_..." directory
+  ids = np.array([[2, 7, 8, 9, 3, 0]], np.int32)
+  mask = (ids > 0).astype(np.int32)
+  ours = jax.jit(models.BertForSequenceClassification(pre.config, 3).apply)(
+      {"params": pre.params}, ids, mask, np.zeros_like(ids))["logits"]
+  with torch.no_grad():
+    ref = model(torch.tensor(ids).long(), torch.tensor(mask).long()).logits.numpy()
+  np.testing.assert_allclose(ours, ref, atol=1e-5)
 
 
 def test_tf_unknown_variable_is_named(pretraining_dir, tmp_path):
@@ -346,3 +362,19 @@ def test_params_only_export_loads(pretraining_dir, tmp_path):
   save_hf(tmp_path / "hf", again.params, again.config, again.tokenizer, head=again.task)
   assert_same_state(state(transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")),
                     state(model))
+
+
+def test_encoder_of_a_fine_tuned_checkpoint(tmp_path):
+  model = hf_model("BertForSequenceClassification", num_labels=3)
+  directory = save_hf_dir(model, tmp_path / "cls")
+  pre = load_pretrained(directory, task="encoder")
+  assert set(pre.params) == {"bert"} and pre.task == "encoder"
+  with pytest.raises(CheckpointError, match="carry a sequence_classification head, not "
+                     "question_answering"):
+    load_pretrained(directory, task="question_answering")
+  full = load_pretrained(directory)
+  save_hf(tmp_path / "enc", full.params, full.config, head="encoder")  # the head is left out
+  back, info = transformers.BertModel.from_pretrained(tmp_path / "enc", output_loading_info=True)
+  assert not any(info.values()), info
+  assert_same_state(state(back), {k[len("bert."):]: v for k, v in state(model).items()
+                                  if k.startswith("bert.")})

@@ -158,3 +158,30 @@ def test_entry_point_makes_both_lengths(tmp_path, small_corpus, minilm_dir):
   assert "seq 128: examples" in proc.stdout and "seq 512: examples" in proc.stdout
   assert glob.glob(str(out / "seq_128" / "train-00000-of-00001.tfrecord"))
   assert glob.glob(str(out / "seq_512" / "train-00000-of-00001.tfrecord"))
+
+
+def test_tensorflow_free_serialization_matches_tensorflow():
+  from bert_jax.data import example_proto
+  rng = np.random.default_rng(1)
+  for _ in range(20):
+    n = int(rng.integers(5, L + 1))
+    ids = [int(x) for x in rng.integers(0, 30522, n)]
+    segments = [0] * (n // 2) + [1] * (n - n // 2)
+    k = int(rng.integers(0, P + 1))
+    positions = sorted(int(x) for x in rng.choice(n, size=min(k, n), replace=False))
+    labels = [int(x) for x in rng.integers(0, 30522, len(positions))]
+    random_next = bool(rng.integers(0, 2))
+    ours = example_proto.serialize_example(ids, segments, positions, labels, random_next, L, P)
+    pad, mpad = L - n, P - len(positions)
+    feat = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+    reference = tf.train.Example(features=tf.train.Features(feature={
+        "input_ids": feat(ids + [0] * pad), "input_mask": feat([1] * n + [0] * pad),
+        "segment_ids": feat(segments + [0] * pad),
+        "masked_lm_positions": feat(positions + [0] * mpad),
+        "masked_lm_ids": feat(labels + [0] * mpad),
+        "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(
+            value=[1.0] * len(positions) + [0.0] * mpad)),
+        "next_sentence_labels": feat([int(random_next)])}))
+    assert ours == reference.SerializeToString(deterministic=True)
+  with pytest.raises(ValueError, match="exceeds max_seq_length"):
+    example_proto.serialize_example([1] * (L + 1), [0] * (L + 1), [], [], False, L, P)

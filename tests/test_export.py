@@ -18,7 +18,7 @@ from flax.linen import meta
 from bert_jax import model as models
 from bert_jax.checkpoint.hf import CheckpointError
 from bert_jax.checkpoint.manager import CheckpointManager
-from bert_jax.export import export
+from bert_jax.checkpoint.exporter import export
 from bert_jax.model import BertConfig
 from bert_jax.tokenize import load_tokenizer
 

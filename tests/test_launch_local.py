@@ -122,3 +122,20 @@ time.sleep(120)
   launcher.terminate()
   assert launcher.wait(timeout=60) == 143
   assert all((workdir / f"saved_{i}").read_text() == "checkpoint" for i in range(2))
+
+
+def test_launch_json_of_an_earlier_launch_is_kept(tmp_path):
+  from launch.launch import launch  # pylint: disable=import-outside-toplevel
+  python = fake_python(tmp_path, "pass")
+  workdir = tmp_path / "run"
+  job = Job("finetune", "configs/glue.py:rte", str(workdir), python=python,
+            overrides=(("seed", 3),))
+  target = LocalTarget(echo=False)
+  assert launch(job, target) == 0
+  first = json.loads((workdir / "launch.json").read_text())
+  time.sleep(1.1)  # launched_at has a resolution of seconds
+  assert launch(job.replace(overrides=(("seed", 4),)), target) == 0
+  assert json.loads((workdir / "launch.json").read_text())["config"]["seed"] == 4
+  kept = [p for p in workdir.glob("launch.*.json")]
+  assert len(kept) == 1 and json.loads(kept[0].read_text()) == first
+  assert first["config"]["seed"] == 3 and first["overrides"] == {"seed": 3}

@@ -169,3 +169,44 @@ def test_workdir_of_another_model_and_nan_loss(tmp_path):
   assert all(s < 1 for s in steps)   # nothing non-finite was saved
   with pytest.raises(ValueError, match=r"config.mesh.*needs 16 devices"):
     run_pretraining(config(mesh_data=16), str(tmp_path / "m"))
+
+
+def _free_port():
+  import socket
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_train_together_like_one(tmp_path, tfrecords):
+  """jax.distributed on CPU: 2 processes x 2 devices match 1 process x 4 devices."""
+  overrides = ["--config.synthetic_data=True", f"--config.vocab_file={tfrecords['vocab']}",
+               "--config.num_train_steps=4", "--config.phase2.fraction=0",
+               "--config.train_batch_size=8", "--config.eval_batch_size=8",
+               "--config.max_seq_length=32", "--config.max_predictions_per_seq=5",
+               "--config.save_checkpoints_steps=2", "--config.max_eval_steps=1",
+               "--config.logging.log_every_steps=1", "--config.mesh.data=2",
+               "--config.mesh.fsdp=2", "--config.num_warmup_steps=1"]
+  single = str(tmp_path / "single")
+  code, out = run(single, *overrides, devices=4)
+  reference = losses_by_step(single)
+
+  multi = str(tmp_path / "multi")
+  port = _free_port()
+  procs = []
+  for pid in range(2):
+    env = _env(devices=2)
+    env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(pid))
+    procs.append(subprocess.Popen(pretrain_cmd(multi, *overrides), cwd=REPO, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  outs = [p.communicate(timeout=600)[0] for p in procs]
+  for p, o in zip(procs, outs):
+    assert p.returncode == 0, o[-3000:]
+  assert "process 0 of 2" in outs[0] and "process 1 of 2" in outs[1]
+  assert "over 4 devices (2 processes)" in outs[0]
+  got = losses_by_step(multi)
+  assert sorted(got) == [1, 2, 3, 4]
+  np.testing.assert_allclose([got[s] for s in range(1, 5)], [reference[s] for s in range(1, 5)],
+                             rtol=0, atol=1e-5)
+  assert os.path.isdir(os.path.join(multi, "checkpoints", "4"))

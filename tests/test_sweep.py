@@ -14,6 +14,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -168,3 +169,38 @@ def test_tpu_sweep_ships_the_code_once(monkeypatch):
   runs_started = [line for line in lines if "bert_jax.finetune" in line]
   assert [f"--workdir=gs://bucket/grid/seed={i}" in line for i, line in
           enumerate(runs_started)] == [True] * 3
+
+
+def test_stopping_a_sweep_stops_its_runs_and_starts_no_more(tmp_path):
+  python = tmp_path / "fake_python"
+  python.write_text(f"""#!{sys.executable}
+import os, signal, sys, time
+workdir = [a for a in sys.argv if a.startswith("--workdir=")][0].split("=", 1)[1]
+def on_term(signum, frame):
+  open(os.path.join(workdir, "stopped"), "w").close()
+  sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(workdir, "started"), "w").close()
+time.sleep(120)
+""")
+  python.chmod(0o755)
+  root = tmp_path / "root"
+  seeds = tmp_path / "seeds.py"
+  seeds.write_text("from launch import sweep\n"
+                   "def get_sweep(arg):\n  return sweep.axis('seed', range(4))\n")
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "launch", "sweep", "--job=finetune", f"--config={GLUE}",
+       f"--workdir={root}", f"--sweep={seeds}", "--parallel=2", f"--python={python}",
+       "--kill_grace_s=20"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True)
+  started = lambda: sorted(p.parent.name for p in root.glob("*/started"))  # noqa: E731
+  deadline = time.monotonic() + 120
+  while len(started()) < 2:
+    assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
+    time.sleep(0.2)
+  launcher.terminate()
+  output = launcher.communicate(timeout=60)[0]
+  assert launcher.returncode == 1, output
+  assert started() == ["seed=0", "seed=1"]
+  assert sorted(p.parent.name for p in root.glob("*/stopped")) == ["seed=0", "seed=1"]
+  assert not (root / "seed=2").exists() and not (root / "seed=3").exists()

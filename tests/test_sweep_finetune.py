@@ -56,3 +56,24 @@ def test_local_sweep_of_four_finetuning_runs(tmp_path, shared_data, minilm_dir):
   assert again.stdout.count("skip ") == 4 and "0 of 4 run(s)" in again.stdout
   assert "start" not in again.stdout
   assert mtimes == {n: os.path.getmtime(root / n / "metrics.json") for n in names}
+
+  # A run of the sweep is a real fine-tuned checkpoint: export its best checkpoint to
+  # transformers and compare the classifier's logits with bert_jax's on the same weights.
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from bert_jax.checkpoint.exporter import export  # pylint: disable=import-outside-toplevel
+  from bert_jax.checkpoint.manager import load_params  # pylint: disable=import-outside-toplevel
+  from bert_jax.model import BertForSequenceClassification  # pylint: disable=import-outside-toplevel
+  run = root / rows[0]["run"]
+  out = export(str(run), "hf", str(tmp_path / "hf"))
+  model = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+  head = json.loads((run / "head.json").read_text())
+  assert [model.config.id2label[i] for i in range(2)] == head["labels"]
+  params, config, tokenizer = load_params(str(run / "best"))
+  ids = np.array([[tokenizer.cls_id] + tokenizer.encode("the cat sat on the mat .") +
+                  [tokenizer.sep_id]], np.int32)
+  ours = BertForSequenceClassification(config, 2).apply({"params": params}, ids)["logits"]
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(ids).long()).logits.numpy()
+  np.testing.assert_allclose(theirs, np.asarray(ours), atol=1e-5, rtol=1e-5)

@@ -252,3 +252,19 @@ def test_build_vocab_command(shared_data, tmp_path):
   again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
   assert again.returncode != 0 and "exists; pass overwrite=True" in again.stderr
   assert "Traceback" not in again.stderr
+
+
+def test_hugging_face_config_keys(tmp_path, minilm_dir):
+  """strip_accents and tokenize_chinese_chars from a Hugging Face tokenizer_config.json."""
+  (tmp_path / "vocab.txt").write_bytes((minilm_dir / "vocab.txt").read_bytes())
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+      {"do_lower_case": True, "strip_accents": False, "tokenize_chinese_chars": False}))
+  ours = load_tokenizer(tmp_path)
+  ref = transformers.BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=True,
+                                   strip_accents=False, tokenize_chinese_chars=False)
+  texts = ["Naïve CAFÉ résumé", "中文字符 and 日本語", "Ångström e\u0301"]
+  assert [ours.tokenize(t) for t in texts] == [ref.tokenize(t) for t in texts]
+  assert ours.tokenize("café") != load_tokenizer(minilm_dir).tokenize("café")
+  saved = tmp_path / "saved"
+  ours.save(saved)
+  assert load_tokenizer(saved).tokenize(texts[0]) == ours.tokenize(texts[0])

@@ -189,11 +189,14 @@ def tensors_to_params(tensors: Mapping[str, np.ndarray], config: BertConfig, tas
   all_entries = entries(config, task, num_labels)
   shapes = param_shapes(config, task, num_labels)
   present_groups = {e.group for e in all_entries if e.name in tensors}
+  if any(n.startswith("cls.predictions.") for n in tensors):
+    present_groups.add("mlm")  # a decoder alone is a partial MLM head: reported missing below
   absent = tuple(g for g in OPTIONAL_GROUPS if g not in present_groups and
                  any(e.group == g for e in all_entries))
   wanted = [e for e in all_entries if e.group not in absent]
   known = {e.name for e in all_entries} | set(BUFFERS)
-  known |= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+  if task == "pretraining":
+    known |= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
   unknown = [n for n in tensors if n not in known]
   if unknown:
     layers = sorted({n.split(".")[3] for n in unknown if n.startswith("bert.encoder.layer.")},
@@ -255,8 +258,9 @@ def params_to_tensors(params: Mapping[str, Any], config: BertConfig, task: str,
   if missing:
     raise CheckpointError(f"params lack what a {ARCHITECTURES[task]} needs: {_listing(missing)}")
   known = {e.path for e in entries(config, task, num_labels)}
+  # "encoder" exports the encoder of any model: its head is left out on purpose.
   extra = ["/".join(k) for k in flat if k not in known and not (
-      task == "encoder" and k[0] in ("mlm_transform", "mlm_LayerNorm", "mlm_output_bias", "nsp"))]
+      task == "encoder" and k[0] != "bert")]
   if extra:
     raise CheckpointError(f"params have entries a {ARCHITECTURES[task]} has no place for: "
                           f"{_listing(extra)}; pass the right head (and num_labels)")
@@ -413,6 +417,8 @@ def save_hf(directory, params: Mapping[str, Any], config: BertConfig, tokenizer=
   ``len(labels)`` or the classifier's width. The directory loads with
   ``transformers.AutoModel*.from_pretrained(directory)`` / ``BertFor*.from_pretrained``.
   Existing files are never replaced unless ``overwrite``; each file is written atomically.
+  Call it on one process (e.g. ``jax.process_index() == 0``) with params it can read in full
+  (numpy, or arrays gathered with ``jax.experimental.multihost_utils.process_allgather``).
   """
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel

@@ -210,12 +210,17 @@ def load_bert_jax(workdir, task: str | None = None) -> Pretrained:
     params = {"bert": params["bert"]}
   absent = tuple(g for g, k in (("mlm", "mlm_output_bias"), ("nsp", "nsp")) if k not in params
                  and found == "pretraining")
-  num_labels = None
+  num_labels, labels = None, tuple(head.get("labels") or ())
   if "classifier" in params and found != "multiple_choice":
     num_labels = int(np.shape(params["classifier"]["kernel"])[-1])
+    n = head.get("num_labels")
+    if (n is not None and n != num_labels) or (labels and len(labels) != num_labels):
+      raise CheckpointError(
+          f"{workdir / 'head.json'}: num_labels {n} / {len(labels)} labels, but the classifier "
+          f"in the checkpoint has {num_labels} outputs")
   _check_shapes(params, config, found, num_labels, absent, str(workdir))
   return Pretrained(params, config, tokenizer, "bert_jax", found, num_labels,
-                    tuple(head.get("labels") or ()), absent, str(workdir))
+                    labels if num_labels else (), absent, str(workdir))
 
 
 def _check_shapes(params, config: BertConfig, task: str, num_labels: int | None,
@@ -244,8 +249,7 @@ def detect(path) -> str:
   if path.is_dir() and (path / "model_config.json").is_file() and (
       (path / "checkpoints").is_dir() or (path / "params").is_dir()):
     return "bert_jax"
-  if path.is_dir() and (path / "config.json").is_file() and any(
-      (path / f).is_file() for f in hf.WEIGHT_FILES):
+  if path.is_dir() and hf.is_hf_directory(path):
     return "huggingface"
   if tf.find_checkpoint(path) is not None:
     return "tensorflow"

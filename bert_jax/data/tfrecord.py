@@ -11,12 +11,10 @@ random segment ("is_random_next"), 0 when it is the real continuation. Records a
 import os
 import struct
 
-import numpy as np
 import tensorflow as tf
 
-INT_FEATURES = ("input_ids", "input_mask", "segment_ids")
-MASK_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
-FEATURE_NAMES = INT_FEATURES + MASK_FEATURES + ("next_sentence_labels",)
+FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+                 "masked_lm_weights", "next_sentence_labels")
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
@@ -106,10 +104,3 @@ def write_records(path: str, records: list[bytes]) -> None:
     for record in records:
       writer.write(record)
   tf.io.gfile.rename(tmp, path, overwrite=True)
-
-
-def example_to_numpy(serialized: bytes, max_seq_length: int, max_predictions_per_seq: int) -> dict:
-  """One serialized Example -> dict of numpy arrays (for inspection and tests)."""
-  parsed = tf.io.parse_single_example(serialized, feature_spec(max_seq_length,
-                                                               max_predictions_per_seq))
-  return {k: np.asarray(v) for k, v in parsed.items()}

@@ -22,7 +22,6 @@ nbest_predictions.json and (v2) null_odds.json.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Mapping
 
 import jax
@@ -100,8 +99,9 @@ class SquadTask(Task):
       raise ValueError(f"{self.name} has no split {split!r}; splits: {sorted(keys)}")
     path = self.config[keys[split]]
     if not path:
+      version = "2.0" if self.version_2_with_negative else "1.1"
       raise ValueError(f"config.{keys[split]} is empty: set it to a SQuAD JSON file for the "
-                       f"{split!r} split (e.g. dev-v{'2.0' if self.version_2_with_negative else '1.1'}.json)")
+                       f"{split!r} split (e.g. {split}-v{version}.json)")
     return path
 
   def load_split(self, split: str) -> SplitData:
@@ -190,11 +190,3 @@ def _restrict(dataset: list[dict[str, Any]], qids: set[str]) -> list[dict[str, A
       out.append({**article, "paragraphs": paragraphs})
   return out
 
-
-def read_predictions(path: str) -> dict[str, Any]:
-  """A predictions / null_odds JSON file; a clear error naming it when it is not JSON."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None

@@ -159,7 +159,8 @@ def evaluate_v2(dataset: Sequence[Mapping[str, Any]], preds: Mapping[str, str],
   missing = [k for k in has_ans if k not in preds]
   if missing:  # the official script fails on these (KeyError); say which
     raise ValueError(f"no prediction for {len(missing)} of {len(has_ans)} questions (e.g. "
-                     f"{missing[:3]}); SQuAD v2.0 scoring needs one per question (\"\" = no answer)")
+                     f"{missing[:3]}); SQuAD v2.0 scoring needs one per question "
+                     "(\"\" = no answer)")
   probs = na_probs if na_probs is not None else {k: 0.0 for k in preds}
   missing = [k for k in preds if k not in probs]
   if missing:

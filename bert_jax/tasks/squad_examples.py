@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from typing import Any
+
+from absl import logging
 
 _WHITESPACE = (" ", "\t", "\r", "\n", "\u202f")
 
@@ -124,7 +125,9 @@ def read_squad_examples(path: str, is_training: bool, version_2_with_negative: b
         qas_id = str(_get(qa, "id", (str, int), path, f"{where_p}.qas[{q}]"))
         where = f"question id {qas_id!r} ({where_p}.qas[{q}])"
         question = _get(qa, "question", str, path, where)
-        answers = _get(qa, "answers", list, path, where)
+        # Unlabelled files (a leaderboard's test set) have no answers: fine for prediction.
+        answers = (_get(qa, "answers", list, path, where) if is_training or "answers" in qa
+                   else [])
         is_impossible = bool(qa.get("is_impossible", False))
         if is_impossible and not version_2_with_negative:
           raise SquadFormatError(

@@ -172,9 +172,11 @@ class WordPieceTokenizer(base.Tokenizer):
     config = base.read_tokenizer_config(path.parent)
     if do_lower_case is None:
       do_lower_case = config.get("do_lower_case", True)
-    for key in ("strip_accents", "tokenize_chinese_chars"):
-      if key in config and key not in kwargs:
-        kwargs[key] = config[key]
+    # Hugging Face's tokenizer_config.json keys (null strip_accents: follow do_lower_case).
+    if "strip_accents" in config:
+      kwargs.setdefault("strip_accents", config["strip_accents"])
+    if config.get("tokenize_chinese_chars") is not None:
+      kwargs.setdefault("tokenize_chinese_chars", bool(config["tokenize_chinese_chars"]))
     return cls(read_vocab(path), do_lower_case=do_lower_case, source=str(path), **kwargs)
 
   def _encode(self, texts: list[str], fast: bool) -> list:

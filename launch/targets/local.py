@@ -97,9 +97,11 @@ class LocalTarget:
       lines.append(f"{env + ' ' if env else ''}{' '.join(spec.argv)}  > {spec.log_path}")
     return "\n".join(lines)
 
-  def run(self, job: Job, out: TextIO | None = None) -> int:
+  def run(self, job: Job, out: TextIO | None = None,
+          stop: threading.Event | None = None) -> int:
     """Starts the processes and waits; returns 0 or the first failing process's status."""
-    return run_processes(self.plan(job), self.kill_grace_s, self.echo, out or sys.stdout)
+    return run_processes(self.plan(job), self.kill_grace_s, self.echo, out or sys.stdout,
+                         stop=stop)
 
 
 def _pump(stream, log: TextIO, echo: TextIO | None, prefix: str) -> None:
@@ -132,26 +134,26 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
       p.wait()
 
 
-class _Terminated(Exception):
-  """SIGTERM reached the launcher: stop the job's processes the same way (they may save)."""
-
-
-def _on_sigterm(signum, frame):
-  del frame
-  raise _Terminated(signum)
-
-
 def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 30.0, echo: bool = True,
-                  out: TextIO = sys.stdout, poll_s: float = 0.1) -> int:
+                  out: TextIO = sys.stdout, poll_s: float = 0.1,
+                  stop: threading.Event | None = None) -> int:
   """Runs the processes of one job together: all succeed, or all stop when one fails.
 
-  SIGTERM to the launcher (from the main thread) is passed on: every process gets SIGTERM
-  (a pre-emption checkpoint can be saved), SIGKILL after ``kill_grace_s``; status 143.
+  SIGTERM or Ctrl-C to the launcher (when this runs in the main thread), or ``stop`` being set
+  (a sweep being stopped), is passed on: every process gets SIGTERM (a pre-emption checkpoint
+  can be saved), SIGKILL after ``kill_grace_s``; the status is then 128 + the signal.
   """
+  stop = stop or threading.Event()
   procs, threads, logs = [], [], []
-  previous = None
+  received: list[int] = []
+  previous = {}
   if threading.current_thread() is threading.main_thread():
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    def on_signal(signum, frame):
+      del frame
+      received.append(signum)
+      stop.set()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      previous[sig] = signal.signal(sig, on_signal)
   try:
     for spec in specs:
       os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
@@ -167,7 +169,6 @@ def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 30.0, echo
                                  prefix))
       t.start()
       threads.append(t)
-    status = 0
     while True:
       codes = [p.poll() for p in procs]
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
@@ -177,18 +178,18 @@ def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 30.0, echo
         out.write(f"launch: process {i} exited with status {status}; stopping the others "
                   f"(log: {specs[i].log_path})\n")
         _print_tail(specs[i].log_path, out)
-        break
+        return status
       if all(c == 0 for c in codes):
-        break
+        return 0
+      if stop.is_set():
+        signum = received[0] if received else signal.SIGTERM
+        out.write(f"launch: {signal.Signals(signum).name}; stopping every process\n")
+        return 128 + signum
       time.sleep(poll_s)
-    return status
-  except _Terminated:
-    out.write("launch: SIGTERM; stopping every process\n")
-    return 128 + signal.SIGTERM
   finally:
     _stop(procs, kill_grace_s)
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
     for t in threads:
       t.join(timeout=5)
     for log in logs:
