@@ -22,7 +22,7 @@ from configs import common
 
 # name: (train_batch_size, num_train_steps, num_warmup_steps, learning_rate)
 _RUNS = {
-    "tiny": (32, 600, 60, 1e-3),
+    "tiny": (32, 300, 30, 2e-3),
     "mini": (64, 10_000, 1_000, 5e-4),
     "small": (128, 100_000, 10_000, 3e-4),
     "medium": (128, 200_000, 10_000, 2e-4),

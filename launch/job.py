@@ -237,7 +237,7 @@ def write_launch_record(workdir: str, record: Mapping[str, Any]) -> str:
   """
   text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
   if "://" in workdir:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// only)
+    import tensorflow as tf  # noqa: PLC0415  (gs:// only)
     gfile, join = tf.io.gfile, lambda *p: "/".join(x.rstrip("/") for x in p)
   else:
     gfile, join = None, os.path.join

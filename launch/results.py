@@ -48,14 +48,14 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
 def _open(path: str, mode: str = "r"):
   """open(), or tf.io.gfile for gs:// and other remote paths."""
   if "://" in path:
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (remote roots only)
+    import tensorflow as tf  # noqa: PLC0415  (remote roots only)
     return tf.io.gfile.GFile(path, mode)
   return open(path, mode, newline="" if "w" in mode else None)
 
 
 def _listdir(root: str) -> list[str]:
   if "://" in root:
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # noqa: PLC0415
     if not tf.io.gfile.isdir(root):
       raise LaunchError(f"sweep root {root!r} is not a directory")
     return [n.rstrip("/") for n in tf.io.gfile.listdir(root)]

@@ -137,7 +137,7 @@ class SweepRun:
 def exists(path: str) -> bool:
   """Whether ``path`` exists (local or gs://); LaunchError when the storage cannot be read."""
   if "://" in path:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// only)
+    import tensorflow as tf  # noqa: PLC0415  (gs:// only)
     try:
       return tf.io.gfile.exists(path)
     except tf.errors.OpError as e:
@@ -181,7 +181,7 @@ def write_sweep_record(root: str, runs: Sequence[SweepRun]) -> None:
                     indent=2, default=str)
   path = os.path.join(root, "sweep.json")
   if "://" in root:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// only)
+    import tensorflow as tf  # noqa: PLC0415  (gs:// only)
     tf.io.gfile.makedirs(root)
     with tf.io.gfile.GFile(path, "w") as f:
       f.write(text)

@@ -75,7 +75,7 @@ def test_minilm_bertmodel_round_trip_is_identical(minilm_dir, tmp_path):
   """A real BertModel checkpoint (no "bert." prefix, [out, in] kernels, a position_ids buffer)."""
   from safetensors.numpy import load_file
   pre = load_pretrained(minilm_dir)
-  assert pre.task == "encoder" and pre.absent == ()
+  assert pre.task == "encoder" and pre.absent == ("mlm", "nsp")  # BertModel: no heads
   save_hf(tmp_path, pre.params, pre.config, pre.tokenizer, head="encoder")
   original = load_file(str(minilm_dir / "model.safetensors"))
   exported = load_file(str(tmp_path / "model.safetensors"))
@@ -368,7 +368,7 @@ def test_encoder_of_a_fine_tuned_checkpoint(tmp_path):
   model = hf_model("BertForSequenceClassification", num_labels=3)
   directory = save_hf_dir(model, tmp_path / "cls")
   pre = load_pretrained(directory, task="encoder")
-  assert set(pre.params) == {"bert"} and pre.task == "encoder"
+  assert set(pre.params) == {"bert"} and pre.task == "encoder" and pre.absent == ()
   with pytest.raises(CheckpointError, match="carry a sequence_classification head, not "
                      "question_answering"):
     load_pretrained(directory, task="question_answering")
@@ -378,3 +378,11 @@ def test_encoder_of_a_fine_tuned_checkpoint(tmp_path):
   assert not any(info.values()), info
   assert_same_state(state(back), {k[len("bert."):]: v for k, v in state(model).items()
                                   if k.startswith("bert.")})
+
+
+def test_sharded_checkpoint_imports_like_one_file(pretraining_dir, tmp_path):
+  directory, model = pretraining_dir
+  model.save_pretrained(tmp_path, max_shard_size="20KB")
+  assert (tmp_path / "model.safetensors.index.json").is_file()
+  jax.tree.map(np.testing.assert_array_equal, load_pretrained(tmp_path).params,
+               load_pretrained(directory).params)

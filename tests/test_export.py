@@ -96,7 +96,7 @@ def jax_outputs(task, params, ids, mask, segments):
 @pytest.mark.parametrize("task", HEADS)
 def test_hf_export_matches_bert_jax(task, workdirs, tmp_path):
   torch = pytest.importorskip("torch")
-  import transformers  # pylint: disable=import-outside-toplevel
+  import transformers  # noqa: PLC0415
   workdir, params = workdirs[task]
   out = export(str(workdir), "hf", str(tmp_path / "hf"))
   hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -146,8 +146,8 @@ def test_saved_model_matches_bert_jax(task, workdirs, tmp_path):
 
 
 def test_params_only_export_restores_the_same_weights(workdirs, tmp_path):
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-  from bert_jax.checkpoint.params_only import restore_params_only  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp  # noqa: PLC0415
+  from bert_jax.checkpoint.params_only import restore_params_only  # noqa: PLC0415
   workdir, params = workdirs["sequence_classification"]
   out = export(str(workdir), "params", str(tmp_path / "params"))
   restored, config, head, tokenizer = restore_params_only(out)
@@ -160,7 +160,7 @@ def test_params_only_export_restores_the_same_weights(workdirs, tmp_path):
   for k in want:
     np.testing.assert_array_equal(got[k], np.asarray(want[k]), err_msg=k)
   # bert_jax reads it as a checkpoint to start fine-tuning from (init_checkpoint=out).
-  from bert_jax.checkpoint.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
+  from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415
   again = load_pretrained(out)
   assert again.task == "sequence_classification" and again.num_labels == 3
   np.testing.assert_array_equal(again.params["bert"]["pooler"]["kernel"],
@@ -171,8 +171,8 @@ def test_params_only_export_restores_the_same_weights(workdirs, tmp_path):
 
 
 def test_encoder_export_from_a_fine_tuned_checkpoint(workdirs, tmp_path):
-  import transformers  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # noqa: PLC0415
+  import torch  # noqa: PLC0415
   workdir, params = workdirs["question_answering"]
   out = export(str(workdir), "hf", str(tmp_path / "enc"), task="encoder")
   model = transformers.BertModel.from_pretrained(out).eval()

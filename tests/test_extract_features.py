@@ -127,9 +127,11 @@ def test_empty_line_as_the_original_when_allowed(minilm_dir, tmp_path):
   inp = tmp_path / "in.txt"
   inp.write_text("hello\n\nworld\n")
   out = tmp_path / "out.jsonl"
-  features.extract_features(str(inp), str(out), str(minilm_dir), layers=(-1,),
-                            allow_empty_lines=True)
+  summary = features.extract_features(str(inp), str(out), str(minilm_dir), layers=(-1,),
+                                      allow_empty_lines=True, chunk_lines=2)  # 2 chunks
+  assert (summary["num_lines"], summary["num_tokens"]) == (3, 8)
   rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["linex_index"] for r in rows] == [0, 1, 2]
   assert [[f["token"] for f in r["features"]] for r in rows] == [
       ["[CLS]", "hello", "[SEP]"], ["[CLS]", "[SEP]"], ["[CLS]", "world", "[SEP]"]]
 

@@ -125,7 +125,7 @@ time.sleep(120)
 
 
 def test_launch_json_of_an_earlier_launch_is_kept(tmp_path):
-  from launch.launch import launch  # pylint: disable=import-outside-toplevel
+  from launch.launch import launch  # noqa: PLC0415
   python = fake_python(tmp_path, "pass")
   workdir = tmp_path / "run"
   job = Job("finetune", "configs/glue.py:rte", str(workdir), python=python,

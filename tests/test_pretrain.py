@@ -3,6 +3,7 @@ checkpoints) and restart gives exactly the uninterrupted loss trajectory across 
 phase change; the result loads for fine-tuning; bad input is a clear error."""
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -72,14 +73,20 @@ def tfrecords(tmp_path_factory, shared_data):
       tokenizer_path=str(out / "vocab.txt"), do_lower_case=True, max_seq_lengths=(128, 512),
       max_predictions_per_seq=(20, 80), dupe_factor=4, eval_fraction=0.0)
   files = generate_lib.generate([text], str(out), config, num_workers=1, progress=False)["files"]
+  # A one-layer BERT keeps compilation (most of these tests' time) short.
+  vocab_size = len((out / "vocab.txt").read_text().splitlines())
+  (out / "bert_config.json").write_text(json.dumps(dict(
+      vocab_size=vocab_size, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+      intermediate_size=128, max_position_embeddings=512)))
   return dict(vocab=str(out / "vocab.txt"), seq128=files[128]["train"],
-              seq512=files[512]["train"])
+              seq512=files[512]["train"], bert_config=str(out / "bert_config.json"))
 
 
 def _resume_overrides(data):
   return ["--config.num_train_steps=8", "--config.phase2.fraction=0.5",
           f"--config.input_files={data['seq128']}", f"--config.eval_input_files={data['seq128']}",
           f"--config.phase2.input_files={data['seq512']}", f"--config.vocab_file={data['vocab']}",
+          f"--config.bert_config_file={data['bert_config']}",
           "--config.train_batch_size=4", "--config.phase2.train_batch_size=2",
           "--config.eval_batch_size=2", "--config.max_eval_steps=1",
           "--config.save_checkpoints_steps=2", "--config.eval_every_steps=0",
@@ -114,9 +121,9 @@ def test_kill_and_resume_is_exact_across_the_phase_change(tmp_path, tfrecords):
   # The result is what fine-tuning loads: params, model config, tokenizer.
   from bert_jax.checkpoint.manager import load_params
   params, config, tokenizer = load_params(cut_dir)
-  assert config.num_hidden_layers == 2 and config.vocab_size == tokenizer.vocab_size
+  assert config.num_hidden_layers == 1 and config.vocab_size == tokenizer.vocab_size
   assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (
-      config.vocab_size, 128)
+      config.vocab_size, 64)
   for name in ("config.json", "model_config.json", "vocab.txt", "tokenizer_config.json",
                "summary.json", "head.json"):
     assert os.path.exists(os.path.join(cut_dir, name)), name
@@ -181,6 +188,7 @@ def _free_port():
 def test_two_processes_train_together_like_one(tmp_path, tfrecords):
   """jax.distributed on CPU: 2 processes x 2 devices match 1 process x 4 devices."""
   overrides = ["--config.synthetic_data=True", f"--config.vocab_file={tfrecords['vocab']}",
+               f"--config.bert_config_file={tfrecords['bert_config']}",
                "--config.num_train_steps=4", "--config.phase2.fraction=0",
                "--config.train_batch_size=8", "--config.eval_batch_size=8",
                "--config.max_seq_length=32", "--config.max_predictions_per_seq=5",

@@ -139,8 +139,8 @@ def test_complete_runs_are_skipped(tmp_path):
 
 
 def test_remote_sweep_gives_each_run_its_own_job():
-  from launch.targets import KubernetesTarget  # pylint: disable=import-outside-toplevel
-  import yaml  # pylint: disable=import-outside-toplevel
+  from launch.targets import KubernetesTarget  # noqa: PLC0415
+  import yaml  # noqa: PLC0415
   root = "/mnt/workdir/grid"  # on a PersistentVolumeClaim mounted in every pod
   runs = sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.load_sweep(
       str(REPO / "sweeps" / "glue_paper_grid.py") + ":1"), root)
@@ -158,7 +158,7 @@ def test_remote_sweep_gives_each_run_its_own_job():
 
 
 def test_tpu_sweep_ships_the_code_once(monkeypatch):
-  from launch.targets import TpuTarget  # pylint: disable=import-outside-toplevel
+  from launch.targets import TpuTarget  # noqa: PLC0415
   monkeypatch.setattr(sweep, "exists", lambda path: False)  # no bucket to look into here
   runs = sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.axis("seed", [0, 1, 2]),
                           "gs://bucket/grid")

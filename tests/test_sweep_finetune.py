@@ -59,12 +59,12 @@ def test_local_sweep_of_four_finetuning_runs(tmp_path, shared_data, minilm_dir):
 
   # A run of the sweep is a real fine-tuned checkpoint: export its best checkpoint to
   # transformers and compare the classifier's logits with bert_jax's on the same weights.
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
-  from bert_jax.checkpoint.exporter import export  # pylint: disable=import-outside-toplevel
-  from bert_jax.checkpoint.manager import load_params  # pylint: disable=import-outside-toplevel
-  from bert_jax.model import BertForSequenceClassification  # pylint: disable=import-outside-toplevel
+  import numpy as np  # noqa: PLC0415
+  import torch  # noqa: PLC0415
+  import transformers  # noqa: PLC0415
+  from bert_jax.checkpoint.exporter import export  # noqa: PLC0415
+  from bert_jax.checkpoint.manager import load_params  # noqa: PLC0415
+  from bert_jax.model import BertForSequenceClassification  # noqa: PLC0415
   run = root / rows[0]["run"]
   out = export(str(run), "hf", str(tmp_path / "hf"))
   model = transformers.BertForSequenceClassification.from_pretrained(out).eval()

@@ -12,7 +12,6 @@ Everything is checked before anything is written: the requested head against the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -33,18 +32,13 @@ def checkpoint_dir(workdir: str, which: str = "best") -> str:
 
 def load_for_export(path: str, task: str | None = None) -> Pretrained:
   """The checkpoint as ``Pretrained``, checked to fit ``task``: every tensor, every shape."""
-  from flax import traverse_util  # pylint: disable=import-outside-toplevel
+  from flax import traverse_util  # noqa: PLC0415
 
   task = hf.IMPORT_ARCHITECTURES.get(task, task) if task else None
   if task is not None and task not in hf.TASKS:
     raise hf.CheckpointError(f"--task {task!r} is not one of {hf.TASKS} (or a transformers "
                              f"class: {sorted(hf.IMPORT_ARCHITECTURES)})")
-  # "encoder" takes the encoder of any checkpoint (load_pretrained allows it for pre-training
-  # checkpoints only), so load with the checkpoint's own head and drop the head here.
-  pretrained = load_pretrained(path, None if task == "encoder" else task)
-  if task == "encoder":
-    pretrained = dataclasses.replace(pretrained, params={"bert": pretrained.params["bert"]},
-                                     task="encoder", num_labels=None, labels=(), absent=())
+  pretrained = load_pretrained(path, task)  # "encoder": the encoder of any checkpoint
   missing_heads = [g for g in pretrained.absent if g in ("mlm", "nsp")]
   if pretrained.task == "pretraining" and missing_heads:
     raise hf.CheckpointError(f"{path}: the checkpoint has no {' / '.join(missing_heads)} head "
@@ -82,14 +76,13 @@ def export(path: str, fmt: str, output: str, task: str | None = None,
     raise FileExistsError(f"--output {output} exists and is not empty (pass --overwrite)")
   p = load_for_export(checkpoint_dir(path, checkpoint), task)
   if fmt == "hf":
-    from bert_jax.checkpoint.hf import save_hf  # pylint: disable=import-outside-toplevel
-    save_hf(output, p.params, p.config, p.tokenizer, head=p.task, num_labels=p.num_labels,
-            labels=list(p.labels) or None, overwrite=overwrite)
+    hf.save_hf(output, p.params, p.config, p.tokenizer, head=p.task, num_labels=p.num_labels,
+               labels=list(p.labels) or None, overwrite=overwrite)
   elif fmt == "saved_model":
-    from bert_jax.checkpoint.saved_model import export_saved_model  # pylint: disable=import-outside-toplevel
+    from bert_jax.checkpoint.saved_model import export_saved_model  # noqa: PLC0415  (TF: heavy)
     export_saved_model(output, p.params, p.config, p.task, p.num_labels, p.tokenizer, p.head,
                        overwrite)
   else:
-    from bert_jax.checkpoint.params_only import export_params_only  # pylint: disable=import-outside-toplevel
+    from bert_jax.checkpoint.params_only import export_params_only  # noqa: PLC0415
     export_params_only(output, p.params, p.config, p.head, p.tokenizer, overwrite)
   return output

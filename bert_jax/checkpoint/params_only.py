@@ -32,7 +32,7 @@ PARAMS_DIR = "params"
 def export_params_only(out_dir: str, params: Mapping[str, Any], config: BertConfig,
                        head: Mapping[str, Any], tokenizer=None, overwrite: bool = False) -> str:
   """Writes the layout above to ``out_dir`` (via a temporary directory, moved when complete)."""
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp  # noqa: PLC0415
 
   if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
     raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")
@@ -62,7 +62,7 @@ def export_params_only(out_dir: str, params: Mapping[str, Any], config: BertConf
 
 def restore_params_only(out_dir: str) -> tuple[dict[str, Any], BertConfig, dict[str, Any], Any]:
   """(params as numpy, BertConfig, head dict, tokenizer or None) from an export above."""
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp  # noqa: PLC0415
 
   config_path = os.path.join(out_dir, "model_config.json")
   if not os.path.isfile(config_path) or not os.path.isdir(os.path.join(out_dir, PARAMS_DIR)):
@@ -77,6 +77,6 @@ def restore_params_only(out_dir: str) -> tuple[dict[str, Any], BertConfig, dict[
   checkpointer.close()
   tokenizer = None
   if any(os.path.exists(os.path.join(out_dir, n)) for n in ("vocab.txt", "sentencepiece.model")):
-    from bert_jax.tokenize import load_tokenizer  # pylint: disable=import-outside-toplevel
+    from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
     tokenizer = load_tokenizer(out_dir)
   return jax.tree_util.tree_map(np.asarray, params), config, head, tokenizer

@@ -46,8 +46,9 @@ class Pretrained:
     num_labels: width of a classifier head (None without one).
     labels: label names of a classifier head where the checkpoint stores them, else ().
     absent: optional parts the checkpoint lacks: "mlm" / "nsp" (pre-training heads, then left
-      out of params) and "bert/pooler" (then initialised as BERT does, since the encoder needs
-      it; a Hugging Face BertForTokenClassification / QuestionAnswering has no pooler).
+      out of params; both for a checkpoint with no head at all, as a BertModel) and
+      "bert/pooler" (then initialised as BERT does, since the encoder needs it; a Hugging Face
+      BertForTokenClassification / QuestionAnswering has no pooler).
     path: where it was read from.
   """
   params: dict[str, Any]
@@ -115,6 +116,7 @@ def _assemble(tensors, original, config: BertConfig, hf_config: Mapping[str, Any
               task: str | None, source: str, config_source: str):
   if task in hf.CLASSIFIER_TASKS:  # the weights cannot tell these apart; architectures can
     hf_config = {**hf_config, "architectures": [hf.ARCHITECTURES[task]]}
+  headless = not any(k.startswith(("cls.", "classifier.", "qa_outputs.")) for k in tensors)
   if task == "encoder":
     tensors = _drop_heads(tensors)
   task = _head(task, hf.infer_task(tensors, hf_config, source), source)
@@ -128,6 +130,8 @@ def _assemble(tensors, original, config: BertConfig, hf_config: Mapping[str, Any
                             f"id2label names {len(labels)} labels")
   params, absent = hf.tensors_to_params(tensors, config, task, num_labels or 2, source, original,
                                         config_source)
+  if headless:  # a BertModel checkpoint: say that the pre-training heads are not there
+    absent = ("mlm", "nsp") + absent
   return params, task, num_labels, labels, absent
 
 
@@ -206,10 +210,10 @@ def load_bert_jax(workdir, task: str | None = None) -> Pretrained:
   else:
     inferred = "pretraining" if "nsp" in params or "mlm_output_bias" in params else "encoder"
   found = _head(task, inferred, str(workdir))
+  absent = tuple(g for g, k in (("mlm", "mlm_output_bias"), ("nsp", "nsp")) if k not in params
+                 and found in ("pretraining", "encoder") and inferred in ("pretraining", "encoder"))
   if found == "encoder":
     params = {"bert": params["bert"]}
-  absent = tuple(g for g, k in (("mlm", "mlm_output_bias"), ("nsp", "nsp")) if k not in params
-                 and found == "pretraining")
   num_labels, labels = None, tuple(head.get("labels") or ())
   if "classifier" in params and found != "multiple_choice":
     num_labels = int(np.shape(params["classifier"]["kernel"])[-1])

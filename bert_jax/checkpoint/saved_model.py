@@ -97,8 +97,8 @@ def export_saved_model(out_dir: str, params: Mapping[str, Any], config: BertConf
   when complete, so a failure leaves no half-written export (and an existing ``out_dir`` is
   kept unless ``overwrite``).
   """
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel  (heavy; only here)
-  from jax.experimental import jax2tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # noqa: PLC0415  (heavy; only here)
+  from jax.experimental import jax2tf  # noqa: PLC0415
 
   if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
     raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")

@@ -6,6 +6,7 @@ Modules (import what you need; nothing is imported here, so `import bert_jax.dat
   examples, masking             instances and static masks (google-research/bert's procedure)
   dynamic_masking               the same masking drawn in tf.data at read time
   tfrecord                      the original feature schema, atomic writing, shard integrity
+  example_proto                 tf.train.Example serialization without TensorFlow (workers)
   generate                      parallel deterministic generation over input shards
   pipeline                      PretrainInput (training, resumable) and eval_batches
   default_corpus                prepare_default_data: CPython's own docs as a built-in corpus

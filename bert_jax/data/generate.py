@@ -60,6 +60,11 @@ class GenerationConfig:
       raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
     if self.dupe_factor < 1:
       raise ValueError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
+    if not 0.0 < self.masked_lm_prob < 1.0 or not 0.0 <= self.short_seq_prob <= 1.0:
+      raise ValueError(f"masked_lm_prob must be in (0, 1) and short_seq_prob in [0, 1], got "
+                       f"{self.masked_lm_prob}, {self.short_seq_prob}")
+    if min(self.max_predictions_per_seq, default=1) < 1:
+      raise ValueError(f"max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
 
 
 def output_path(output_dir: str, max_seq_length: int, split: str, index: int,

@@ -109,9 +109,13 @@ def iter_wiki_articles(path: str) -> Iterator[tuple[str, str]]:
   """
   opener = bz2.open if path.endswith(".bz2") else open
   with opener(path, "rb") as f:
-    title, ns, redirect, text = None, None, False, None
+    title, ns, redirect, text, root = None, None, False, None, None
     try:
-      for event, elem in ET.iterparse(f, events=("end",)):
+      for event, elem in ET.iterparse(f, events=("start", "end")):
+        if event == "start":
+          if root is None:
+            root = elem
+          continue
         tag = _local(elem.tag)
         if tag == "title":
           title = elem.text or ""
@@ -126,6 +130,6 @@ def iter_wiki_articles(path: str) -> Iterator[tuple[str, str]]:
               "#REDIRECT"):
             yield title, text
           title, ns, redirect, text = None, None, False, None
-          elem.clear()
+          root.clear()  # Drop finished pages: memory stays at one page however long the dump.
     except (ET.ParseError, EOFError, OSError) as e:
       raise ValueError(f"{path}: not a readable MediaWiki XML dump ({e})") from e

@@ -51,13 +51,20 @@ def _names(path) -> tuple[str, ...]:
 
 
 def with_frozen(tx: optax.GradientTransformation, task: Task) -> optax.GradientTransformation:
-  """``tx`` on the parameters the task trains; nothing (no update, no decay) on the others."""
+  """``tx`` whose updates are zeroed on the parameters the task does not train.
+
+  The zeroing comes last, so frozen parameters get neither gradient steps nor weight decay.
+  (Their Adam moments exist but stay zero: the task stops their gradients. A stateless mask
+  keeps the optimizer state's tree, and so its shardings, the same as without freezing.)
+  """
   if type(task).trainable is Task.trainable:
     return tx
-  def labels(params):
+
+  def zero_frozen(updates, params=None):
+    del params
     return jax.tree_util.tree_map_with_path(
-        lambda p, _: "train" if task.trainable(_names(p)) else "frozen", params)
-  return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+        lambda p, u: u if task.trainable(_names(p)) else jax.numpy.zeros_like(u), updates)
+  return optax.chain(tx, optax.stateless(zero_frozen))
 
 
 def make_loss_fn(task: Task, model):

@@ -170,7 +170,9 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
     phase = phases[phase_index(phases, now_step - 1)]
     elapsed = time.time() - t_last
     n_steps = now_step - step_last
-    if elapsed > 0 and n_steps > 0:
+    if now_step == start_step + 1 and n_steps == 1:
+      last_train["first_step_sec"] = elapsed   # compilation, not throughput
+    elif elapsed > 0 and n_steps > 0:
       ex_per_sec = n_steps * phase.global_batch_size / elapsed
       last_train.update(examples_per_sec=ex_per_sec, tokens_per_sec=ex_per_sec * phase.seq_len,
                         steps_per_sec=n_steps / elapsed,

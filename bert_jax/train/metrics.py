@@ -62,6 +62,8 @@ def progress_line(step: int, total: int, m: Mapping[str, float], phase: str = ""
     if "mfu" in m:
       perf += f" MFU {100 * m['mfu']:.1f}%"
     parts.append(perf)
+  if "first_step_sec" in m:
+    parts.append(f"first step (compiling) {m['first_step_sec']:.1f}s")
   if "eta_sec" in m:
     parts.append(f"eta {_fmt_duration(m['eta_sec'])}")
   return " | ".join(parts)
