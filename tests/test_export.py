@@ -140,6 +140,18 @@ def test_saved_model_matches_bert_jax(task, workdirs, tmp_path):
     for key in keys + ["sequence_output", "pooled_output"]:
       np.testing.assert_allclose(theirs[key].numpy(), np.asarray(ours[key]), atol=1e-5,
                                  rtol=1e-5, err_msg=f"{task}: {key} at {b}x{length}")
+  if task == "pretraining":  # the second signature: MLM logits at given positions only
+    ids, mask, segments = batch(task, 2, 13, seed=5)
+    positions = np.array([[1, 4, 7], [0, 2, 12]], np.int32)
+    ours = models.BertForPreTraining(CONFIG).apply(
+        {"params": params}, ids, mask, segments, masked_lm_positions=positions)
+    theirs = tf.saved_model.load(out).signatures["masked_lm"](
+        input_ids=tf.constant(ids), input_mask=tf.constant(mask),
+        segment_ids=tf.constant(segments), masked_lm_positions=tf.constant(positions))
+    assert theirs["mlm_logits"].shape == (2, 3, CONFIG.vocab_size)
+    for key in ("mlm_logits", "nsp_logits"):
+      np.testing.assert_allclose(theirs[key].numpy(), np.asarray(ours[key]), atol=1e-5,
+                                 rtol=1e-5, err_msg=f"masked_lm: {key}")
   extra = os.path.join(out, "assets.extra")
   assert json.load(open(os.path.join(extra, "head.json")))["task"] == task
   assert os.path.exists(os.path.join(extra, "vocab.txt"))

@@ -130,7 +130,7 @@ def test_swag_end_to_end(tmp_path, shared_data, minilm_dir):
 def test_feature_based_trains_only_the_bilstm(tmp_path, rte_workdir, shared_data, minilm_dir):
   from bert_jax.checkpoint.manager import load_params
   from configs import ner_feature_based
-  c = _tiny(ner_feature_based.get_config("concat_last_four"), minilm_dir, num_train_steps=3,
+  c = _tiny(ner_feature_based.get_config("sum_all"), minilm_dir, num_train_steps=3,
             max_train_examples=48, max_eval_examples=16, lstm_hidden_size=16)
   c.train_file = str(shared_data / "ner_sci/bert_paper.bio")
   c.dev_fraction, c.skip_malformed_lines = 0.1, True
@@ -143,8 +143,9 @@ def test_feature_based_trains_only_the_bilstm(tmp_path, rte_workdir, shared_data
   for a, b in zip(jax.tree_util.tree_leaves(trained["bert"]),
                   jax.tree_util.tree_leaves(initial["bert"])):
     np.testing.assert_array_equal(a, b)     # frozen: not even weight decay
-  lstm = trained["tagger"]["bilstm_0"]
-  assert set(lstm) == {"forward_0", "backward_0"}
+  assert set(trained["tagger"]) == {"lstm_0_forward", "lstm_0_backward", "lstm_1_forward",
+                                    "lstm_1_backward", "classifier"}
+  assert trained["tagger"]["lstm_0_forward"]["ii"]["kernel"].shape == (128, 16)  # tiny: D=128
   assert trained["tagger"]["classifier"]["kernel"].shape == (16 * 2, len(
       json.load(open(tmp_path / "head.json"))["labels"]))
 

@@ -142,3 +142,18 @@ def test_dev_fraction_split_and_unknown_label(tmp_path, shared_data, tokenizer):
     task.load_split("dev")
   with pytest.raises(ValueError, match="config.test_file is empty"):
     task.load_split("test")
+
+
+def test_feature_selection_modes():
+  import jax.numpy as jnp
+  from bert_jax.tasks.feature_based import select_features
+  hidden = tuple(jnp.full((1, 2, 3), float(i)) for i in range(7))   # embeddings + 6 layers
+  assert float(select_features(hidden, "layer", -1)[0, 0, 0]) == 6
+  assert float(select_features(hidden, "layer", -2)[0, 0, 0]) == 5
+  assert float(select_features(hidden, "sum_last_four")[0, 0, 0]) == 3 + 4 + 5 + 6
+  assert float(select_features(hidden, "sum_all")[0, 0, 0]) == sum(range(1, 7))
+  concat = select_features(hidden, "concat_last_four")
+  assert concat.shape == (1, 2, 12)
+  assert concat[0, 0].tolist() == [3] * 3 + [4] * 3 + [5] * 3 + [6] * 3
+  with pytest.raises(ValueError, match="feature_mode 'mean'"):
+    select_features(hidden, "mean")

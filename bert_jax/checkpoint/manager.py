@@ -33,6 +33,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 def _path_str(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
@@ -46,7 +47,8 @@ class CheckpointManager:
   """An Orbax CheckpointManager over ``<workdir>/checkpoints`` keeping the last ``keep``."""
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    workdir = workdir if "://" in str(workdir) else os.path.abspath(workdir)
+    self.directory = str(epath.Path(workdir) / "checkpoints")
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     handlers = dict(state=ocp.PyTreeCheckpointHandler(), input=ocp.JsonCheckpointHandler(),
@@ -200,11 +202,15 @@ def _host_params_multi(params: Any) -> Any:
 
 
 def write_json(path: str, obj: Any) -> None:
-  """Writes JSON atomically (temp file, then rename)."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, default=str)
-  os.replace(tmp, path)
+  """Writes JSON atomically (temp file, then rename); local paths or gs:// etc. (epath)."""
+  path = epath.Path(path)
+  tmp = path.parent / f"{path.name}.tmp{os.getpid()}"
+  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+  tmp.rename(path)
+
+
+def read_json(path: str) -> Any:
+  return json.loads(epath.Path(path).read_text())
 
 
 def load_params(workdir: str, step: int | None = None):
@@ -213,18 +219,17 @@ def load_params(workdir: str, step: int | None = None):
   The tokenizer is None when the workdir holds no tokenizer files.
   """
   from bert_jax.model import BertConfig  # noqa: PLC0415
-  config_path = os.path.join(workdir, "model_config.json")
-  if not os.path.exists(config_path):
+  config_path = epath.Path(workdir) / "model_config.json"
+  if not config_path.exists():
     raise FileNotFoundError(f"{workdir} is not a bert_jax workdir: no model_config.json")
-  with open(config_path) as f:
-    config = BertConfig.from_dict(json.load(f), source=config_path)
+  config = BertConfig.from_dict(read_json(config_path), source=str(config_path))
   manager = CheckpointManager(workdir, async_save=False)
   try:
     params = manager.restore_params(step)
   finally:
     manager.close()
   tokenizer = None
-  if any(os.path.exists(os.path.join(workdir, n)) for n in ("vocab.txt", "sentencepiece.model")):
+  if any((epath.Path(workdir) / n).exists() for n in ("vocab.txt", "sentencepiece.model")):
     from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
     tokenizer = load_tokenizer(workdir)
   return params, config, tokenizer

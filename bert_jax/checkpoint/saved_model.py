@@ -14,6 +14,11 @@ question_answering       + start_logits, end_logits [B, L]
 multiple_choice          logits [B, C] (+ sequence/pooled outputs per choice, [B*C, ...])
 ======================== =================================================================
 
+A pre-training export has a second signature, ``masked_lm``: the same inputs plus
+``masked_lm_positions`` (int32 [batch, predictions], polymorphic), returning ``mlm_logits``
+[B, P, V] at those positions only (as pre-training computes them; far cheaper than at every
+position for a large vocabulary) and ``nsp_logits``.
+
 The weights are TensorFlow variables (not constants folded into the graph), so the SavedModel
 is about the size of the checkpoint. ``model_config.json``, ``head.json`` and the tokenizer
 files go to ``<out>/assets.extra/`` for the serving side's pre-processing.
@@ -39,6 +44,8 @@ from bert_jax.model.config import BertConfig
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 SIGNATURE = "serving_default"
+MASKED_LM_SIGNATURE = "masked_lm"  # pre-training exports only
+MASKED_LM_POSITIONS = "masked_lm_positions"
 # What each head's serving signature returns (besides sequence_output and pooled_output).
 HEAD_OUTPUTS = {
     "encoder": (),
@@ -84,6 +91,19 @@ def serving_fn(config: BertConfig, task: str,
   return f
 
 
+def masked_lm_fn(config: BertConfig) -> Callable[..., dict[str, jax.Array]]:
+  """``f(params, input_ids, input_mask, segment_ids, masked_lm_positions)``: MLM logits only at
+  the given positions (BxPxV, as pre-training computes them) and NSP logits."""
+  module = models.BertForPreTraining(config)
+
+  def f(params, input_ids, input_mask, segment_ids, masked_lm_positions):
+    out = module.apply({"params": params}, input_ids, input_mask, segment_ids,
+                       masked_lm_positions=masked_lm_positions, deterministic=True)
+    return {"mlm_logits": out["mlm_logits"], "nsp_logits": out["nsp_logits"]}
+
+  return f
+
+
 def polymorphic_spec(task: str) -> str:
   return "(b, c, l)" if task == "multiple_choice" else "(b, l)"
 
@@ -118,11 +138,25 @@ def export_saved_model(out_dir: str, params: Mapping[str, Any], config: BertConf
     return tf_fn(module.params, input_ids, input_mask, segment_ids)
 
   module.serve = serve
+  signatures = {SIGNATURE: serve}
+  if task == "pretraining":
+    mlm_fn = jax2tf.convert(
+        masked_lm_fn(config), with_gradient=False,
+        polymorphic_shapes=[None, spec, spec, spec, "(b, p)"],
+        polymorphic_constraints=[f"l <= {config.max_position_embeddings}"])
+    positions = tf.TensorSpec([None, None], tf.int32, name=MASKED_LM_POSITIONS)
+
+    @tf.function(autograph=False, input_signature=specs + [positions])
+    def serve_masked_lm(input_ids, input_mask, segment_ids, masked_lm_positions):
+      return mlm_fn(module.params, input_ids, input_mask, segment_ids, masked_lm_positions)
+
+    module.serve_masked_lm = serve_masked_lm
+    signatures[MASKED_LM_SIGNATURE] = serve_masked_lm
   parent = os.path.dirname(os.path.abspath(out_dir))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".saved_model_", dir=parent)
   try:
-    tf.saved_model.save(module, tmp, signatures={SIGNATURE: serve})
+    tf.saved_model.save(module, tmp, signatures=signatures)
     extra = os.path.join(tmp, "assets.extra")
     os.makedirs(extra, exist_ok=True)
     with open(os.path.join(extra, "model_config.json"), "w") as f:

@@ -53,9 +53,10 @@ class BiLstmTagger(nn.Module):
     x = x_BxLxF.astype(jnp.float32)
     for i in range(self.num_layers):
       x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-      x = nn.Bidirectional(nn.RNN(nn.LSTMCell(self.hidden_size), name=f"forward_{i}"),
-                           nn.RNN(nn.LSTMCell(self.hidden_size), name=f"backward_{i}"),
-                           name=f"bilstm_{i}")(x, seq_lengths=lengths_B)
+      # Params: tagger/lstm_<i>_forward/{ii,if,ig,io,hi,...}, tagger/lstm_<i>_backward/...
+      x = nn.Bidirectional(nn.RNN(nn.LSTMCell(self.hidden_size, name=f"lstm_{i}_forward")),
+                           nn.RNN(nn.LSTMCell(self.hidden_size, name=f"lstm_{i}_backward")))(
+                               x, seq_lengths=lengths_B)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     return nn.Dense(self.num_labels, name="classifier")(x)
 
@@ -95,6 +96,9 @@ class FeatureBasedNerTask(NerTask):
     if c.feature_mode not in FEATURE_MODES:
       raise ValueError(f"config.feature_mode {c.feature_mode!r} is not one of {FEATURE_MODES}")
     n = bert_config.num_hidden_layers + 1
+    if c.feature_mode.endswith("last_four") and bert_config.num_hidden_layers < 4:
+      raise ValueError(f"config.feature_mode {c.feature_mode!r} needs at least 4 layers; the "
+                       f"encoder has {bert_config.num_hidden_layers}")
     if c.feature_mode == "layer" and not -n <= c.feature_layer < n:
       raise ValueError(f"config.feature_layer {c.feature_layer} is out of range for {n} hidden "
                        "states (embeddings + layers)")

@@ -16,9 +16,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from absl import logging
+from etils import epath
 
 from bert_jax import parallel
-from bert_jax.checkpoint.manager import CheckpointManager, restore_or_initialize, write_json
+from bert_jax.checkpoint.manager import (CheckpointManager, read_json, restore_or_initialize,
+                                         write_json)
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers
@@ -57,8 +59,8 @@ def learning_rate_schedule(config):
 
 def bert_config_from(config, vocab_size: int) -> BertConfig:
   if config.bert_config_file:
-    with open(config.bert_config_file) as f:
-      bert = BertConfig.from_dict(json.load(f), source=config.bert_config_file)
+    bert = BertConfig.from_dict(read_json(config.bert_config_file),
+                                source=config.bert_config_file)
     if bert.vocab_size != vocab_size:
       raise ValueError(f"{config.bert_config_file}: vocab_size {bert.vocab_size} differs from "
                        f"the tokenizer's {vocab_size} (config.vocab_file)")
@@ -74,11 +76,10 @@ def bert_config_from(config, vocab_size: int) -> BertConfig:
 
 
 def _check_workdir_model(workdir: str, bert: BertConfig) -> None:
-  path = os.path.join(workdir, "model_config.json")
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / "model_config.json"
+  if not path.exists():
     return
-  with open(path) as f:
-    existing = json.load(f)
+  existing = read_json(path)
   new = bert.to_dict()
   diff = {k: (existing.get(k), v) for k, v in new.items() if existing.get(k) != v}
   if diff:
@@ -125,7 +126,7 @@ def run_pretraining(config, workdir: str) -> dict[str, Any]:
   _validate(config, mesh)
   logging.info("Mesh %s over %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
                jax.process_count())
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   sources = resolve_data(config, workdir)
   bert = bert_config_from(config, sources.vocab_size)
   _check_workdir_model(workdir, bert)

@@ -144,18 +144,19 @@ def eval_batches(config, sources: DataSources, phase: PhaseData, host_batch: int
   template = None
   for _ in range(config.max_eval_steps):
     batch = next(it, None)
+    if jax.process_count() == 1:
+      if batch is None:
+        return
+      yield batch
+      continue
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+    if not np.any(multihost_utils.process_allgather(np.int32(batch is not None))):
+      return   # every host is done
     if batch is not None:
       template = batch
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # noqa: PLC0415
-      if not np.any(multihost_utils.process_allgather(np.int32(batch is not None))):
-        return
-      if batch is None:
-        batch = {k: np.zeros_like(v) for k, v in template.items()} if template is not None \
-            else None
-        if batch is None:
-          raise ValueError(f"{phase.eval_input_files}: no eval records for host "
-                           f"{jax.process_index()}")
-    elif batch is None:
-      return
+    elif template is None:
+      raise ValueError(f"{phase.eval_input_files}: no eval records for host "
+                       f"{jax.process_index()} of {jax.process_count()}")
+    else:   # this host is done, others are not: all-zero weights count for nothing
+      batch = {k: np.zeros_like(v) for k, v in template.items()}
     yield batch
