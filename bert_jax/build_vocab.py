@@ -50,5 +50,10 @@ def main(argv):
   print(json.dumps(summary, indent=2))
 
 
-if __name__ == "__main__":
+def run():
+  """Console-script entry (bert-jax-build-vocab)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

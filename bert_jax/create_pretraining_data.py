@@ -66,5 +66,10 @@ def main(argv):
   print(generate.summary_line(result["stats"]))
 
 
-if __name__ == "__main__":
+def run():
+  """Console-script entry (bert-jax-create-pretraining-data)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -45,5 +45,10 @@ def main(argv):
   return 0
 
 
-if __name__ == "__main__":
+def run():
+  """Console-script entry (bert-jax-export)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -110,7 +110,7 @@ def test_kill_and_resume_is_exact_across_the_phase_change(tmp_path, tfrecords):
   assert first_stop < 8
   # SIGKILL in phase 2 (seq 512), between checkpoints: the restart repeats the lost steps.
   code, out = run(cut_dir, *overrides, kill_at=7, sig=signal.SIGKILL)
-  assert code == -signal.SIGKILL and "resumed from" in out and "[seq512]" in out
+  assert code == -signal.SIGKILL and "resumed from" in out and "[seq512]" in out, out[-3000:]
   code, out = run(cut_dir, *overrides)
   assert "resumed from" in out
   resumed = losses_by_step(cut_dir)

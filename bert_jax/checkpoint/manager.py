@@ -206,7 +206,7 @@ def write_json(path: str, obj: Any) -> None:
   path = epath.Path(path)
   tmp = path.parent / f"{path.name}.tmp{os.getpid()}"
   tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
-  tmp.rename(path)
+  tmp.replace(path)
 
 
 def read_json(path: str) -> Any:

@@ -35,8 +35,7 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import parallel
-from bert_jax.checkpoint.manager import (CheckpointManager, InitReport, merge_pretrained_params,
-                                         write_json)
+from bert_jax.checkpoint.manager import CheckpointManager, InitReport, merge_pretrained_params
 from bert_jax.tasks import create_task
 from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks import runner_io as io
@@ -227,7 +226,7 @@ class _EvalHook:
         self.best_value, self.best_step = value, step
         self.best_manager.save(step, state, meta={"best_value": value})
     if jax.process_index() == 0:
-      write_json(self.path, {"history": self.history, "best_value": self.best_value,
+      io.write_json(self.path, {"history": self.history, "best_value": self.best_value,
                              "best_step": self.best_step})
     return {k: v for d in self.evals
             for k, v in io.scalar_metrics(entry[d.split], f"{d.split}/").items()
@@ -331,8 +330,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
              "dev_primary": result["dev"].get(task.primary_metric), "best_step": best_step,
              "train_loss_history": writer.losses}
   if jax.process_index() == 0:
-    write_json(os.path.join(workdir, "metrics.json"), io.json_safe(result))
-    write_json(os.path.join(workdir, "summary.json"), io.json_safe(summary))
+    io.write_json(os.path.join(workdir, "metrics.json"), io.json_safe(result))
+    io.write_json(os.path.join(workdir, "summary.json"), io.json_safe(summary))
   manager.close()
   best_manager.close()
   return result
@@ -395,5 +394,5 @@ def evaluate(workdir: str, split: str = "dev", output_dir: str = "",
   out = {"task": task.name, "primary_metric": task.primary_metric, "checkpoint": source,
          "step": step, "split": split, "eval": results}
   if jax.process_index() == 0:
-    write_json(os.path.join(output_dir, "metrics.json"), io.json_safe(out))
+    io.write_json(os.path.join(output_dir, "metrics.json"), io.json_safe(out))
   return out

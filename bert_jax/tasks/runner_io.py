@@ -24,7 +24,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from bert_jax.checkpoint.manager import write_json
+from etils import epath
+
 from bert_jax.model import BertConfig
 
 BEST_DIR = "best"
@@ -36,6 +37,14 @@ class ModelSetup:
   bert_config: BertConfig
   tokenizer: Any
   pretrained: Any = None      # bert_jax.checkpoint.pretrained.Pretrained when initialising
+
+
+def write_json(path: str, obj: Any) -> None:
+  """Writes JSON atomically, replacing an existing file (temp file, then replace)."""
+  path = epath.Path(path)
+  tmp = path.parent / f"{path.name}.tmp{os.getpid()}"
+  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+  tmp.replace(path)
 
 
 def has_checkpoint(workdir: str) -> bool:
