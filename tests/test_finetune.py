@@ -161,17 +161,16 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_d
     c.checkpoint.keep_checkpoint_max = 3
     return c
 
-  a, b = tmp_path / "a", tmp_path / "b"
-  runner.finetune(config(), str(a))
-  runner.finetune(config(), str(b))
-  shutil.rmtree(b / "checkpoints/6")           # as if killed between step 3 and step 6
-  resumed = runner.finetune(config(), str(b))
+  runner.finetune(config(), str(tmp_path))
+  loss_a = json.load(open(tmp_path / "summary.json"))["train_loss_history"]
+  dev_a = json.load(open(tmp_path / "metrics.json"))["dev"]
+  shutil.rmtree(tmp_path / "checkpoints/6")      # as if killed between step 3 and step 6
+  resumed = runner.finetune(config(), str(tmp_path))
   assert resumed["init"].startswith("resumed") and "step 3" in resumed["init"]
-  loss_a = json.load(open(a / "summary.json"))["train_loss_history"]
-  loss_b = json.load(open(b / "summary.json"))["train_loss_history"]
-  assert [s for s, _ in loss_b] == [4, 5, 6]
+  loss_b = json.load(open(tmp_path / "summary.json"))["train_loss_history"]
+  assert [s for s, _ in loss_a] == [1, 2, 3, 4, 5, 6] and [s for s, _ in loss_b] == [4, 5, 6]
   np.testing.assert_allclose([l for _, l in loss_b], [l for _, l in loss_a[3:]], rtol=1e-6)
-  assert resumed["dev"] == json.load(open(a / "metrics.json"))["dev"]
+  assert resumed["dev"] == dev_a
   assert [h["step"] for h in resumed["history"]] == [3, 6]
 
 

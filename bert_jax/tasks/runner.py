@@ -389,8 +389,15 @@ def evaluate(workdir: str, split: str = "dev", output_dir: str = "",
       lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), host, shardings)
   predictor = Predictor(task, model, mesh, rules, int(config.eval_batch_size))
   output_dir = output_dir or os.path.join(workdir, f"eval_{split}")
-  results = _predict_and_write(task, predictor, params, [task.load_split(n) for n in names],
-                               output_dir)
+  splits = []
+  for name in names:
+    try:
+      splits.append(task.load_split(name))
+    except FileNotFoundError as e:
+      if len(names) == 1:
+        raise
+      logging.warning("Skipping split %s: %s", name, e)   # e.g. MNLI's AX file is absent
+  results = _predict_and_write(task, predictor, params, splits, output_dir)
   out = {"task": task.name, "primary_metric": task.primary_metric, "checkpoint": source,
          "step": step, "split": split, "eval": results}
   if jax.process_index() == 0:
