@@ -54,5 +54,10 @@ def main(argv):
   print(json.dumps(result["eval"], default=str))
 
 
-if __name__ == "__main__":
+def run():
+  """Console-script entry (bert-jax-evaluate)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

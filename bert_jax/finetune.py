@@ -50,5 +50,10 @@ def main(argv):
                     "dev": result["dev"], "best_step": result["best_step"]}, default=str))
 
 
-if __name__ == "__main__":
+def run():
+  """Console-script entry (bert-jax-finetune)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -44,5 +44,10 @@ def main(argv):
                summary["step"], _WORKDIR.value)
 
 
-if __name__ == "__main__":
+def run():
+  """Console-script entry (bert-jax-pretrain)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

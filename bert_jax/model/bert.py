@@ -90,6 +90,30 @@ class Embeddings(nn.Module):
     return self.word_embeddings.attend(h_xD)
 
 
+class Projection(nn.Module):
+  """``y = einsum(equation, x, kernel) + bias`` with a kernel of a fixed, logically named shape.
+
+  DenseGeneral keeps a flat kernel internally and cannot take its 3-d logical constraint under a
+  global mesh; the attention projections (D -> HxK and HxK -> D) are written out instead, with
+  the same parameter names and shapes (``kernel``, ``bias``).
+  """
+  config: BertConfig
+  equation: str
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str | None, ...]
+  bias_ndim: int
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    c = self.config
+    kernel = self.param("kernel", kernel_init(c, self.kernel_axes), self.kernel_shape,
+                        c.param_dtype)
+    bias = self.param("bias", bias_init(self.kernel_axes[-self.bias_ndim:]),
+                      self.kernel_shape[-self.bias_ndim:], c.param_dtype)
+    y = jnp.einsum(self.equation, x.astype(c.dtype), kernel.astype(c.dtype))
+    return y + bias.astype(c.dtype)
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention under a padding mask; softmax in float32."""
   config: BertConfig
@@ -97,12 +121,14 @@ class SelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, mask_Bx1x1xL, deterministic: bool) -> Array:
     c = self.config
-    qkv = functools.partial(dense, c, (c.num_attention_heads, c.head_dim),
-                            ("embed", "heads", "kv"))
+    h, k = c.num_attention_heads, c.head_dim
+    qkv = functools.partial(Projection, c, "bld,dhk->blhk", (c.hidden_size, h, k),
+                            ("embed", "heads", "kv"), 2)
     q_BxLxHxK = qkv(name="query")(x_BxLxD)
     k_BxLxHxK = qkv(name="key")(x_BxLxD)
     v_BxLxHxK = qkv(name="value")(x_BxLxD)
-    q_BxLxHxK = q_BxLxHxK / jnp.sqrt(c.head_dim).astype(q_BxLxHxK.dtype)
+    q_BxLxHxK = nn.with_logical_constraint(q_BxLxHxK, ("batch", "length", "heads", "kv"))
+    q_BxLxHxK = q_BxLxHxK / jnp.sqrt(k).astype(q_BxLxHxK.dtype)
     s_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
                            preferred_element_type=jnp.float32)
     s_BxHxLxL = jnp.where(mask_Bx1x1xL, s_BxHxLxL, jnp.finfo(jnp.float32).min)
@@ -110,7 +136,8 @@ class SelfAttention(nn.Module):
     p_BxHxLxL = nn.Dropout(c.attention_probs_dropout_prob)(p_BxHxLxL, deterministic=deterministic)
     ctx_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK)
     ctx_BxLxHxK = nn.with_logical_constraint(ctx_BxLxHxK, ("batch", "length", "heads", "kv"))
-    return dense(c, c.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(ctx_BxLxHxK)
+    return Projection(c, "blhk,hkd->bld", (h, k, c.hidden_size), ("heads", "kv", "embed"), 1,
+                      name="output")(ctx_BxLxHxK)
 
 
 class TransformerLayer(nn.Module):

@@ -45,15 +45,13 @@ def normalize_rules(rules: Sequence[Sequence[Any]]) -> Rules:
 
 
 @contextlib.contextmanager
-def mesh_context(mesh: jax.sharding.Mesh, rules: Rules, set_global_mesh: bool = False
+def mesh_context(mesh: jax.sharding.Mesh, rules: Rules, set_global_mesh: bool = True
                  ) -> Iterator[None]:
-  """Makes the logical rules (and optionally ``mesh``) current while tracing model code.
+  """Makes ``mesh`` and the logical rules current while tracing model code.
 
-  The global mesh is off by default: with it set, flax 0.12's DenseGeneral (multi-dimensional
-  ``features``, as the model's query/key/value) applies its 3-d logical constraint to the flat
-  2-d kernel while validating shapes in ``apply`` and fails. Without it, the model's activation
-  constraints are no-ops and XLA propagates shardings from the params' and batch's shardings
-  (jit in/out shardings), which is what places every array here.
+  With the global mesh set, the model's activation constraints (``nn.with_logical_constraint``
+  on batch/length/embed/heads/mlp) take effect, so XLA keeps activations sharded as the rules
+  say instead of inferring it from the params' and batch's shardings alone.
   """
   with contextlib.ExitStack() as stack:
     if set_global_mesh:
