@@ -24,8 +24,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from etils import epath
 
+from bert_jax.checkpoint.manager import write_json  # noqa: F401 (runner calls io.write_json)
 from bert_jax.model import BertConfig
 
 BEST_DIR = "best"
@@ -37,14 +37,6 @@ class ModelSetup:
   bert_config: BertConfig
   tokenizer: Any
   pretrained: Any = None      # bert_jax.checkpoint.pretrained.Pretrained when initialising
-
-
-def write_json(path: str, obj: Any) -> None:
-  """Writes JSON atomically, replacing an existing file (temp file, then replace)."""
-  path = epath.Path(path)
-  tmp = path.parent / f"{path.name}.tmp{os.getpid()}"
-  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
-  tmp.replace(path)
 
 
 def has_checkpoint(workdir: str) -> bool:
