@@ -77,7 +77,7 @@ def logging_config() -> ml_collections.ConfigDict:
       # Peak FLOP/s of one device for model-FLOPs utilisation; 0 = look up by device kind
       # (see bert_jax/train/flops.py), which for CPUs uses cpu_peak_flops_per_device.
       peak_flops_per_device=0.0,
-      cpu_peak_flops_per_device=5e10,
+      cpu_peak_flops_per_device=4e11,  # ~2 AVX-512 cores, fp32 FMA (378 GFLOP/s measured here)
   ))
 
 

@@ -50,7 +50,7 @@ def train_flops_per_example(config: BertConfig, seq_len: int, num_predictions: i
 
 
 def peak_flops_per_device(device_kind: str, configured: float = 0.0,
-                          cpu_peak: float = 5e10) -> float:
+                          cpu_peak: float = 4e11) -> float:
   """``configured`` when > 0, else the table's entry for ``device_kind``, else ``cpu_peak``."""
   if configured > 0:
     return float(configured)
