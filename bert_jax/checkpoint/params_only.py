@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from typing import Any, Mapping
 
 import jax
 import numpy as np
 
+from bert_jax.checkpoint.staging import staged_dir, write_model_files
 from bert_jax.model.config import BertConfig
 
 PARAMS_DIR = "params"
@@ -34,29 +33,13 @@ def export_params_only(out_dir: str, params: Mapping[str, Any], config: BertConf
   """Writes the layout above to ``out_dir`` (via a temporary directory, moved when complete)."""
   import orbax.checkpoint as ocp  # noqa: PLC0415
 
-  if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
-    raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")
   params = jax.tree_util.tree_map(np.asarray, dict(params))
-  parent = os.path.dirname(os.path.abspath(out_dir))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".params_only_", dir=parent)
-  try:
+  with staged_dir(out_dir, overwrite, prefix=".params_only_") as tmp:
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
     checkpointer.wait_until_finished()
     checkpointer.close()
-    with open(os.path.join(tmp, "model_config.json"), "w") as f:
-      json.dump(config.to_dict(), f, indent=2, sort_keys=True)
-    with open(os.path.join(tmp, "head.json"), "w") as f:
-      json.dump(dict(head), f, indent=2)
-    if tokenizer is not None:
-      tokenizer.save(tmp)
-    if os.path.exists(out_dir):
-      shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+    write_model_files(tmp, config, head, tokenizer)
   return out_dir
 
 

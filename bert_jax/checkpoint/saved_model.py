@@ -30,16 +30,14 @@ files go to ``<out>/assets.extra/`` for the serving side's pre-processing.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
 
 from bert_jax import model as models
+from bert_jax.checkpoint.staging import staged_dir, write_model_files
 from bert_jax.model.config import BertConfig
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
@@ -121,6 +119,7 @@ def export_saved_model(out_dir: str, params: Mapping[str, Any], config: BertConf
   from jax.experimental import jax2tf  # noqa: PLC0415
 
   if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
+    # Checked before the (slow) conversion; staged_dir checks again before writing.
     raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")
   params = jax.tree_util.tree_map(np.asarray, dict(params))
   fn = serving_fn(config, task, num_labels)
@@ -152,24 +151,8 @@ def export_saved_model(out_dir: str, params: Mapping[str, Any], config: BertConf
 
     module.serve_masked_lm = serve_masked_lm
     signatures[MASKED_LM_SIGNATURE] = serve_masked_lm
-  parent = os.path.dirname(os.path.abspath(out_dir))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".saved_model_", dir=parent)
-  try:
+  with staged_dir(out_dir, overwrite, prefix=".saved_model_") as tmp:
     tf.saved_model.save(module, tmp, signatures=signatures)
-    extra = os.path.join(tmp, "assets.extra")
-    os.makedirs(extra, exist_ok=True)
-    with open(os.path.join(extra, "model_config.json"), "w") as f:
-      json.dump(config.to_dict(), f, indent=2, sort_keys=True)
-    with open(os.path.join(extra, "head.json"), "w") as f:
-      json.dump(dict(head or {"task": task, "num_labels": num_labels, "labels": []}), f,
-                indent=2)
-    if tokenizer is not None:
-      tokenizer.save(extra)
-    if os.path.exists(out_dir):
-      shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+    write_model_files(os.path.join(tmp, "assets.extra"), config,
+                      head or {"task": task, "num_labels": num_labels, "labels": []}, tokenizer)
   return out_dir
