@@ -1,16 +1,20 @@
 r"""Pre-training train-step throughput: bert_jax vs Hugging Face's FlaxBertForPreTraining.
 
-  python -m benchmarks.bench_pretrain                     # tiny..base, seq 128 and 512 (from the repo root)
+  python -m benchmarks.bench_pretrain        # tiny..base, seq 128 and 512 (from the repo root)
   python -m benchmarks.bench_pretrain --sizes=tiny,mini --seq_lens=128 --repeats=3
+  python -m benchmarks.bench_pretrain --sizes=base --tokens_per_step=1024   # a smaller batch
 
 Both sides train the same BERT (vocab 30,522, dropout 0.1) on the same batches (random tokens,
 15% masked, at most max_predictions_per_seq predictions) with the same optimizer (bert_jax's
 AdamW: clip 1.0, weight decay 0.01 without LayerNorm/bias) and the same MLM + NSP loss, each
-step one jitted function with donated params/optimizer state, on one device. The difference:
-bert_jax computes MLM logits only at the masked positions (as google-research/bert); HF's
-model computes them at every position and the loss masks the rest. Runs are interleaved
-(ours, HF, ours, HF, ...) and the median of ``--repeats`` timings of ``--steps`` steps is
-reported. MFU uses bert_jax's model-FLOPs formula (bert_jax/train/flops.py, MLM head at the
+step one jitted function with donated params/optimizer state, on one device. The differences
+are bert_jax's: it computes MLM logits only at the masked positions (as google-research/bert),
+and so the last encoder layer too (only [CLS] and the masked rows are read), while HF's model
+computes them at every position and the loss masks the rest; and its dropout draws 16 random
+bits per element instead of 32 (bert_jax/model/dropout.py), which matters where the attention
+probabilities (B x H x L x L) are large next to the matmuls (small models, seq 512). Runs are
+interleaved (ours, HF, ours, HF, ...) and the median of ``--repeats`` timings of ``--steps``
+steps is reported. MFU uses bert_jax's model-FLOPs formula (bert_jax/train/flops.py, MLM head at the
 masked positions) for both, so it compares useful work; the peak is measured here with a large
 float32 matmul (or given with --peak_flops).
 """
@@ -40,11 +44,10 @@ _SEQ_LENS = flags.DEFINE_list("seq_lens", ["128", "512"], "sequence lengths")
 _STEPS = flags.DEFINE_integer("steps", 5, "timed steps per run")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "interleaved runs per implementation")
 _PEAK = flags.DEFINE_float("peak_flops", 0.0, "peak FLOP/s of the device; 0 = measure")
+_TOKENS = flags.DEFINE_integer(
+    "tokens_per_step", 4096, "batch = tokens_per_step / seq (the same for both implementations); "
+    "4096 is 32 sequences at 128 (the paper's 256 over 8 devices) and 8 at 512")
 _PREDICTIONS = {128: 20, 512: 80}
-# Examples per step (a CPU-sized batch; the same for both implementations).
-_BATCH = {("tiny", 128): 32, ("tiny", 512): 8, ("mini", 128): 32, ("mini", 512): 8,
-          ("small", 128): 16, ("small", 512): 4, ("medium", 128): 16, ("medium", 512): 4,
-          ("base", 128): 8, ("base", 512): 2, ("large", 128): 4, ("large", 512): 1}
 
 
 def measure_peak_flops() -> float:
@@ -139,7 +142,7 @@ def main(argv):
   rows = []
   for size in _SIZES.value:
     for seq in map(int, _SEQ_LENS.value):
-      preds, batch_size = _PREDICTIONS[seq], _BATCH[(size, seq)]
+      preds, batch_size = _PREDICTIONS[seq], max(1, _TOKENS.value // seq)
       bert = BertConfig.from_preset(size, vocab_size=30522)
       data = SyntheticPretrainInput(batch_size, seq, preds, bert.vocab_size, seed=0)
       host = [next(data) for _ in range(2)]

@@ -105,6 +105,16 @@ def test_pretraining_outputs_equal_hf(tmp_path, size):
   # The pooled output is what the NSP head sees; compare it through HF's BertModel too.
   pooled_ref = torch_run(hf_model.bert, ids, mask, seg).pooler_output.numpy()
   close_on(ours["pooled_output"], pooled_ref)
+  # Without hidden states (the pre-training path) the last layer runs only at [CLS] and the
+  # masked positions (duplicates and position 0 included): the same logits as HF's full model.
+  sparse = run(models.BertForPreTraining(pre.config), pre.params, ids, mask, seg,
+               masked_lm_positions=positions)
+  assert "sequence_output" not in sparse
+  close_on(sparse["gathered_output"],
+           np.take_along_axis(ref.hidden_states[-1].numpy(), positions[..., None], axis=1))
+  close_on(sparse["mlm_logits"], mlm_ref)
+  close_on(sparse["nsp_logits"], ref.seq_relationship_logits.numpy())
+  close_on(sparse["pooled_output"], pooled_ref)
 
 
 def test_minilm_real_weights_equal_hf(minilm_dir):

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.model.config import BertConfig
+from bert_jax.model.dropout import Dropout
 
 Array = jax.Array
 
@@ -71,7 +72,7 @@ class Embeddings(nn.Module):
     self.token_type_embeddings = embed(c.type_vocab_size,
                                        embedding_init=kernel_init(c, (None, "embed")))
     self.LayerNorm = layer_norm(c, "LayerNorm")
-    self.dropout = nn.Dropout(c.hidden_dropout_prob)
+    self.dropout = Dropout(c.hidden_dropout_prob)
 
   def __call__(self, input_ids_BxL, segment_ids_BxL, deterministic: bool) -> Array:
     length = input_ids_BxL.shape[-1]
@@ -115,49 +116,63 @@ class Projection(nn.Module):
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention under a padding mask; softmax in float32."""
+  """Multi-head self-attention under a padding mask; softmax in float32.
+
+  Queries come from ``xq_BxQxD`` and keys/values from ``x_BxLxD``: the same array in a normal
+  layer, or only the rows at a few positions (Q < L) when only those rows' outputs are needed.
+  """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_Bx1x1xL, deterministic: bool) -> Array:
+  def __call__(self, xq_BxQxD, x_BxLxD, mask_Bx1x1xL, deterministic: bool) -> Array:
     c = self.config
     h, k = c.num_attention_heads, c.head_dim
     qkv = functools.partial(Projection, c, "bld,dhk->blhk", (c.hidden_size, h, k),
                             ("embed", "heads", "kv"), 2)
-    q_BxLxHxK = qkv(name="query")(x_BxLxD)
+    q_BxQxHxK = qkv(name="query")(xq_BxQxD)
     k_BxLxHxK = qkv(name="key")(x_BxLxD)
     v_BxLxHxK = qkv(name="value")(x_BxLxD)
-    q_BxLxHxK = nn.with_logical_constraint(q_BxLxHxK, ("batch", "length", "heads", "kv"))
-    q_BxLxHxK = q_BxLxHxK / jnp.sqrt(k).astype(q_BxLxHxK.dtype)
-    s_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
+    q_BxQxHxK = nn.with_logical_constraint(q_BxQxHxK, ("batch", "length", "heads", "kv"))
+    q_BxQxHxK = q_BxQxHxK / jnp.sqrt(k).astype(q_BxQxHxK.dtype)
+    s_BxHxQxL = jnp.einsum("bqhk,bshk->bhqs", q_BxQxHxK, k_BxLxHxK,
                            preferred_element_type=jnp.float32)
-    s_BxHxLxL = jnp.where(mask_Bx1x1xL, s_BxHxLxL, jnp.finfo(jnp.float32).min)
-    p_BxHxLxL = jax.nn.softmax(s_BxHxLxL, axis=-1).astype(c.dtype)
-    p_BxHxLxL = nn.Dropout(c.attention_probs_dropout_prob)(p_BxHxLxL, deterministic=deterministic)
-    ctx_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK)
-    ctx_BxLxHxK = nn.with_logical_constraint(ctx_BxLxHxK, ("batch", "length", "heads", "kv"))
+    s_BxHxQxL = jnp.where(mask_Bx1x1xL, s_BxHxQxL, jnp.finfo(jnp.float32).min)
+    p_BxHxQxL = jax.nn.softmax(s_BxHxQxL, axis=-1).astype(c.dtype)
+    p_BxHxQxL = Dropout(c.attention_probs_dropout_prob)(p_BxHxQxL, deterministic=deterministic)
+    ctx_BxQxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxQxL, v_BxLxHxK)
+    ctx_BxQxHxK = nn.with_logical_constraint(ctx_BxQxHxK, ("batch", "length", "heads", "kv"))
     return Projection(c, "blhk,hkd->bld", (h, k, c.hidden_size), ("heads", "kv", "embed"), 1,
-                      name="output")(ctx_BxLxHxK)
+                      name="output")(ctx_BxQxHxK)
+
+
+def gather_positions(x_BxLxD: Array, positions_BxP: Array) -> Array:
+  """x at the given positions of each row: BxLxD, BxP -> BxPxD (as the original gathers)."""
+  return jnp.take_along_axis(x_BxLxD, positions_BxP[..., None].astype(jnp.int32), axis=1)
 
 
 class TransformerLayer(nn.Module):
-  """A post-LayerNorm encoder layer: attention, add & norm, gelu MLP, add & norm."""
+  """A post-LayerNorm encoder layer: attention, add & norm, gelu MLP, add & norm.
+
+  With ``positions_BxP`` the layer computes its output only at those positions (BxPxD): keys
+  and values still come from every position, so those rows equal the full layer's rows.
+  """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_Bx1x1xL, deterministic: bool) -> Array:
+  def __call__(self, x_BxLxD, mask_Bx1x1xL, deterministic: bool, positions_BxP=None) -> Array:
     c = self.config
-    drop = nn.Dropout(c.hidden_dropout_prob)
-    a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, mask_Bx1x1xL, deterministic)
-    x_BxLxD = layer_norm(c, "attention_LayerNorm")(
-        x_BxLxD + drop(a_BxLxD, deterministic=deterministic))
-    h_BxLxF = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(x_BxLxD)
-    h_BxLxF = nn.with_logical_constraint(activation(c.hidden_act)(h_BxLxF),
+    drop = Dropout(c.hidden_dropout_prob)
+    xq_BxQxD = x_BxLxD if positions_BxP is None else gather_positions(x_BxLxD, positions_BxP)
+    a_BxQxD = SelfAttention(c, name="attention")(xq_BxQxD, x_BxLxD, mask_Bx1x1xL, deterministic)
+    y_BxQxD = layer_norm(c, "attention_LayerNorm")(
+        xq_BxQxD + drop(a_BxQxD, deterministic=deterministic))
+    h_BxQxF = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(y_BxQxD)
+    h_BxQxF = nn.with_logical_constraint(activation(c.hidden_act)(h_BxQxF),
                                          ("batch", "length", "mlp"))
-    o_BxLxD = dense(c, c.hidden_size, ("mlp", "embed"), "output")(h_BxLxF)
-    x_BxLxD = layer_norm(c, "output_LayerNorm")(
-        x_BxLxD + drop(o_BxLxD, deterministic=deterministic))
-    return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
+    o_BxQxD = dense(c, c.hidden_size, ("mlp", "embed"), "output")(h_BxQxF)
+    y_BxQxD = layer_norm(c, "output_LayerNorm")(
+        y_BxQxD + drop(o_BxQxD, deterministic=deterministic))
+    return nn.with_logical_constraint(y_BxQxD, ("batch", "length", "embed"))
 
 
 class BertEncoder(nn.Module):
@@ -165,6 +180,13 @@ class BertEncoder(nn.Module):
 
   Returns a dict: ``sequence_output`` (BxLxD), ``pooled_output`` (BxD) and, when asked,
   ``hidden_states``: a tuple of num_hidden_layers + 1 arrays (embedding output, then each layer).
+
+  ``output_positions_BxP`` (pre-training, where only the masked positions and [CLS] are read):
+  the last layer is computed only at [CLS] and those positions, and ``sequence_output`` is
+  replaced by ``gathered_output`` (BxPxD, the rows at ``output_positions_BxP``), equal to
+  ``gather_positions(sequence_output, output_positions_BxP)`` of the full computation. At
+  BERT-base and seq 128 with 20 predictions this skips ~6% of the encoder's FLOPs. Not
+  combinable with ``output_hidden_states``.
   """
   config: BertConfig
 
@@ -176,7 +198,11 @@ class BertEncoder(nn.Module):
     self.pooler = dense(c, c.hidden_size, ("embed", None), "pooler")
 
   def __call__(self, input_ids_BxL, input_mask_BxL=None, segment_ids_BxL=None,
-               deterministic: bool = True, output_hidden_states: bool = False) -> dict[str, Any]:
+               deterministic: bool = True, output_hidden_states: bool = False,
+               output_positions_BxP=None) -> dict[str, Any]:
+    if output_positions_BxP is not None and output_hidden_states:
+      raise ValueError("output_positions_BxP and output_hidden_states are exclusive: hidden "
+                       "states need the last layer at every position")
     if input_mask_BxL is None:
       input_mask_BxL = jnp.ones_like(input_ids_BxL)
     if segment_ids_BxL is None:
@@ -184,11 +210,20 @@ class BertEncoder(nn.Module):
     mask_Bx1x1xL = (input_mask_BxL > 0)[:, None, None, :]
     x_BxLxD = self.embeddings(input_ids_BxL, segment_ids_BxL, deterministic)
     hidden = [x_BxLxD]
-    for layer in self.layers:
+    for layer in self.layers[:-1]:
       x_BxLxD = layer(x_BxLxD, mask_Bx1x1xL, deterministic)
       hidden.append(x_BxLxD)
-    pooled_BxD = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
-    out = {"sequence_output": x_BxLxD, "pooled_output": pooled_BxD}
+    if output_positions_BxP is None:
+      x_BxLxD = self.layers[-1](x_BxLxD, mask_Bx1x1xL, deterministic)
+      hidden.append(x_BxLxD)
+      out = {"sequence_output": x_BxLxD}
+    else:   # [CLS] first, for the pooler
+      cls_Bx1 = jnp.zeros(output_positions_BxP.shape[:1] + (1,), jnp.int32)
+      positions_Bx1pP = jnp.concatenate([cls_Bx1, output_positions_BxP.astype(jnp.int32)], 1)
+      x_Bx1pPxD = self.layers[-1](x_BxLxD, mask_Bx1x1xL, deterministic, positions_Bx1pP)
+      x_BxLxD = x_Bx1pPxD     # row 0 is [CLS]
+      out = {"gathered_output": x_Bx1pPxD[:, 1:]}
+    out["pooled_output"] = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
     if output_hidden_states:
       out["hidden_states"] = tuple(hidden)
     return out

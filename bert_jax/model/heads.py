@@ -14,22 +14,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.model.bert import BertEncoder, activation, dense, layer_norm
+from bert_jax.model.bert import BertEncoder, activation, dense, gather_positions, layer_norm
 from bert_jax.model.config import BertConfig
+from bert_jax.model.dropout import Dropout
 
 Array = jax.Array
-
-
-def gather_positions(x_BxLxD: Array, positions_BxP: Array) -> Array:
-  """x at the given positions of each row: BxLxD, BxP -> BxPxD (as the original gathers)."""
-  return jnp.take_along_axis(x_BxLxD, positions_BxP[..., None].astype(jnp.int32), axis=1)
 
 
 class BertForPreTraining(nn.Module):
   """Encoder + masked-LM head (decoder tied to the word embeddings) + next-sentence head.
 
   When ``masked_lm_positions`` is given, MLM logits are computed only at those positions
-  (BxPxV), as google-research/bert does; otherwise at every position (BxLxV).
+  (BxPxV), as google-research/bert does, and so is the encoder's last layer (with [CLS] for
+  NSP; the output then has ``gathered_output`` instead of ``sequence_output``, unless hidden
+  states are asked for); otherwise MLM logits are computed at every position (BxLxV).
   """
   config: BertConfig
 
@@ -38,10 +36,15 @@ class BertForPreTraining(nn.Module):
                deterministic: bool = True, output_hidden_states: bool = False) -> dict[str, Any]:
     c = self.config
     encoder = BertEncoder(c, name="bert")
-    out = encoder(input_ids, input_mask, segment_ids, deterministic, output_hidden_states)
-    seq_BxLxD = out["sequence_output"]
-    h_BxPxD = seq_BxLxD if masked_lm_positions is None else gather_positions(
-        seq_BxLxD, masked_lm_positions)
+    sparse = masked_lm_positions is not None and not output_hidden_states
+    out = encoder(input_ids, input_mask, segment_ids, deterministic, output_hidden_states,
+                  output_positions_BxP=masked_lm_positions if sparse else None)
+    if sparse:
+      h_BxPxD = out["gathered_output"]
+    elif masked_lm_positions is not None:
+      h_BxPxD = gather_positions(out["sequence_output"], masked_lm_positions)
+    else:
+      h_BxPxD = out["sequence_output"]
     h_BxPxD = dense(c, c.hidden_size, ("embed", None), "mlm_transform")(h_BxPxD)
     h_BxPxD = layer_norm(c, "mlm_LayerNorm")(activation(c.hidden_act)(h_BxPxD))
     bias_V = self.param("mlm_output_bias",
@@ -64,7 +67,7 @@ class BertForSequenceClassification(nn.Module):
     c = self.config
     out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
                                       output_hidden_states)
-    pooled = nn.Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
+    pooled = Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
     out["logits"] = dense(c, self.num_labels, ("embed", None), "classifier")(pooled)
     return out
 
@@ -80,7 +83,7 @@ class BertForTokenClassification(nn.Module):
     c = self.config
     out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
                                       output_hidden_states)
-    seq = nn.Dropout(c.hidden_dropout_prob)(out["sequence_output"], deterministic=deterministic)
+    seq = Dropout(c.hidden_dropout_prob)(out["sequence_output"], deterministic=deterministic)
     out["logits"] = dense(c, self.num_labels, ("embed", None), "classifier")(seq)
     return out
 
@@ -113,6 +116,6 @@ class BertForMultipleChoice(nn.Module):
     flat = lambda x: None if x is None else x.reshape(b * n_choices, length)
     out = BertEncoder(c, name="bert")(flat(input_ids), flat(input_mask), flat(segment_ids),
                                       deterministic, output_hidden_states)
-    pooled = nn.Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
+    pooled = Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
     out["logits"] = dense(c, 1, ("embed", None), "classifier")(pooled).reshape(b, n_choices)
     return out
