@@ -191,9 +191,15 @@ def test_flops_formula_counts_matmuls():
   bert = BertConfig.from_preset("base")
   # Hand count for BERT-base at seq 128 with 20 predictions (forward):
   d, f, v, n, l, p = 768, 3072, 30522, 12, 128, 20
-  manual = n * (8 * l * d * d + 4 * l * d * f + 4 * l * l * d) + 2 * d * d + 4 * d + \
-      2 * p * (d * d + d * v)
+  heads = 2 * d * d + 4 * d + 2 * p * (d * d + d * v)
+  full_layers = (n - 1) * (8 * l * d * d + 4 * l * d * f + 4 * l * l * d)
+  # The last layer's queries, output projection and feed-forward run at [CLS] + 20 positions.
+  last = 4 * l * d * d + 4 * 21 * d * d + 4 * 21 * d * f + 4 * 21 * l * d
+  manual = full_layers + last + heads
   assert flops_lib.forward_flops_per_example(bert, l, p) == manual
+  # Over every position (as Hugging Face's head runs), every layer is full.
+  assert flops_lib.forward_flops_per_example(bert, l, l) == n * (
+      8 * l * d * d + 4 * l * d * f + 4 * l * l * d) + 2 * d * d + 4 * d + 2 * l * (d * d + d * v)
   assert flops_lib.train_flops_per_example(bert, l, p) == 3 * manual
   assert flops_lib.peak_flops_per_device("TPU v4") == 275e12
   assert flops_lib.peak_flops_per_device("cpu", cpu_peak=1e11) == 1e11

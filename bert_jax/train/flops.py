@@ -6,6 +6,9 @@ V vocab, N layers, P masked positions where the MLM head runs):
   per layer:  2*L*(4*D*D)          query, key, value, output projections
             + 2*L*(2*D*F)          the feed-forward block (two matmuls)
             + 2*(2*L*L*D)          attention scores q.k and the weighted sum of values
+  last layer, when P < L: the same with Q = P + 1 query rows ([CLS] and the masked positions,
+              all that pre-training reads): 2*L*(2*D*D) for keys and values, 2*Q*(2*D*D)
+              for query and output, 2*Q*(2*D*F), 2*(2*Q*L*D)
   pooler:     2*D*D ; NSP: 2*D*2
   MLM head:   2*P*(D*D + D*V)      transform + tied decoder, at the P positions only
               (P = L when the head runs over every position, as Hugging Face's does)
@@ -41,8 +44,10 @@ def forward_flops_per_example(config: BertConfig, seq_len: int, num_predictions:
   d, f, v, n, l, p = (config.hidden_size, config.intermediate_size, config.vocab_size,
                       config.num_hidden_layers, seq_len, num_predictions)
   per_layer = 2 * l * 4 * d * d + 2 * l * 2 * d * f + 2 * 2 * l * l * d
+  q = p + 1 if p < l else l
+  last = 2 * l * 2 * d * d + 2 * q * 2 * d * d + 2 * q * 2 * d * f + 2 * 2 * q * l * d
   heads = 2 * d * d + 2 * d * 2 + 2 * p * (d * d + d * v)
-  return float(n * per_layer + heads)
+  return float((n - 1) * per_layer + last + heads)
 
 
 def train_flops_per_example(config: BertConfig, seq_len: int, num_predictions: int) -> float:
