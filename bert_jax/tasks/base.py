@@ -37,6 +37,17 @@ outputs before calling ``evaluate``; ``predict`` outputs therefore need a leadin
 batch size. Rows of a padded training batch never exist, so ``loss`` sees only real rows; a
 per-row weight, where a task wants one, is just another array in ``arrays``.
 
+Length axes (``bert_jax.tasks.length_buckets``). With ``config.length_buckets`` on, the runner
+cuts every batch to the shortest bucket that holds its longest row (by ``input_mask``), for
+training and evaluation alike. What it cuts is declared, never guessed: ``sequence_axes`` maps
+each array of ``SplitData.arrays`` that has a length dimension to that axis (default: the three
+model inputs on axis 1; SWAG's BxCxL inputs use axis 2; NER adds its BxL labels and weights);
+``position_keys`` names arrays holding positions into the sequence (SQuAD's start/end), which
+the cut always keeps inside; ``prediction_axes`` maps ``predict`` outputs with a length axis
+(NER's label ids, SQuAD's logits) to it, and the runner pads them back to ``max_seq_length``
+before ``evaluate``. Padding is masked in attention, so the model's outputs on the real
+positions do not change.
+
 Whatever else post-processing needs (example ids, token-to-word maps, SQuAD windows' offsets)
 goes in ``SplitData.examples`` / ``SplitData.features``, which the runner never looks at.
 ``SplitData.stats`` holds counts worth reporting (examples read, truncated, skipped); the runner
@@ -108,6 +119,7 @@ class Task(abc.ABC):
   train_split: str = "train"
   eval_splits: Sequence[str] = ("dev",)
   test_splits: Sequence[str] = ("test",)
+  position_keys: Sequence[str] = ()
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
     self.config = config
@@ -121,6 +133,16 @@ class Task(abc.ABC):
   @property
   def num_labels(self) -> int:
     return len(self.labels)
+
+  @property
+  def sequence_axes(self) -> dict[str, int]:
+    """Array key -> its length axis, for every array of ``SplitData.arrays`` that has one."""
+    return {k: 1 for k in INPUT_KEYS}
+
+  @property
+  def prediction_axes(self) -> dict[str, int]:
+    """``predict`` output key -> its length axis, for outputs that have one."""
+    return {}
 
   def head_info(self) -> dict[str, Any]:
     """The content of head.json."""

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 from bert_jax.model import BertConfig, BertForTokenClassification
-from bert_jax.tasks.base import SplitData, Task
+from bert_jax.tasks.base import INPUT_KEYS, SplitData, Task
 from bert_jax.tasks.ner_conlleval import conlleval
 from bert_jax.tasks.ner_data import (check_labels, label_list, pack_sentences, read_conll,
                                      split_sentences, unpack_predictions)
@@ -102,6 +102,14 @@ class NerTask(Task):
     return SplitData(split, arrays, examples=sentences, features=rows,
                      stats={"examples": len(sentences), "rows": len(rows), **stats,
                             **self._read_stats.get(split, self._read_stats.get("train", {}))})
+
+  @property
+  def sequence_axes(self) -> dict[str, int]:
+    return {k: 1 for k in (*INPUT_KEYS, "label_ids", "label_weights")}
+
+  @property
+  def prediction_axes(self) -> dict[str, int]:
+    return {"label_ids": 1}
 
   # --- model ----------------------------------------------------------------------------------
   def build_model(self, bert_config: BertConfig):

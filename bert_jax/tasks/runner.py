@@ -12,12 +12,19 @@ loss and metrics.
 The run: ``num_train_steps`` = ``num_train_epochs`` x (train rows // ``train_batch_size``)
 unless set; rows are shuffled each epoch by a generator seeded with (seed, epoch), so the
 batches of a step depend only on the step and a resumed run sees exactly the batches the
-uninterrupted one would. Every ``eval_every_steps`` (0: each epoch) and at the end, the dev
-split(s) are evaluated; a checkpoint for resuming goes to ``checkpoints/`` and, when the task's
-primary metric on the first dev split improves, to ``best/`` (itself a bert_jax workdir, which
-``load_pretrained``/``load_params`` read). At the end the best parameters predict the dev and
-test splits into ``predictions/`` and ``metrics.json``/``summary.json`` are written: one file a
-sweep collects, ``{"task", "primary_metric", "dev": {...}, "best_step", "hparams", ...}``.
+uninterrupted one would (``bert_jax.tasks.finetune_input``). With ``length_buckets`` each
+train and eval batch is cut to the shortest bucket holding its longest row
+(``bert_jax.tasks.length_buckets``); JAX's persistent compilation cache is switched on first
+(``config.compilation_cache``), so a re-run with the same shapes loads its compiled steps
+(the state's init takes the seed as an argument, so one program serves every seed).
+
+Every ``eval_every_steps`` (0: each epoch) and at the end, the dev split(s) are evaluated; a
+checkpoint for resuming goes to ``checkpoints/`` and, when the task's primary metric on the
+first dev split improves, to ``best/`` (itself a bert_jax workdir, which
+``load_pretrained``/``load_params`` read). At the end the dev predictions of the best
+evaluation are written (kept from the loop, not predicted again), the best parameters predict
+the test splits into ``predictions/``, and ``metrics.json``/``summary.json`` are written: one
+file a sweep collects, ``{"task", "primary_metric", "dev": {...}, "best_step", "hparams", ...}``.
 """
 
 from __future__ import annotations
@@ -27,17 +34,20 @@ import os
 import time
 from typing import Any
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import parallel
 from bert_jax.checkpoint.manager import CheckpointManager, InitReport, merge_pretrained_params
 from bert_jax.tasks import create_task
+from bert_jax.parallel.compilation_cache import enable_compilation_cache
 from bert_jax.tasks.base import SplitData, Task
+from bert_jax.tasks.finetune_input import FinetuneInput, Predictor, make_bucketer
 from bert_jax.tasks import runner_io as io
 from bert_jax.train import optimizers, state as state_lib, train_step as step_lib
 from bert_jax.train.loop import LoopOptions, Phase, train_loop
@@ -72,31 +82,6 @@ def make_loss_fn(task: Task, model):
   return loss_fn
 
 
-class Predictor:
-  """Runs ``task.predict`` over every row of a split in padded global batches."""
-
-  def __init__(self, task: Task, model, mesh, rules, batch_size: int):
-    self.mesh, self.rules, self.batch_size = mesh, rules, batch_size
-    fn = lambda params, batch: task.predict(task.apply(model, params, batch, True))
-    self._fn = jax.jit(fn, out_shardings=NamedSharding(mesh, PartitionSpec()))
-
-  def __call__(self, params, data: SplitData) -> dict[str, np.ndarray]:
-    n, b = data.num_rows, self.batch_size
-    hb = parallel.host_batch_size(b)
-    outs = []
-    for start in range(0, n, b):
-      idx = np.arange(start, start + b)
-      idx = np.where(idx < n, idx, 0)[jax.process_index() * hb:(jax.process_index() + 1) * hb]
-      batch = parallel.make_global_batch({k: v[idx] for k, v in data.arrays.items()},
-                                         self.mesh, self.rules)
-      with parallel.mesh_context(self.mesh, self.rules):
-        out = self._fn(params, batch)
-      outs.append({k: np.asarray(v.addressable_data(0)) for k, v in out.items()})
-    if not outs:
-      return {}
-    return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
-
-
 def evaluate_split(task: Task, predictor: Predictor, params, data: SplitData):
   """(metrics, task predictions) of one split."""
   return task.evaluate(data, predictor(params, data))
@@ -115,40 +100,8 @@ def _plan(config, num_rows: int) -> tuple[int, int, int]:
   return per_epoch, total, warmup
 
 
-def train_batch(data: SplitData, step: int, per_epoch: int, batch_size: int, seed: int):
-  """This process's rows of the global batch of ``step`` (depends only on the step)."""
-  epoch, k = divmod(step, per_epoch)
-  perm = np.random.default_rng([seed, epoch]).permutation(data.num_rows)
-  idx = perm[k * batch_size:(k + 1) * batch_size]
-  hb = parallel.host_batch_size(batch_size)
-  idx = idx[jax.process_index() * hb:(jax.process_index() + 1) * hb]
-  return {key: v[idx] for key, v in data.arrays.items()}
-
-
 def _better(task: Task, new: float, old: float | None) -> bool:
   return old is None or (new > old if task.higher_is_better else new < old)
-
-
-class FinetuneInput:
-  """The training rows as an iterator of this host's batches, with get_state/set_state."""
-
-  def __init__(self, data: SplitData, per_epoch: int, batch_size: int, seed: int):
-    self.data, self.per_epoch, self.batch_size, self.seed = data, per_epoch, batch_size, seed
-    self.step = 0
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    batch = train_batch(self.data, self.step, self.per_epoch, self.batch_size, self.seed)
-    self.step += 1
-    return batch
-
-  def get_state(self) -> dict:
-    return {"step": self.step}
-
-  def set_state(self, state: dict) -> None:
-    self.step = int(state["step"])
 
 
 class _Writer(MetricWriter):
@@ -157,10 +110,13 @@ class _Writer(MetricWriter):
   def __init__(self, workdir: str):
     super().__init__(workdir)
     self.losses: list[list[float]] = []
+    self.first_step_seconds: float | None = None   # the loop's first step: mostly compiling
 
   def scalars(self, step: int, values) -> None:
     if "train/loss" in values:
       self.losses.append([step, float(values["train/loss"])])
+    if "train/first_step_sec" in values and self.first_step_seconds is None:
+      self.first_step_seconds = float(values["train/first_step_sec"])
     super().scalars(step, values)
 
 
@@ -189,6 +145,18 @@ def _initial_state(config, setup, manager, abstract, shardings, init_fn, tx):
   return state, {}, report
 
 
+def init_train_state(init_params, tx, shardings, seed: int) -> state_lib.TrainState:
+  """``state_lib.init_train_state``'s state (same values for a seed), with the seed an
+  argument of the jitted program rather than a constant in it: one compiled program serves
+  every seed, so a sweep's or a new seed's run loads it from the compilation cache."""
+  def init_state(rng):
+    init_rng, train_rng = jax.random.split(rng)
+    params = nn.meta.unbox(init_params(init_rng))
+    return state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                opt_state=tx.init(params), rng=train_rng)
+  return jax.jit(init_state, out_shardings=shardings)(jax.random.PRNGKey(seed))
+
+
 def _allgather(tree):
   from jax.experimental import multihost_utils  # noqa: PLC0415
   return multihost_utils.process_allgather(tree, tiled=True)
@@ -212,12 +180,18 @@ class _EvalHook:
     self.history = [h for h in saved.get("history", []) if h["step"] <= (resumed_step or 0)]
     self.best_value, self.best_step = saved.get("best_value"), saved.get("best_step")
     self.primary_split = task.eval_splits[0] if task.eval_splits else None
+    self.seconds = 0.0    # spent evaluating (predict + metrics) in this process's loop
+    self.outputs: dict[int, dict[str, tuple[dict, Any]]] = {}   # step -> split -> (metrics, preds)
 
   def __call__(self, state) -> dict[str, float]:
     step = int(jax.device_get(state.step))
     entry = {"step": step}
+    t0 = time.time()
+    outputs = {}
     for data in self.evals:
-      entry[data.split], _ = evaluate_split(self.task, self.predictor, state.params, data)
+      outputs[data.split] = evaluate_split(self.task, self.predictor, state.params, data)
+      entry[data.split] = outputs[data.split][0]
+    self.seconds += time.time() - t0
     self.history.append(io.json_safe(entry))
     p = self.primary_split
     if p and entry[p]:
@@ -225,6 +199,10 @@ class _EvalHook:
       if _better(self.task, value, self.best_value):
         self.best_value, self.best_step = value, step
         self.best_manager.save(step, state, meta={"best_value": value})
+    # The best and the latest evaluations' outputs: the final dev predictions are written from
+    # these instead of restoring a checkpoint and predicting the dev split(s) again.
+    self.outputs[step] = outputs
+    self.outputs = {s: o for s, o in self.outputs.items() if s in (step, self.best_step)}
     if jax.process_index() == 0:
       io.write_json(self.path, {"history": self.history, "best_value": self.best_value,
                              "best_step": self.best_step})
@@ -236,6 +214,7 @@ class _EvalHook:
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Fine-tunes ``config.task`` in ``workdir`` (resuming if it holds a checkpoint)."""
   t_start = time.time()
+  enable_compilation_cache(config.compilation_cache)
   parallel.initialize_distributed(config.distributed)
   os.makedirs(workdir, exist_ok=True)
   setup = io.resolve_model(config, workdir)
@@ -258,8 +237,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   dp = parallel.data_parallel_size(mesh)
   init_params = lambda rng: task.init_variables(model, rng, dp)["params"]
   abstract, shardings = state_lib.abstract_train_state(init_params, tx, mesh, rules, config.seed)
-  init_fn = lambda: state_lib.init_train_state(init_params, tx, mesh, rules, config.seed,
-                                               shardings)
+  init_fn = lambda: init_train_state(init_params, tx, shardings, int(config.seed))
   manager = CheckpointManager(workdir, keep=config.checkpoint.keep_checkpoint_max,
                               async_save=config.checkpoint.async_save)
   best_dir = os.path.join(workdir, io.BEST_DIR)
@@ -274,21 +252,24 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   step_fn = step_lib.jit_train_step(
       step_lib.make_train_step(make_loss_fn(task, model), tx, schedule,
                                int(config.grad_accum_steps), mesh), shardings, mesh, rules)
-  predictor = Predictor(task, model, mesh, rules, int(config.eval_batch_size))
+  bucketer = make_bucketer(task, config)
+  predictor = Predictor(task, model, mesh, rules, int(config.eval_batch_size), bucketer,
+                        int(config.max_seq_length))
   eval_every = int(config.eval_every_steps) or per_epoch
   hook = _EvalHook(task, predictor, evals, best_manager, workdir,
                    report.step if report.source == "resumed" else None)
   writer = _Writer(workdir)
   phase = Phase("finetune", total,
-                lambda: FinetuneInput(train, per_epoch, batch_size, int(config.seed)),
+                lambda: FinetuneInput(train, per_epoch, batch_size, int(config.seed), bucketer),
                 step_fn, batch_size, int(config.max_seq_length))
   options = LoopOptions(
       save_every_steps=int(config.save_checkpoints_steps) or eval_every,
       log_every_steps=int(config.logging.log_every_steps), eval_every_steps=eval_every,
       save_on_preemption=bool(config.checkpoint.save_on_preemption),
       eval_fn=hook if evals else None)
-  logging.info("Fine-tuning %s: %d rows, %d steps (%d per epoch), warmup %d, batch %d",
-               task.name, train.num_rows, total, per_epoch, warmup, batch_size)
+  logging.info("Fine-tuning %s: %d rows, %d steps (%d per epoch), warmup %d, batch %d, "
+               "length buckets %s", task.name, train.num_rows, total, per_epoch, warmup,
+               batch_size, list(bucketer.buckets) if bucketer.enabled else "off")
   loop = train_loop(state, [phase], manager, options, writer, mesh, rules,
                     input_state=input_state)
   writer.close()
@@ -296,14 +277,19 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     manager.close(), best_manager.close()
     return {"task": task.name, "status": loop["status"], "step": loop["step"]}
 
-  # The loop donated `state`; the final params are those of the last checkpoint (step total).
-  final_params = manager.restore_params(total)
   best_step = hook.best_step if config.keep_best and hook.best_step is not None else total
-  if best_step != total:
-    final_params = best_manager.restore_params(best_step)
-  params = state_lib.place_like(final_params, abstract.params)
   out_dir = os.path.join(workdir, io.PREDICTIONS_DIR)
-  final = _predict_and_write(task, predictor, params, evals, out_dir)
+  cached = hook.outputs.get(best_step)
+  params = None
+  if cached is None or (config.predict_test and task.test_splits):
+    # The loop donated `state`: the params are those of the last (or best) checkpoint.
+    final_params = (manager.restore_params(total) if best_step == total
+                    else best_manager.restore_params(best_step))
+    params = state_lib.place_like(final_params, abstract.params)
+  if cached is None:   # e.g. resumed after the last evaluation
+    final = _predict_and_write(task, predictor, params, evals, out_dir)
+  else:
+    final = {d.split: _write(task, d, *cached[d.split], out_dir) for d in evals}
   if config.predict_test:
     for split in task.test_splits:
       try:
@@ -326,7 +312,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   }
   summary = {"task": task.name, "status": "completed", "steps": loop["step"],
              "train": loop["train"], "wall_seconds": time.time() - t_start,
-             "loop_seconds": loop["wall_time_sec"], "primary_metric": task.primary_metric,
+             "loop_seconds": loop["wall_time_sec"], "eval_seconds": hook.seconds,
+             "train_seconds": loop["wall_time_sec"] - hook.seconds,
+             "first_step_seconds": writer.first_step_seconds,
+             "primary_metric": task.primary_metric,
              "dev_primary": result["dev"].get(task.primary_metric), "best_step": best_step,
              "train_loss_history": writer.losses}
   if jax.process_index() == 0:
@@ -337,15 +326,17 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   return result
 
 
+def _write(task, data, metrics, preds, out_dir) -> dict:
+  """Writes a split's prediction files (process 0); returns its JSON-safe metrics."""
+  if jax.process_index() == 0:
+    paths = task.write_predictions(data, preds, out_dir)
+    logging.info("%s: %s -> %s", data.split, io.scalar_metrics(metrics), paths)
+  return io.json_safe(metrics)
+
+
 def _predict_and_write(task, predictor, params, splits, out_dir) -> dict[str, dict]:
-  out = {}
-  for data in splits:
-    metrics, preds = evaluate_split(task, predictor, params, data)
-    out[data.split] = io.json_safe(metrics)
-    if jax.process_index() == 0:
-      paths = task.write_predictions(data, preds, out_dir)
-      logging.info("%s: %s -> %s", data.split, io.scalar_metrics(metrics), paths)
-  return out
+  return {data.split: _write(task, data, *evaluate_split(task, predictor, params, data), out_dir)
+          for data in splits}
 
 
 # --- evaluation of a fine-tuned workdir ------------------------------------------------------
@@ -363,6 +354,7 @@ def evaluate(workdir: str, split: str = "dev", output_dir: str = "",
     if k not in config:
       raise KeyError(f"--set {k}=...: {k!r} is not a key of {workdir}/config.json")
     config[k] = v
+  enable_compilation_cache(config.compilation_cache)
   best_dir = os.path.join(workdir, io.BEST_DIR)
   source = best_dir if io.has_checkpoint(best_dir) else workdir
   if not io.has_checkpoint(source):
@@ -387,7 +379,8 @@ def evaluate(workdir: str, split: str = "dev", output_dir: str = "",
     manager.close()
   params = jax.tree_util.tree_map(
       lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), host, shardings)
-  predictor = Predictor(task, model, mesh, rules, int(config.eval_batch_size))
+  predictor = Predictor(task, model, mesh, rules, int(config.eval_batch_size),
+                        make_bucketer(task, config), int(config.max_seq_length))
   output_dir = output_dir or os.path.join(workdir, f"eval_{split}")
   splits = []
   for name in names:

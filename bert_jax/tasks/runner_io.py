@@ -29,6 +29,11 @@ from bert_jax.checkpoint.manager import write_json  # noqa: F401 (runner calls i
 from bert_jax.model import BertConfig
 
 BEST_DIR = "best"
+# Run-config keys added after workdirs were first written, with the value that reproduces what
+# such an older run did (no bucketing; JAX's own compilation-cache setting).
+_ADDED_KEYS = {"length_buckets": "",
+               "compilation_cache": {"dir": "", "min_compile_time_secs": 1.0,
+                                     "max_size_bytes": -1}}
 PREDICTIONS_DIR = "predictions"
 
 
@@ -122,6 +127,8 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict:
     d = json.load(f)
   if "task" not in d:
     raise ValueError(f"{path}: no 'task' key; this is not a fine-tuning run (pre-training?)")
+  for key, value in _ADDED_KEYS.items():
+    d.setdefault(key, value)
   if "logical_axis_rules" in d:
     d["logical_axis_rules"] = tuple(tuple(r) for r in d["logical_axis_rules"])
   return ml_collections.ConfigDict(d)

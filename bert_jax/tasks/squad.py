@@ -71,6 +71,13 @@ class SquadTask(Task):
   train_split = "train"
   eval_splits = ("dev",)
   test_splits = ()
+  # Length bucketing (off by default in configs/squad.py: windows are mostly full) keeps the
+  # answer positions inside the cut; the logits are padded back for post-processing.
+  position_keys = ("start_positions", "end_positions")
+
+  @property
+  def prediction_axes(self) -> dict[str, int]:
+    return {"start_logits": 1, "end_logits": 1}
 
   def __init__(self, config, tokenizer):
     super().__init__(config, tokenizer)

@@ -109,6 +109,10 @@ class SwagTask(Task):
     return SplitData(split, arrays, examples=rows, has_labels=labelled,
                      stats={"examples": len(rows), "truncated": truncated})
 
+  @property
+  def sequence_axes(self) -> dict[str, int]:
+    return {k: 2 for k in INPUT_KEYS}     # B x C x L
+
   def init_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     L = int(self.config.max_seq_length)
     return {k: np.zeros((batch_size, NUM_CHOICES, L), np.int32) for k in INPUT_KEYS}

@@ -19,6 +19,7 @@ from absl import logging
 from etils import epath
 
 from bert_jax import parallel
+from bert_jax.parallel.compilation_cache import enable_compilation_cache
 from bert_jax.checkpoint.manager import (CheckpointManager, read_json, restore_or_initialize,
                                          write_json)
 from bert_jax.model import BertConfig, BertForPreTraining
@@ -120,6 +121,7 @@ def _validate(config, mesh) -> None:
 
 def run_pretraining(config, workdir: str) -> dict[str, Any]:
   """Pre-trains (or resumes pre-training) into ``workdir``; returns the summary dict."""
+  enable_compilation_cache(config.compilation_cache)
   parallel.initialize_distributed(config.distributed)
   mesh = parallel.create_mesh(config.mesh)
   rules = parallel.normalize_rules(config.logical_axis_rules)

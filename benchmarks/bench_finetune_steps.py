@@ -1,0 +1,102 @@
+r"""Steady-state fine-tuning step time, bert_jax vs Hugging Face PyTorch (compilation excluded).
+
+  python benchmarks/bench_finetune_glue.py --step_timing 10 --max_seq_length 128 \
+      --train_batch_size 32 [--tasks rte]
+
+MiniLM-L6 with a 2-way head, training mode (dropout 0.1), AdamW + clipping as the fine-tuning
+recipe, on real rows of the first ``--tasks`` entry padded to ``max_seq_length`` (no bucketing,
+so both sides do the same work). bert_jax: the runner's own pieces (``FinetuneInput`` ->
+``make_global_batch`` -> the jitted, donated train step), N steps back to back after 2 warm-up
+steps (the first compiles), blocking once at the end, as the training loop runs. PyTorch: N
+plain ``forward/backward/clip/step`` iterations after 2 warm-up ones. Prints seconds per step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+
+def _bert_jax_steps(args, n: int) -> dict:
+  import jax
+  from configs import glue
+  from bert_jax import parallel
+  from bert_jax.tasks import create_task, runner
+  from bert_jax.tasks import runner_io as io
+  from bert_jax.tasks.finetune_input import FinetuneInput
+  from bert_jax.train import optimizers, state as state_lib, train_step as step_lib
+  c = glue.get_config(args.tasks.split(",")[0])
+  c.data_dir, c.init_checkpoint = args.glue_dir, args.init_checkpoint
+  c.max_seq_length, c.train_batch_size = args.max_seq_length, args.train_batch_size
+  c.compilation_cache.dir = ""
+  setup = io.resolve_model(c, "/nonexistent-workdir")
+  task = create_task(c, setup.tokenizer)
+  model = task.build_model(setup.bert_config)
+  train = task.load_split("train")
+  mesh = parallel.create_mesh(c.mesh)
+  rules = parallel.normalize_rules(c.logical_axis_rules)
+  schedule = optimizers.warmup_linear_decay(c.learning_rate, 10, 1000)
+  tx = optimizers.create_optimizer(c.optimizer, schedule)
+  init_params = lambda rng: task.init_variables(model, rng, 1)["params"]
+  _, shardings = state_lib.abstract_train_state(init_params, tx, mesh, rules, 0)
+  state = state_lib.init_train_state(init_params, tx, mesh, rules, 0, shardings)
+  step = step_lib.jit_train_step(step_lib.make_train_step(
+      runner.make_loss_fn(task, model), tx, schedule, 1, mesh), shardings, mesh, rules)
+  inputs = FinetuneInput(train, train.num_rows // c.train_batch_size, c.train_batch_size, 0)
+  times = []
+  for i in range(2 + n):
+    if i == 2:
+      t0 = time.time()
+    t = time.time()
+    state, metrics = step(state, parallel.make_global_batch(next(inputs), mesh, rules))
+    if i < 2:
+      jax.block_until_ready(metrics)
+      times.append(time.time() - t)
+  jax.block_until_ready(metrics)
+  return {"first_step_s": times[0], "second_step_s": times[1],
+          "step_s": (time.time() - t0) / n}
+
+
+def _hf_steps(args, n: int) -> dict:
+  import numpy as np
+  import torch
+  from transformers import BertForSequenceClassification, BertTokenizerFast
+  from bert_jax.tasks.glue_data import SPECS, read_tsv
+  spec = SPECS[args.tasks.split(",")[0]]
+  tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
+  ex, _ = read_tsv(spec, f"{args.glue_dir}/{spec.dir_name}/train.tsv", True)
+  ex = ex[:args.train_batch_size * (n + 2)]
+  enc = tok([e.text_a for e in ex], [e.text_b for e in ex] if spec.text_b else None,
+            truncation="longest_first", max_length=args.max_seq_length, padding="max_length",
+            return_tensors="pt")
+  y = torch.as_tensor(np.array([e.label for e in ex]))
+  torch.manual_seed(0)
+  model = BertForSequenceClassification.from_pretrained(args.init_checkpoint, num_labels=2)
+  model.train()
+  opt = torch.optim.AdamW(model.parameters(), lr=2e-5, eps=1e-6, weight_decay=0.01)
+  b = args.train_batch_size
+  times = []
+  for i in range(2 + n):
+    if i == 2:
+      t0 = time.time()
+    t = time.time()
+    sl = slice(i * b, (i + 1) * b)
+    out = model(input_ids=enc["input_ids"][sl], attention_mask=enc["attention_mask"][sl],
+                token_type_ids=enc["token_type_ids"][sl], labels=y[sl])
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
+    times.append(time.time() - t)
+  return {"first_step_s": times[0], "second_step_s": times[1],
+          "step_s": (time.time() - t0) / n, "torch_threads": torch.get_num_threads()}
+
+
+def time_steps(args) -> None:
+  n = int(args.step_timing)
+  for fw in args.frameworks.split(","):
+    result = _bert_jax_steps(args, n) if fw == "bert_jax" else _hf_steps(args, n)
+    print(json.dumps({"framework": fw, "task": args.tasks.split(",")[0],
+                      "batch": args.train_batch_size, "seq": args.max_seq_length, "steps": n,
+                      **{k: round(v, 4) if isinstance(v, float) else v
+                         for k, v in result.items()}}), flush=True)

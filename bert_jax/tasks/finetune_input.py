@@ -1,0 +1,120 @@
+"""Fine-tuning batches: the training input (resumable, length-bucketed) and the evaluation pass.
+
+Training. ``FinetuneInput`` yields this process's rows of each global batch. The rows of step
+``s`` are ``perm[k*B:(k+1)*B]`` with ``(epoch, k) = divmod(s, steps_per_epoch)`` and ``perm`` a
+permutation seeded by ``(seed, epoch)``; the remainder of an epoch is dropped. So a step's
+batch depends only on the step, and ``get_state()`` (``{"step": s}``, saved with every
+checkpoint) is all a resumed run needs to see exactly the batches of the uninterrupted one.
+With length bucketing the cut length is a function of the step's rows too, so resume stays
+exact. The length is decided from the *global* batch (every process holds the whole split), so
+all processes cut to the same shape.
+
+Evaluation. ``Predictor`` runs ``task.predict`` over every row of a split in global batches of
+``eval_batch_size`` (the last one padded with copies of row 0, whose outputs are dropped), each
+cut to its bucket and padded back to ``max_seq_length`` on the task's ``prediction_axes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import parallel
+from bert_jax.tasks.base import SplitData, Task
+from bert_jax.tasks.length_buckets import LengthBucketer, parse_buckets
+
+
+def make_bucketer(task: Task, config: Any) -> LengthBucketer:
+  """The run's bucketer from ``config.length_buckets`` and the task's declared axes."""
+  return LengthBucketer(parse_buckets(config.length_buckets, int(config.max_seq_length)),
+                        task.sequence_axes, tuple(task.position_keys))
+
+
+def _host_share(idx: np.ndarray, batch_size: int) -> np.ndarray:
+  hb = parallel.host_batch_size(batch_size)
+  return idx[jax.process_index() * hb:(jax.process_index() + 1) * hb]
+
+
+def _needed(data: SplitData, idx: np.ndarray, bucketer: LengthBucketer) -> dict[str, np.ndarray]:
+  """The arrays that decide the cut length, for the rows of the whole global batch."""
+  keys = ("input_mask", *bucketer.position_keys)
+  return {k: data.arrays[k][idx] for k in keys if k in data.arrays}
+
+
+class FinetuneInput:
+  """The training rows as an iterator of this host's batches, with get_state/set_state."""
+
+  def __init__(self, data: SplitData, per_epoch: int, batch_size: int, seed: int,
+               bucketer: LengthBucketer | None = None):
+    self.data, self.per_epoch, self.batch_size, self.seed = data, per_epoch, batch_size, seed
+    self.bucketer = bucketer
+    self.step = 0
+    self._perm_epoch, self._perm = -1, np.zeros((0,), np.int64)
+
+  def __iter__(self):
+    return self
+
+  def global_rows(self, step: int) -> np.ndarray:
+    """Indices into the split of the global batch of ``step``."""
+    epoch, k = divmod(step, self.per_epoch)
+    if epoch != self._perm_epoch:      # one permutation per epoch, not per step
+      self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.data.num_rows)
+      self._perm_epoch = epoch
+    return self._perm[k * self.batch_size:(k + 1) * self.batch_size]
+
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """This process's rows of the global batch of ``step``, cut to the step's bucket."""
+    idx = self.global_rows(step)
+    host = {key: v[_host_share(idx, self.batch_size)] for key, v in self.data.arrays.items()}
+    if self.bucketer is None or not self.bucketer.enabled:
+      return host
+    return self.bucketer.cut(host, self.bucketer.length_of(_needed(self.data, idx,
+                                                                   self.bucketer)))
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batch = self.batch(self.step)
+    self.step += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"step": self.step}
+
+  def set_state(self, state: dict) -> None:
+    self.step = int(state["step"])
+
+
+class Predictor:
+  """Runs ``task.predict`` over every row of a split in padded, bucketed global batches."""
+
+  def __init__(self, task: Task, model, mesh, rules, batch_size: int,
+               bucketer: LengthBucketer | None = None, max_seq_length: int = 0):
+    self.mesh, self.rules, self.batch_size = mesh, rules, batch_size
+    self.bucketer, self.max_seq_length = bucketer, max_seq_length
+    self.prediction_axes = dict(task.prediction_axes)
+    fn = lambda params, batch: task.predict(task.apply(model, params, batch, True))
+    self._fn = jax.jit(fn, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+  def __call__(self, params, data: SplitData) -> dict[str, np.ndarray]:
+    n, b = data.num_rows, self.batch_size
+    bucketed = self.bucketer is not None and self.bucketer.enabled
+    outs = []
+    for start in range(0, n, b):
+      idx = np.arange(start, start + b)
+      idx = np.where(idx < n, idx, 0)
+      rows = {k: v[_host_share(idx, b)] for k, v in data.arrays.items()}
+      if bucketed:
+        rows = self.bucketer.cut(rows, self.bucketer.length_of(_needed(data, idx,
+                                                                       self.bucketer)))
+      batch = parallel.make_global_batch(rows, self.mesh, self.rules)
+      with parallel.mesh_context(self.mesh, self.rules):
+        out = self._fn(params, batch)
+      out = {k: np.asarray(v.addressable_data(0)) for k, v in out.items()}
+      if bucketed:
+        out = LengthBucketer.pad(out, self.prediction_axes, self.max_seq_length)
+      outs.append(out)
+    if not outs:
+      return {}
+    return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
