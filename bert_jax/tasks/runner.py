@@ -34,9 +34,7 @@ import os
 import time
 from typing import Any
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -146,15 +144,8 @@ def _initial_state(config, setup, manager, abstract, shardings, init_fn, tx):
 
 
 def init_train_state(init_params, tx, shardings, seed: int) -> state_lib.TrainState:
-  """``state_lib.init_train_state``'s state (same values for a seed), with the seed an
-  argument of the jitted program rather than a constant in it: one compiled program serves
-  every seed, so a sweep's or a new seed's run loads it from the compilation cache."""
-  def init_state(rng):
-    init_rng, train_rng = jax.random.split(rng)
-    params = nn.meta.unbox(init_params(init_rng))
-    return state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                opt_state=tx.init(params), rng=train_rng)
-  return jax.jit(init_state, out_shardings=shardings)(jax.random.PRNGKey(seed))
+  """``state_lib.init_train_state`` for shardings already derived (one program for every seed)."""
+  return state_lib.init_train_state(init_params, tx, None, None, seed, shardings)
 
 
 def _allgather(tree):

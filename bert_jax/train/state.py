@@ -31,10 +31,9 @@ class TrainState:
   rng: jax.Array        # raw uint32[2] key; the step's dropout key is fold_in(rng, step)
 
 
-def _boxed_state_fn(init_params: Callable[[jax.Array], Any], tx: optax.GradientTransformation,
-                    seed: int) -> Callable[[], TrainState]:
-  def make() -> TrainState:
-    rng = jax.random.PRNGKey(seed)
+def _boxed_state_fn(init_params: Callable[[jax.Array], Any], tx: optax.GradientTransformation
+                    ) -> Callable[[jax.Array], TrainState]:
+  def make(rng: jax.Array) -> TrainState:
     init_rng, train_rng = jax.random.split(rng)
     params = init_params(init_rng)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
@@ -44,7 +43,7 @@ def _boxed_state_fn(init_params: Callable[[jax.Array], Any], tx: optax.GradientT
 
 def abstract_train_state(init_params, tx, mesh, rules: Rules, seed: int):
   """(unboxed ShapeDtypeStructs carrying their shardings, the NamedSharding tree)."""
-  boxed = jax.eval_shape(_boxed_state_fn(init_params, tx, seed))
+  boxed = jax.eval_shape(_boxed_state_fn(init_params, tx), jax.random.PRNGKey(seed))
   shardings = logical_shardings(boxed, mesh, rules)
   abstract = jax.tree_util.tree_map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -54,13 +53,18 @@ def abstract_train_state(init_params, tx, mesh, rules: Rules, seed: int):
 
 def init_train_state(init_params, tx, mesh, rules: Rules, seed: int,
                      shardings: Any = None) -> TrainState:
-  """A freshly initialised state, each array created directly with its sharding."""
+  """A freshly initialised state, each array created directly with its sharding.
+
+  The seed's key is an argument of the jitted program, not a constant in it, so one compiled
+  program (and one entry of the persistent compilation cache) serves every seed.
+  """
   if shardings is None:
     _, shardings = abstract_train_state(init_params, tx, mesh, rules, seed)
-  make = _boxed_state_fn(init_params, tx, seed)
+  make = _boxed_state_fn(init_params, tx)
   # Not under mesh_context: flax's DenseGeneral initialises its kernel flat and would apply the
   # N-d logical constraint to the flat array. out_shardings places every array anyway.
-  return jax.jit(lambda: nn.meta.unbox(make()), out_shardings=shardings)()
+  return jax.jit(lambda rng: nn.meta.unbox(make(rng)), out_shardings=shardings)(
+      jax.random.PRNGKey(seed))
 
 
 def place_like(tree: Any, like: Any) -> Any:
