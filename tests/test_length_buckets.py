@@ -67,6 +67,19 @@ def test_declared_axes_swag_ner_and_positions():
   assert out["ids"][:, 16:].sum() == 0 and out["cls"].shape == (2, 3)
 
 
+def test_row_lengths_are_each_rows_own_need():
+  """Per-row needs (the eval sort key) equal length_of on that row alone (unrounded)."""
+  rng = np.random.default_rng(1)
+  mask = (rng.random((30, 4, 40)) < 0.1).astype(np.int32)   # holes: the last 1 decides
+  mask[3] = 0                                                # an all-padding row needs 0
+  swag = LengthBucketer(tuple(range(1, 41)), {"input_mask": 2})
+  want = [longest_row(mask[i:i + 1], 2) for i in range(30)]
+  np.testing.assert_array_equal(swag.row_lengths({"input_mask": mask}), want)
+  qa = LengthBucketer((16, 32, 64), {"input_mask": 1}, ("end_positions",))
+  rows = {"input_mask": _prefix_mask([10, 50, 3], 64), "end_positions": np.array([40, 2, 0])}
+  np.testing.assert_array_equal(qa.row_lengths(rows), [41, 50, 3])
+
+
 def _predictor(task, model, bucketed, batch_size=8):
   from bert_jax import parallel
   from bert_jax.tasks.finetune_input import Predictor, make_bucketer
@@ -93,6 +106,7 @@ def test_bucketed_glue_logits_equal_hugging_face(shared_data, minilm_dir):
   data = task.load_split("dev")
   lengths = data.arrays["input_mask"].sum(1)
   assert lengths.max() <= 32 < 64          # so every batch is really cut (to 16 or 32)
+  assert np.any(np.diff(lengths) < 0)      # evaluation visits them shortest first: reordered
   torch.manual_seed(0)
   hf = transformers.BertForSequenceClassification.from_pretrained(
       str(minilm_dir), num_labels=2).eval()

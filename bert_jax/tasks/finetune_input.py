@@ -10,8 +10,11 @@ exact. The length is decided from the *global* batch (every process holds the wh
 all processes cut to the same shape.
 
 Evaluation. ``Predictor`` runs ``task.predict`` over every row of a split in global batches of
-``eval_batch_size`` (the last one padded with copies of row 0, whose outputs are dropped), each
-cut to its bucket and padded back to ``max_seq_length`` on the task's ``prediction_axes``.
+``eval_batch_size`` (the last one padded with copies of its first row, whose outputs are
+dropped), each cut to its bucket and padded back to ``max_seq_length`` on the task's
+``prediction_axes``. With bucketing on, the rows are visited shortest first (a stable sort on
+each row's needed length, the same on every process), so each batch holds rows of similar
+length and is cut as short as they allow; the outputs come back in the split's order.
 """
 
 from __future__ import annotations
@@ -100,10 +103,12 @@ class Predictor:
   def __call__(self, params, data: SplitData) -> dict[str, np.ndarray]:
     n, b = data.num_rows, self.batch_size
     bucketed = self.bucketer is not None and self.bucketer.enabled
+    order = (np.argsort(self.bucketer.row_lengths(data.arrays), kind="stable") if bucketed
+             else np.arange(n))
     outs = []
     for start in range(0, n, b):
-      idx = np.arange(start, start + b)
-      idx = np.where(idx < n, idx, 0)
+      idx = order[start:start + b]
+      idx = np.concatenate([idx, np.full(b - idx.size, idx[0], idx.dtype)])
       rows = {k: v[_host_share(idx, b)] for k, v in data.arrays.items()}
       if bucketed:
         rows = self.bucketer.cut(rows, self.bucketer.length_of(_needed(data, idx,
@@ -117,4 +122,9 @@ class Predictor:
       outs.append(out)
     if not outs:
       return {}
-    return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
+    result = {}
+    for k in outs[0]:
+      in_order = np.concatenate([o[k] for o in outs])[:n]
+      result[k] = np.empty_like(in_order)
+      result[k][order] = in_order
+    return result

@@ -115,6 +115,22 @@ class LengthBucketer:
         needed = max(needed, int(np.max(rows[key])) + 1)
     return self.bucket_for(max(needed, 1))
 
+  def row_lengths(self, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Each row's needed length (its own ``length_of`` before rounding to a bucket), shape [N].
+
+    Evaluation sorts a split by this so that rows of similar length share a batch.
+    """
+    axis = self.sequence_axes[MASK_KEY] % rows[MASK_KEY].ndim
+    used_NxL = np.moveaxis(rows[MASK_KEY] != 0, axis, -1)
+    used_NxL = used_NxL.reshape(used_NxL.shape[0], -1, used_NxL.shape[-1]).any(axis=1)
+    length_N = np.where(used_NxL.any(axis=1),
+                        used_NxL.shape[1] - np.argmax(used_NxL[:, ::-1], axis=1), 0)
+    for key in self.position_keys:
+      if key in rows and rows[key].size:
+        positions = rows[key].reshape(rows[key].shape[0], -1)
+        length_N = np.maximum(length_N, positions.max(axis=1) + 1)
+    return length_N
+
   def cut(self, rows: Mapping[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
     """``rows`` with every declared sequence array sliced to ``length`` on its length axis."""
     out = dict(rows)

@@ -147,11 +147,12 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
   last_train: dict[str, float] = {}
   last_eval: dict[str, float] = {}
   t_last, step_last, t_start = time.time(), step, time.time()
+  tokens_since_last = 0     # input_ids elements fed since t_last (bucketed batches are shorter)
   status = "completed"
 
   def flush(now_step: int) -> None:
     """Fetches pending metrics; stops on a non-finite loss; logs the last one."""
-    nonlocal pending, last_train, t_last, step_last
+    nonlocal pending, last_train, t_last, step_last, tokens_since_last
     if not pending:
       return
     fetched = [(s, _to_float(m)) for s, m in pending]
@@ -174,13 +175,13 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
       last_train["first_step_sec"] = elapsed   # compilation, not throughput
     elif elapsed > 0 and n_steps > 0:
       ex_per_sec = n_steps * phase.global_batch_size / elapsed
-      last_train.update(examples_per_sec=ex_per_sec, tokens_per_sec=ex_per_sec * phase.seq_len,
+      last_train.update(examples_per_sec=ex_per_sec, tokens_per_sec=tokens_since_last / elapsed,
                         steps_per_sec=n_steps / elapsed,
                         eta_sec=(total - now_step) * elapsed / n_steps)
       if options.peak_flops_per_device > 0 and phase.flops_per_example > 0:
         last_train["mfu"] = (ex_per_sec * phase.flops_per_example
                              / (options.peak_flops_per_device * jax.device_count()))
-    t_last, step_last = time.time(), now_step
+    t_last, step_last, tokens_since_last = time.time(), now_step, 0
     writer.scalars(now_step, {f"train/{k}": v for k, v in last_train.items()})
     logging.info(progress_line(now_step, total, last_train, phase.name))
 
@@ -192,9 +193,10 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
                        "step": now_step})
 
   def run_eval(now_step: int) -> None:
-    nonlocal last_eval
+    nonlocal last_eval, t_last
     flush(now_step)
     last_eval = dict(options.eval_fn(state))
+    t_last = time.time()      # the evaluation's time is not charged to the next steps' rates
     writer.scalars(now_step, {f"eval/{k}": v for k, v in last_eval.items()})
     logging.info("eval at step %d: %s", now_step,
                  ", ".join(f"{k} {v:.4f}" for k, v in sorted(last_eval.items())))
@@ -211,8 +213,10 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
             and input_phase in (None, phases[idx].name)):
           inputs.set_state(input_state)  # resumed mid-phase: continue where the checkpoint was
         current = idx
-        t_last, step_last = time.time(), step
+        t_last, step_last, tokens_since_last = time.time(), step, 0
       batch = make_global_batch(next(inputs), mesh, rules)
+      tokens_since_last += (batch["input_ids"].size if "input_ids" in batch
+                            else phases[idx].global_batch_size * phases[idx].seq_len)
       state, metrics = phases[idx].train_step(state, batch)
       step += 1
       pending.append((step, metrics))
