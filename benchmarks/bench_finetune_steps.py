@@ -1,8 +1,17 @@
-r"""Steady-state fine-tuning step time, bert_jax vs Hugging Face PyTorch (compilation excluded).
+r"""Steady-state fine-tuning step and evaluation times, bert_jax vs Hugging Face PyTorch.
 
   python benchmarks/bench_finetune_glue.py --step_timing 10 --max_seq_length 128 \
       --train_batch_size 32 [--tasks rte]
+  python benchmarks/bench_finetune_glue.py --eval_timing 3 --tasks rte,mrpc,stsb,cola
 
+Evaluation (``--eval_timing N``): seconds per pass over each task's whole dev set at
+``--eval_batch_size``, the mean of N passes after one warm-up pass (which compiles; reported
+apart). bert_jax: the runner's ``Predictor`` with ``--length_buckets`` (rows visited shortest
+first, each batch cut to its bucket) and with buckets off; PyTorch: ``model.eval()`` under
+``torch.no_grad()`` on rows padded to ``max_seq_length`` (``run_glue.py``'s default) and, with
+``--hf_dynamic_padding``, padded per batch to its longest row. Both use MiniLM's weights.
+
+Training steps (``--step_timing N``):
 MiniLM-L6 with a 2-way head, training mode (dropout 0.1), AdamW + clipping as the fine-tuning
 recipe, on real rows of the first ``--tasks`` entry padded to ``max_seq_length`` (no bucketing,
 so both sides do the same work). bert_jax: the runner's own pieces (``FinetuneInput`` ->
@@ -90,6 +99,81 @@ def _hf_steps(args, n: int) -> dict:
     times.append(time.time() - t)
   return {"first_step_s": times[0], "second_step_s": times[1],
           "step_s": (time.time() - t0) / n, "torch_threads": torch.get_num_threads()}
+
+
+def _bert_jax_eval(args, task_name: str, n: int) -> dict:
+  import flax
+  import jax
+  from configs import glue
+  from bert_jax import parallel
+  from bert_jax.checkpoint.pretrained import load_pretrained
+  from bert_jax.tasks import create_task
+  from bert_jax.tasks.finetune_input import Predictor, make_bucketer
+  c = glue.get_config(task_name)
+  c.data_dir, c.max_seq_length = args.glue_dir, args.max_seq_length
+  c.length_buckets = args.length_buckets
+  pre = load_pretrained(args.init_checkpoint)
+  task = create_task(c, pre.tokenizer)
+  model = task.build_model(pre.config)
+  dev = task.load_split("dev")
+  mesh = parallel.create_mesh(c.mesh)
+  rules = parallel.normalize_rules(c.logical_axis_rules)
+  params = dict(flax.linen.meta.unbox(
+      task.init_variables(model, jax.random.PRNGKey(0), 1)["params"]))
+  params["bert"] = pre.params["bert"]
+  out = {"rows": dev.num_rows}
+  for name, bucketer in (("bucketed", make_bucketer(task, c)), ("full_length", None)):
+    predict = Predictor(task, model, mesh, rules, args.eval_batch_size, bucketer,
+                        int(c.max_seq_length))
+    t = time.time()
+    predict(params, dev)
+    out[f"{name}_first_pass_s"] = time.time() - t
+    t = time.time()
+    for _ in range(n):
+      predict(params, dev)
+    out[f"{name}_pass_s"] = (time.time() - t) / n
+  return out
+
+
+def _hf_eval(args, task_name: str, n: int) -> dict:
+  import torch
+  from transformers import BertForSequenceClassification, BertTokenizerFast
+  from benchmarks.bench_finetune_glue import _hf_batch, _hf_encode
+  from bert_jax.tasks.glue_data import SPECS
+  spec = SPECS[task_name]
+  tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
+  model = BertForSequenceClassification.from_pretrained(
+      args.init_checkpoint, num_labels=max(1, len(spec.labels))).eval()
+  path = f"{args.glue_dir}/{spec.dir_name}/{dict(spec.eval_files)['dev']}"
+  pad = not args.hf_dynamic_padding
+  dev, y = _hf_encode(tok, spec, path, 0, args.max_seq_length, pad)
+  pad_to = args.max_seq_length if pad else None
+
+  def one_pass():
+    with torch.no_grad():
+      for s in range(0, len(y), args.eval_batch_size):
+        model(**_hf_batch(dev, range(s, min(s + args.eval_batch_size, len(y))), pad_to, torch))
+
+  t = time.time()
+  one_pass()
+  first = time.time() - t
+  t = time.time()
+  for _ in range(n):
+    one_pass()
+  return {"rows": len(y), "padding": "max_length" if pad else "per_batch",
+          "first_pass_s": first, "pass_s": (time.time() - t) / n}
+
+
+def time_eval(args) -> None:
+  n = int(args.eval_timing)
+  for task_name in args.tasks.split(","):
+    for fw in args.frameworks.split(","):
+      result = (_bert_jax_eval(args, task_name, n) if fw == "bert_jax"
+                else _hf_eval(args, task_name, n))
+      print(json.dumps({"framework": fw, "task": task_name, "batch": args.eval_batch_size,
+                        "seq": args.max_seq_length, "passes": n,
+                        **{k: round(v, 3) if isinstance(v, float) else v
+                           for k, v in result.items()}}), flush=True)
 
 
 def time_steps(args) -> None:

@@ -60,7 +60,9 @@ def optimizer_config() -> ml_collections.ConfigDict:
       b2=0.999,
       eps=1e-6,
       max_grad_norm=1.0,     # global-norm clipping before the update; <= 0 disables
-      schedule="linear",     # linear warmup then "linear" decay to 0 | "constant" after warmup
+      # linear warmup, then: "linear" (BERT's: the line from peak at step 0 to 0 at the end) |
+      # "linear_after_warmup" (peak at the end of warmup to 0; HF's default) | "constant"
+      schedule="linear",
   ))
 
 

@@ -34,6 +34,11 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   config.dtype = "float32"        # compute dtype; "bfloat16" for mixed precision
   config.hidden_dropout_prob = 0.1
   config.attention_probs_dropout_prob = 0.1
+  # The new head's kernel: "normal" N(0, initializer_range^2) as Hugging Face initialises it, or
+  # "truncated_normal" as google-research/bert does (std ~0.88 x initializer_range). At lr 2e-5
+  # Adam moves a head weight by at most ~lr per step, so a short fine-tune keeps the head near
+  # its initial scale, and the smaller one learns measurably less (docs/finetuning.md).
+  config.head_init = "normal"
   # Training (google-research/bert flag names).
   config.max_seq_length = 128
   config.train_batch_size = 32    # global, over all hosts and devices

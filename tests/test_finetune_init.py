@@ -48,3 +48,31 @@ def test_init_train_state_takes_the_seed_as_an_argument(minilm_dir, tmp_path):
     compilation_cache.reset_cache()
   # Seed 4's init program is seed 3's: loaded from the persistent cache, not compiled.
   assert counts[0] == 0 and counts[1] >= 1, counts
+
+
+def test_new_head_kernels_follow_the_configured_distribution():
+  """config.head_init: HF's N(0, 0.02^2) or google-research/bert's 2-sigma truncated normal."""
+  import pytest
+  import scipy.stats
+  from bert_jax.model import BertConfig
+  from bert_jax.model.heads import BertForQuestionAnswering, BertForSequenceClassification
+  bert = BertConfig(vocab_size=50, hidden_size=256, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=32, max_position_embeddings=16)
+  ids = np.zeros((1, 8), np.int32)
+
+  def kernel(module, name, seed=0):
+    params = jax.jit(lambda r: module.init(r, ids))(jax.random.PRNGKey(seed))["params"]
+    return np.asarray(jax.device_get(params[name]["kernel"].unbox()).ravel())
+
+  normal = np.concatenate([kernel(BertForSequenceClassification(bert, 8), "classifier", s)
+                           for s in range(4)])                       # 8,192 draws
+  truncated = np.concatenate([kernel(BertForSequenceClassification(
+      bert, 8, head_init="truncated_normal"), "classifier", s) for s in range(4)])
+  assert scipy.stats.kstest(normal, scipy.stats.norm(0, 0.02).cdf).pvalue > 1e-3
+  assert scipy.stats.kstest(truncated, scipy.stats.truncnorm(-2, 2, scale=0.02).cdf
+                            ).pvalue > 1e-3
+  assert np.abs(truncated).max() <= 0.04 < np.abs(normal).max()
+  assert kernel(BertForQuestionAnswering(bert), "qa_outputs").std() == pytest.approx(0.02,
+                                                                                     rel=0.15)
+  with pytest.raises(ValueError, match="config.head_init must be one of"):
+    kernel(BertForQuestionAnswering(bert, head_init="xavier"), "qa_outputs")

@@ -45,6 +45,17 @@ def test_schedule_matches_google_bert():
     optimizers.warmup_linear_decay(1e-3, 4, 100, kind="cosine")
 
 
+def test_linear_after_warmup_matches_hugging_face():
+  import torch
+  import transformers
+  ours = optimizers.warmup_linear_decay(1e-4, 10, 100, kind="linear_after_warmup")
+  opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-4)
+  ref = transformers.get_linear_schedule_with_warmup(opt, 10, 100)
+  for step in range(0, 121):
+    np.testing.assert_allclose(float(ours(step)), 1e-4 * ref.lr_lambdas[0](step), rtol=1e-6,
+                               atol=1e-12, err_msg=f"step {step}")
+
+
 def _model(**overrides):
   bert = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                     intermediate_size=64, max_position_embeddings=32, **overrides)

@@ -19,6 +19,25 @@ from bert_jax.model.config import BertConfig
 from bert_jax.model.dropout import Dropout
 
 Array = jax.Array
+HEAD_INITS = ("normal", "truncated_normal")
+
+
+def head_dense(c: BertConfig, features: int, name: str, head_init: str) -> nn.DenseGeneral:
+  """A new fine-tuning head's output layer (kernel [embed, features], bias zeros).
+
+  ``head_init`` (the fine-tuning configs' ``head_init``): "normal" draws the kernel from
+  N(0, initializer_range^2) as Hugging Face does; "truncated_normal" as google-research/bert
+  does (re-drawn beyond 2 standard deviations, so its std is ~0.88 x initializer_range).
+  """
+  if head_init not in HEAD_INITS:
+    raise ValueError(f"config.head_init must be one of {HEAD_INITS}, got {head_init!r}")
+  if head_init == "truncated_normal":
+    return dense(c, features, ("embed", None), name)
+  return nn.DenseGeneral(
+      features=features, dtype=c.dtype, param_dtype=c.param_dtype, name=name,
+      kernel_init=nn.with_logical_partitioning(nn.initializers.normal(c.initializer_range),
+                                               ("embed", None)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)))
 
 
 class BertForPreTraining(nn.Module):
@@ -61,6 +80,8 @@ class BertForSequenceClassification(nn.Module):
   config: BertConfig
   num_labels: int
 
+  head_init: str = "normal"     # see head_dense
+
   @nn.compact
   def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
                output_hidden_states: bool = False) -> dict[str, Any]:
@@ -68,7 +89,7 @@ class BertForSequenceClassification(nn.Module):
     out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
                                       output_hidden_states)
     pooled = Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
-    out["logits"] = dense(c, self.num_labels, ("embed", None), "classifier")(pooled)
+    out["logits"] = head_dense(c, self.num_labels, "classifier", self.head_init)(pooled)
     return out
 
 
@@ -77,6 +98,8 @@ class BertForTokenClassification(nn.Module):
   config: BertConfig
   num_labels: int
 
+  head_init: str = "normal"     # see head_dense
+
   @nn.compact
   def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
                output_hidden_states: bool = False) -> dict[str, Any]:
@@ -84,7 +107,7 @@ class BertForTokenClassification(nn.Module):
     out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
                                       output_hidden_states)
     seq = Dropout(c.hidden_dropout_prob)(out["sequence_output"], deterministic=deterministic)
-    out["logits"] = dense(c, self.num_labels, ("embed", None), "classifier")(seq)
+    out["logits"] = head_dense(c, self.num_labels, "classifier", self.head_init)(seq)
     return out
 
 
@@ -92,13 +115,15 @@ class BertForQuestionAnswering(nn.Module):
   """Start and end vectors over the sequence output (SQuAD): start_logits, end_logits BxL."""
   config: BertConfig
 
+  head_init: str = "normal"     # see head_dense
+
   @nn.compact
   def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
                output_hidden_states: bool = False) -> dict[str, Any]:
     c = self.config
     out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
                                       output_hidden_states)
-    logits_BxLx2 = dense(c, 2, ("embed", None), "qa_outputs")(out["sequence_output"])
+    logits_BxLx2 = head_dense(c, 2, "qa_outputs", self.head_init)(out["sequence_output"])
     out["start_logits"] = logits_BxLx2[..., 0]
     out["end_logits"] = logits_BxLx2[..., 1]
     return out
@@ -107,6 +132,8 @@ class BertForQuestionAnswering(nn.Module):
 class BertForMultipleChoice(nn.Module):
   """Inputs BxCxL (C choices); one score per choice from the pooled output (SWAG): BxC."""
   config: BertConfig
+
+  head_init: str = "normal"     # see head_dense
 
   @nn.compact
   def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
@@ -117,5 +144,5 @@ class BertForMultipleChoice(nn.Module):
     out = BertEncoder(c, name="bert")(flat(input_ids), flat(input_mask), flat(segment_ids),
                                       deterministic, output_hidden_states)
     pooled = Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
-    out["logits"] = dense(c, 1, ("embed", None), "classifier")(pooled).reshape(b, n_choices)
+    out["logits"] = head_dense(c, 1, "classifier", self.head_init)(pooled).reshape(b, n_choices)
     return out

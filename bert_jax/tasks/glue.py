@@ -66,7 +66,8 @@ class GlueTask(Task):
     return max(1, len(self.spec.labels))
 
   def build_model(self, bert_config: BertConfig):
-    return BertForSequenceClassification(bert_config, num_labels=self.num_labels)
+    return BertForSequenceClassification(bert_config, num_labels=self.num_labels,
+                                         head_init=self.config.head_init)
 
   # --- data ---------------------------------------------------------------------------------
   def _task_dir(self) -> str:

@@ -113,7 +113,8 @@ class NerTask(Task):
 
   # --- model ----------------------------------------------------------------------------------
   def build_model(self, bert_config: BertConfig):
-    return BertForTokenClassification(bert_config, num_labels=self.num_labels)
+    return BertForTokenClassification(bert_config, num_labels=self.num_labels,
+                                      head_init=self.config.head_init)
 
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):
     return masked_token_loss(outputs["logits"], batch["label_ids"], batch["label_weights"])

@@ -97,7 +97,7 @@ class SquadTask(Task):
     return info
 
   def build_model(self, bert_config: BertConfig):
-    return BertForQuestionAnswering(bert_config)
+    return BertForQuestionAnswering(bert_config, head_init=self.config.head_init)
 
   # --- data ---------------------------------------------------------------------------------
   def _path(self, split: str) -> str:

@@ -87,7 +87,7 @@ class SwagTask(Task):
     return list(ENDINGS)
 
   def build_model(self, bert_config: BertConfig):
-    return BertForMultipleChoice(bert_config)
+    return BertForMultipleChoice(bert_config, head_init=self.config.head_init)
 
   def load_split(self, split: str) -> SplitData:
     key = {"train": "train_file", "dev": "dev_file", "test": "test_file"}.get(split)

@@ -7,6 +7,9 @@ The schedule is google-research/bert's ``optimization.create_optimizer``: the le
 decays linearly from ``peak`` at step 0 to 0 at ``num_train_steps``, and during the first
 ``num_warmup_steps`` it is replaced by ``peak * step / num_warmup_steps``. AdamW is decoupled
 weight decay (0.01 by default) applied to every parameter except LayerNorm parameters and biases;
+``config.optimizer.schedule="linear_after_warmup"`` instead decays from ``peak`` at the end of
+warmup to 0 (Hugging Face's ``get_linear_schedule_with_warmup``: after warmup the learning rate
+is ``T / (T - warmup)`` times BERT's, 11% higher at 10% warmup);
 the gradient is clipped to global norm 1.0 first. Unlike the original TF AdamWeightDecayOptimizer,
 optax's Adam applies the usual bias correction (it matters only in the first ~1/(1-b2) steps).
 """
@@ -25,9 +28,11 @@ _NO_DECAY_SUBSTRINGS = ("LayerNorm", "layer_norm", "bias")
 
 def warmup_linear_decay(peak: float, num_warmup_steps: int, num_train_steps: int,
                         kind: str = "linear") -> optax.Schedule:
-  """BERT's schedule (see module docstring); ``kind="constant"`` keeps ``peak`` after warmup."""
-  if kind not in ("linear", "constant"):
-    raise ValueError(f"config.optimizer.schedule must be 'linear' or 'constant', got {kind!r}")
+  """BERT's schedule (see module docstring); ``kind="constant"`` keeps ``peak`` after warmup,
+  ``kind="linear_after_warmup"`` decays from ``peak`` at the end of warmup to 0."""
+  kinds = ("linear", "linear_after_warmup", "constant")
+  if kind not in kinds:
+    raise ValueError(f"config.optimizer.schedule must be one of {kinds}, got {kind!r}")
   total = max(int(num_train_steps), 1)
   warmup = max(int(num_warmup_steps), 0)
 
@@ -35,6 +40,8 @@ def warmup_linear_decay(peak: float, num_warmup_steps: int, num_train_steps: int
     step = jnp.asarray(step, jnp.float32)
     if kind == "linear":
       lr = peak * jnp.maximum(1.0 - step / total, 0.0)
+    elif kind == "linear_after_warmup":
+      lr = peak * jnp.maximum((total - step) / max(total - warmup, 1), 0.0)
     else:
       lr = jnp.full_like(step, peak)
     if warmup:
