@@ -31,9 +31,10 @@ def activation(name: str):
   raise ValueError(f"unknown activation {name!r}")
 
 
-def kernel_init(config: BertConfig, axes: tuple[str | None, ...]):
+def kernel_init(config: BertConfig, axes: tuple[str | None, ...], initializer=None):
+  """BERT's truncated normal (std ``initializer_range`` before truncation), or ``initializer``."""
   return nn.with_logical_partitioning(
-      nn.initializers.truncated_normal(config.initializer_range), axes)
+      initializer or nn.initializers.truncated_normal(config.initializer_range), axes)
 
 
 def bias_init(axes: tuple[str | None, ...]):
@@ -50,12 +51,14 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
       bias_init=bias_init(("embed",)), name=name)
 
 
-def dense(config: BertConfig, features, axes, name: str, axis=-1) -> nn.DenseGeneral:
+def dense(config: BertConfig, features, axes, name: str, axis=-1,
+          initializer=None) -> nn.DenseGeneral:
   """A DenseGeneral whose kernel has logical ``axes`` and whose bias has the output axes."""
   n_out = 1 if isinstance(features, int) else len(features)
   return nn.DenseGeneral(
       features=features, axis=axis, dtype=config.dtype, param_dtype=config.param_dtype,
-      kernel_init=kernel_init(config, axes), bias_init=bias_init(axes[-n_out:]), name=name)
+      kernel_init=kernel_init(config, axes, initializer), bias_init=bias_init(axes[-n_out:]),
+      name=name)
 
 
 class Embeddings(nn.Module):

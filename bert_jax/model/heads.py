@@ -31,13 +31,8 @@ def head_dense(c: BertConfig, features: int, name: str, head_init: str) -> nn.De
   """
   if head_init not in HEAD_INITS:
     raise ValueError(f"config.head_init must be one of {HEAD_INITS}, got {head_init!r}")
-  if head_init == "truncated_normal":
-    return dense(c, features, ("embed", None), name)
-  return nn.DenseGeneral(
-      features=features, dtype=c.dtype, param_dtype=c.param_dtype, name=name,
-      kernel_init=nn.with_logical_partitioning(nn.initializers.normal(c.initializer_range),
-                                               ("embed", None)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)))
+  normal = nn.initializers.normal(c.initializer_range) if head_init == "normal" else None
+  return dense(c, features, ("embed", None), name, initializer=normal)
 
 
 class BertForPreTraining(nn.Module):

@@ -41,10 +41,12 @@ def _host_share(idx: np.ndarray, batch_size: int) -> np.ndarray:
   return idx[jax.process_index() * hb:(jax.process_index() + 1) * hb]
 
 
-def _needed(data: SplitData, idx: np.ndarray, bucketer: LengthBucketer) -> dict[str, np.ndarray]:
-  """The arrays that decide the cut length, for the rows of the whole global batch."""
-  keys = ("input_mask", *bucketer.position_keys)
-  return {k: data.arrays[k][idx] for k in keys if k in data.arrays}
+def _bucketed_need(data: SplitData, bucketer: LengthBucketer | None) -> np.ndarray | None:
+  """Each row's needed length (once per split), or None when bucketing is off. A batch's cut is
+  ``bucketer.bucket_for(need_N[global rows].max())``, equal to ``length_of`` on those rows."""
+  if bucketer is None or not bucketer.enabled:
+    return None
+  return np.maximum(bucketer.row_lengths(data.arrays), 1)
 
 
 class FinetuneInput:
@@ -54,6 +56,7 @@ class FinetuneInput:
                bucketer: LengthBucketer | None = None):
     self.data, self.per_epoch, self.batch_size, self.seed = data, per_epoch, batch_size, seed
     self.bucketer = bucketer
+    self._need_N = _bucketed_need(data, bucketer)
     self.step = 0
     self._perm_epoch, self._perm = -1, np.zeros((0,), np.int64)
 
@@ -72,10 +75,9 @@ class FinetuneInput:
     """This process's rows of the global batch of ``step``, cut to the step's bucket."""
     idx = self.global_rows(step)
     host = {key: v[_host_share(idx, self.batch_size)] for key, v in self.data.arrays.items()}
-    if self.bucketer is None or not self.bucketer.enabled:
+    if self._need_N is None:
       return host
-    return self.bucketer.cut(host, self.bucketer.length_of(_needed(self.data, idx,
-                                                                   self.bucketer)))
+    return self.bucketer.cut(host, self.bucketer.bucket_for(int(self._need_N[idx].max())))
 
   def __next__(self) -> dict[str, np.ndarray]:
     batch = self.batch(self.step)
@@ -102,17 +104,16 @@ class Predictor:
 
   def __call__(self, params, data: SplitData) -> dict[str, np.ndarray]:
     n, b = data.num_rows, self.batch_size
-    bucketed = self.bucketer is not None and self.bucketer.enabled
-    order = (np.argsort(self.bucketer.row_lengths(data.arrays), kind="stable") if bucketed
-             else np.arange(n))
+    need_N = _bucketed_need(data, self.bucketer)
+    bucketed = need_N is not None
+    order = np.argsort(need_N, kind="stable") if bucketed else np.arange(n)
     outs = []
     for start in range(0, n, b):
       idx = order[start:start + b]
       idx = np.concatenate([idx, np.full(b - idx.size, idx[0], idx.dtype)])
       rows = {k: v[_host_share(idx, b)] for k, v in data.arrays.items()}
       if bucketed:
-        rows = self.bucketer.cut(rows, self.bucketer.length_of(_needed(data, idx,
-                                                                       self.bucketer)))
+        rows = self.bucketer.cut(rows, self.bucketer.bucket_for(int(need_N[idx].max())))
       batch = parallel.make_global_batch(rows, self.mesh, self.rules)
       with parallel.mesh_context(self.mesh, self.rules):
         out = self._fn(params, batch)
