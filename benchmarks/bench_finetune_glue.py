@@ -300,9 +300,9 @@ def comparison(results: dict) -> str:
         if len(x) < 2 or len(y) < 2:
           continue
         se = (statistics.variance(x) / len(x) + statistics.variance(y) / len(y)) ** 0.5
-        p = scipy.stats.ttest_ind(x, y, equal_var=False).pvalue
+        p = f"{scipy.stats.ttest_ind(x, y, equal_var=False).pvalue:.2f}" if se > 0 else "-"
         lines.append(f"| {task} | {k} | {statistics.mean(x) - statistics.mean(y):+.4f} | "
-                     f"{se:.4f} | {p:.2f} | {len(x)} / {len(y)} ({hf}) | {ratio:.2f} |")
+                     f"{se:.4f} | {p} | {len(x)} / {len(y)} ({hf}) | {ratio:.2f} |")
   return "\n".join(lines)
 
 
