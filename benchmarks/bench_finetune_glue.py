@@ -152,10 +152,10 @@ def _hf_batch(enc, idx, pad_to, torch):
           for k in _HF_KEYS}
 
 
-def bert_jax_head(task: str, seed: int, args) -> dict:
-  """The new head bert_jax's runner draws for ``task`` and ``seed`` (``kernel`` [hidden,
-  labels], ``bias``): the model's params initialised from the first half of the split seed
-  key, as ``bert_jax.train.state`` does, under the same ``head_init``."""
+def bert_jax_setup(task: str, seed: int, args):
+  """(config, task, model, params) as bert_jax's runner starts ``task`` for ``seed``: the new
+  head drawn from the first half of the split seed key (as ``bert_jax.train.state`` does) under
+  ``--head_init``, the encoder from ``--init_checkpoint``; params unboxed, on the host."""
   import flax  # noqa: PLC0415
   import jax  # noqa: PLC0415
   from configs import glue  # noqa: PLC0415
@@ -163,12 +163,21 @@ def bert_jax_head(task: str, seed: int, args) -> dict:
   from bert_jax.tasks import create_task  # noqa: PLC0415
   c = glue.get_config(task)
   c.data_dir, c.head_init, c.max_seq_length = args.glue_dir, args.head_init, args.max_seq_length
+  c.length_buckets = args.length_buckets
   pre = load_pretrained(args.init_checkpoint)
   t = create_task(c, pre.tokenizer)
   model = t.build_model(pre.config)
   init_rng, _ = jax.random.split(jax.random.PRNGKey(seed))
-  params = jax.jit(lambda rng: t.init_variables(model, rng, 1)["params"])(init_rng)
-  return {k: np.asarray(v) for k, v in flax.linen.meta.unbox(params)["classifier"].items()}
+  params = dict(flax.linen.meta.unbox(
+      jax.jit(lambda rng: t.init_variables(model, rng, 1)["params"])(init_rng)))
+  params["bert"] = pre.params["bert"]
+  return c, t, model, params
+
+
+def bert_jax_head(task: str, seed: int, args) -> dict:
+  """The new head bert_jax's runner draws for ``task`` and ``seed`` (``kernel`` [hidden,
+  labels], ``bias``)."""
+  return {k: np.asarray(v) for k, v in bert_jax_setup(task, seed, args)[3]["classifier"].items()}
 
 
 def run_hf(task: str, seed: int, args) -> dict:

@@ -102,25 +102,13 @@ def _hf_steps(args, n: int) -> dict:
 
 
 def _bert_jax_eval(args, task_name: str, n: int) -> dict:
-  import flax
-  import jax
-  from configs import glue
+  from benchmarks.bench_finetune_glue import bert_jax_setup
   from bert_jax import parallel
-  from bert_jax.checkpoint.pretrained import load_pretrained
-  from bert_jax.tasks import create_task
   from bert_jax.tasks.finetune_input import Predictor, make_bucketer
-  c = glue.get_config(task_name)
-  c.data_dir, c.max_seq_length = args.glue_dir, args.max_seq_length
-  c.length_buckets = args.length_buckets
-  pre = load_pretrained(args.init_checkpoint)
-  task = create_task(c, pre.tokenizer)
-  model = task.build_model(pre.config)
+  c, task, model, params = bert_jax_setup(task_name, 0, args)
   dev = task.load_split("dev")
   mesh = parallel.create_mesh(c.mesh)
   rules = parallel.normalize_rules(c.logical_axis_rules)
-  params = dict(flax.linen.meta.unbox(
-      task.init_variables(model, jax.random.PRNGKey(0), 1)["params"]))
-  params["bert"] = pre.params["bert"]
   out = {"rows": dev.num_rows}
   for name, bucketer in (("bucketed", make_bucketer(task, c)), ("full_length", None)):
     predict = Predictor(task, model, mesh, rules, args.eval_batch_size, bucketer,
