@@ -1,5 +1,9 @@
 r"""GLUE fine-tuning quality and speed: bert_jax vs Hugging Face PyTorch, same recipe and seeds.
 
+  # the reported comparison (docs/finetuning.md): 1 epoch, batch 16, lr 1e-4, seeds 1-3
+  for t in stsb mrpc rte cola; do python benchmarks/bench_finetune_glue.py --tasks $t \
+      --seeds 1,2,3 --num_train_epochs 1 --learning_rate 1e-4 --train_batch_size 16 \
+      --out /tmp/glue_${t}_b16.json; done
   # paper settings (the defaults): full train sets, 3 epochs, seq 128, batch 32, lr 2e-5
   python benchmarks/bench_finetune_glue.py --tasks rte --seeds 1,2,3 --out /tmp/glue_rte.json
   python benchmarks/bench_finetune_glue.py --report /tmp/glue_rte.json,/tmp/glue_mrpc.json
