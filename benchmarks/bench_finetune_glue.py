@@ -104,9 +104,9 @@ class CompileTimer:
     return self.seconds, self.hits
 
 
-def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
-  from configs import glue
-  from bert_jax.tasks import runner
+def bert_jax_config(task: str, seed: int, args):
+  """The runner's config for ``task`` and ``seed`` under this benchmark's flags."""
+  from configs import glue  # noqa: PLC0415
   c = glue.get_config(task)
   c.data_dir, c.init_checkpoint = args.glue_dir, args.init_checkpoint
   c.max_seq_length, c.train_batch_size = args.max_seq_length, args.train_batch_size
@@ -119,6 +119,12 @@ def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
   c.head_init = args.head_init
   c.compilation_cache.dir = args.compilation_cache_dir
   c.logging.log_every_steps = 50
+  return c
+
+
+def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
+  from bert_jax.tasks import runner
+  c = bert_jax_config(task, seed, args)
   compile0, hits0 = timer.snapshot()
   t0 = time.time()
   with tempfile.TemporaryDirectory() as workdir:
@@ -162,19 +168,18 @@ def bert_jax_setup(task: str, seed: int, args):
   ``--head_init``, the encoder from ``--init_checkpoint``; params unboxed, on the host."""
   import flax  # noqa: PLC0415
   import jax  # noqa: PLC0415
-  from configs import glue  # noqa: PLC0415
+  from bert_jax.checkpoint.manager import merge_pretrained_params  # noqa: PLC0415
   from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415
   from bert_jax.tasks import create_task  # noqa: PLC0415
-  c = glue.get_config(task)
-  c.data_dir, c.head_init, c.max_seq_length = args.glue_dir, args.head_init, args.max_seq_length
-  c.length_buckets = args.length_buckets
-  pre = load_pretrained(args.init_checkpoint)
+  c = bert_jax_config(task, seed, args)
+  pre = load_pretrained(c.init_checkpoint)
   t = create_task(c, pre.tokenizer)
   model = t.build_model(pre.config)
-  init_rng, _ = jax.random.split(jax.random.PRNGKey(seed))
-  params = dict(flax.linen.meta.unbox(
-      jax.jit(lambda rng: t.init_variables(model, rng, 1)["params"])(init_rng)))
-  params["bert"] = pre.params["bert"]
+  init_rng, _ = jax.random.split(jax.random.PRNGKey(c.seed))
+  params = flax.linen.meta.unbox(
+      jax.jit(lambda rng: t.init_variables(model, rng, 1)["params"])(init_rng))
+  params, _ = merge_pretrained_params(dict(params), {"bert": pre.params["bert"]},
+                                      c.init_checkpoint)
   return c, t, model, params
 
 
