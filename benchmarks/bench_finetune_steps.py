@@ -28,12 +28,16 @@ import time
 
 def _bert_jax_steps(args, n: int) -> dict:
   import jax
-  from configs import glue
+
   from bert_jax import parallel
   from bert_jax.tasks import create_task, runner
   from bert_jax.tasks import runner_io as io
   from bert_jax.tasks.finetune_input import FinetuneInput
-  from bert_jax.train import optimizers, state as state_lib, train_step as step_lib
+  from bert_jax.train import optimizers
+  from bert_jax.train import state as state_lib
+  from bert_jax.train import train_step as step_lib
+  from configs import glue
+
   c = glue.get_config(args.tasks.split(",")[0])
   c.data_dir, c.init_checkpoint = args.glue_dir, args.init_checkpoint
   c.max_seq_length, c.train_batch_size = args.max_seq_length, args.train_batch_size
@@ -49,8 +53,12 @@ def _bert_jax_steps(args, n: int) -> dict:
   init_params = lambda rng: task.init_variables(model, rng, 1)["params"]
   _, shardings = state_lib.abstract_train_state(init_params, tx, mesh, rules, 0)
   state = state_lib.init_train_state(init_params, tx, mesh, rules, 0, shardings)
-  step = step_lib.jit_train_step(step_lib.make_train_step(
-      runner.make_loss_fn(task, model), tx, schedule, 1, mesh), shardings, mesh, rules)
+  step = step_lib.jit_train_step(
+    step_lib.make_train_step(runner.make_loss_fn(task, model), tx, schedule, 1, mesh),
+    shardings,
+    mesh,
+    rules,
+  )
   inputs = FinetuneInput(train, train.num_rows // c.train_batch_size, c.train_batch_size, 0)
   times = []
   for i in range(2 + n):
@@ -62,22 +70,28 @@ def _bert_jax_steps(args, n: int) -> dict:
       jax.block_until_ready(metrics)
       times.append(time.time() - t)
   jax.block_until_ready(metrics)
-  return {"first_step_s": times[0], "second_step_s": times[1],
-          "step_s": (time.time() - t0) / n}
+  return {"first_step_s": times[0], "second_step_s": times[1], "step_s": (time.time() - t0) / n}
 
 
 def _hf_steps(args, n: int) -> dict:
   import numpy as np
   import torch
   from transformers import BertForSequenceClassification, BertTokenizerFast
+
   from bert_jax.tasks.glue_data import SPECS, read_tsv
+
   spec = SPECS[args.tasks.split(",")[0]]
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
   ex, _ = read_tsv(spec, f"{args.glue_dir}/{spec.dir_name}/train.tsv", True)
-  ex = ex[:args.train_batch_size * (n + 2)]
-  enc = tok([e.text_a for e in ex], [e.text_b for e in ex] if spec.text_b else None,
-            truncation="longest_first", max_length=args.max_seq_length, padding="max_length",
-            return_tensors="pt")
+  ex = ex[: args.train_batch_size * (n + 2)]
+  enc = tok(
+    [e.text_a for e in ex],
+    [e.text_b for e in ex] if spec.text_b else None,
+    truncation="longest_first",
+    max_length=args.max_seq_length,
+    padding="max_length",
+    return_tensors="pt",
+  )
   y = torch.as_tensor(np.array([e.label for e in ex]))
   torch.manual_seed(0)
   model = BertForSequenceClassification.from_pretrained(args.init_checkpoint, num_labels=2)
@@ -90,29 +104,39 @@ def _hf_steps(args, n: int) -> dict:
       t0 = time.time()
     t = time.time()
     sl = slice(i * b, (i + 1) * b)
-    out = model(input_ids=enc["input_ids"][sl], attention_mask=enc["attention_mask"][sl],
-                token_type_ids=enc["token_type_ids"][sl], labels=y[sl])
+    out = model(
+      input_ids=enc["input_ids"][sl],
+      attention_mask=enc["attention_mask"][sl],
+      token_type_ids=enc["token_type_ids"][sl],
+      labels=y[sl],
+    )
     out.loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad()
     times.append(time.time() - t)
-  return {"first_step_s": times[0], "second_step_s": times[1],
-          "step_s": (time.time() - t0) / n, "torch_threads": torch.get_num_threads()}
+  return {
+    "first_step_s": times[0],
+    "second_step_s": times[1],
+    "step_s": (time.time() - t0) / n,
+    "torch_threads": torch.get_num_threads(),
+  }
 
 
 def _bert_jax_eval(args, task_name: str, n: int) -> dict:
   from benchmarks.bench_finetune_glue import bert_jax_setup
   from bert_jax import parallel
   from bert_jax.tasks.finetune_input import Predictor, make_bucketer
+
   c, task, model, params = bert_jax_setup(task_name, 0, args)
   dev = task.load_split("dev")
   mesh = parallel.create_mesh(c.mesh)
   rules = parallel.normalize_rules(c.logical_axis_rules)
   out = {"rows": dev.num_rows}
   for name, bucketer in (("bucketed", make_bucketer(task, c)), ("full_length", None)):
-    predict = Predictor(task, model, mesh, rules, args.eval_batch_size, bucketer,
-                        int(c.max_seq_length))
+    predict = Predictor(
+      task, model, mesh, rules, args.eval_batch_size, bucketer, int(c.max_seq_length)
+    )
     t = time.time()
     predict(params, dev)
     out[f"{name}_first_pass_s"] = time.time() - t
@@ -126,12 +150,15 @@ def _bert_jax_eval(args, task_name: str, n: int) -> dict:
 def _hf_eval(args, task_name: str, n: int) -> dict:
   import torch
   from transformers import BertForSequenceClassification, BertTokenizerFast
+
   from benchmarks.bench_finetune_glue import _hf_batch, _hf_encode
   from bert_jax.tasks.glue_data import SPECS
+
   spec = SPECS[task_name]
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
   model = BertForSequenceClassification.from_pretrained(
-      args.init_checkpoint, num_labels=max(1, len(spec.labels))).eval()
+    args.init_checkpoint, num_labels=max(1, len(spec.labels))
+  ).eval()
   path = f"{args.glue_dir}/{spec.dir_name}/{dict(spec.eval_files)['dev']}"
   pad = not args.hf_dynamic_padding
   dev, y = _hf_encode(tok, spec, path, 0, args.max_seq_length, pad)
@@ -148,27 +175,50 @@ def _hf_eval(args, task_name: str, n: int) -> dict:
   t = time.time()
   for _ in range(n):
     one_pass()
-  return {"rows": len(y), "padding": "max_length" if pad else "per_batch",
-          "first_pass_s": first, "pass_s": (time.time() - t) / n}
+  return {
+    "rows": len(y),
+    "padding": "max_length" if pad else "per_batch",
+    "first_pass_s": first,
+    "pass_s": (time.time() - t) / n,
+  }
 
 
 def time_eval(args) -> None:
   n = int(args.eval_timing)
   for task_name in args.tasks.split(","):
     for fw in args.frameworks.split(","):
-      result = (_bert_jax_eval(args, task_name, n) if fw == "bert_jax"
-                else _hf_eval(args, task_name, n))
-      print(json.dumps({"framework": fw, "task": task_name, "batch": args.eval_batch_size,
-                        "seq": args.max_seq_length, "passes": n,
-                        **{k: round(v, 3) if isinstance(v, float) else v
-                           for k, v in result.items()}}), flush=True)
+      result = (
+        _bert_jax_eval(args, task_name, n) if fw == "bert_jax" else _hf_eval(args, task_name, n)
+      )
+      print(
+        json.dumps(
+          {
+            "framework": fw,
+            "task": task_name,
+            "batch": args.eval_batch_size,
+            "seq": args.max_seq_length,
+            "passes": n,
+            **{k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()},
+          }
+        ),
+        flush=True,
+      )
 
 
 def time_steps(args) -> None:
   n = int(args.step_timing)
   for fw in args.frameworks.split(","):
     result = _bert_jax_steps(args, n) if fw == "bert_jax" else _hf_steps(args, n)
-    print(json.dumps({"framework": fw, "task": args.tasks.split(",")[0],
-                      "batch": args.train_batch_size, "seq": args.max_seq_length, "steps": n,
-                      **{k: round(v, 4) if isinstance(v, float) else v
-                         for k, v in result.items()}}), flush=True)
+    print(
+      json.dumps(
+        {
+          "framework": fw,
+          "task": args.tasks.split(",")[0],
+          "batch": args.train_batch_size,
+          "seq": args.max_seq_length,
+          "steps": n,
+          **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()},
+        }
+      ),
+      flush=True,
+    )

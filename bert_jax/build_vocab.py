@@ -17,21 +17,29 @@ from absl import app, flags
 
 from bert_jax.tokenize import vocab
 
-_INPUT = flags.DEFINE_list("input", None, "Corpus files or glob patterns, comma-separated.",
-                           required=True)
-_OUTPUT = flags.DEFINE_string("output", None, "Directory to write the vocabulary into.",
-                              required=True)
+_INPUT = flags.DEFINE_list(
+  "input", None, "Corpus files or glob patterns, comma-separated.", required=True
+)
+_OUTPUT = flags.DEFINE_string(
+  "output", None, "Directory to write the vocabulary into.", required=True
+)
 _KIND = flags.DEFINE_enum("kind", "wordpiece", ["wordpiece", "sentencepiece"], "Vocabulary kind.")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Size, special tokens included.")
 _CASED = flags.DEFINE_bool("cased", False, "Keep case and accents (do_lower_case=False).")
-_MODEL_TYPE = flags.DEFINE_enum("model_type", "unigram", list(vocab.MODEL_TYPES),
-                                "SentencePiece algorithm.")
+_MODEL_TYPE = flags.DEFINE_enum(
+  "model_type", "unigram", list(vocab.MODEL_TYPES), "SentencePiece algorithm."
+)
 _MIN_FREQUENCY = flags.DEFINE_integer("min_frequency", 2, "WordPiece: least count of a piece.")
 _NUM_UNUSED = flags.DEFINE_integer("num_unused", 0, "WordPiece: [unusedN] slots after [MASK].")
-_CHARACTER_COVERAGE = flags.DEFINE_float("character_coverage", 0.9995,
-                                         "SentencePiece: share of characters in the alphabet.")
-_DECODE_ERRORS = flags.DEFINE_enum("decode_errors", "strict", ["strict", "replace"],
-                                   "Bytes that are not UTF-8: fail naming file:line, or U+FFFD.")
+_CHARACTER_COVERAGE = flags.DEFINE_float(
+  "character_coverage", 0.9995, "SentencePiece: share of characters in the alphabet."
+)
+_DECODE_ERRORS = flags.DEFINE_enum(
+  "decode_errors",
+  "strict",
+  ["strict", "replace"],
+  "Bytes that are not UTF-8: fail naming file:line, or U+FFFD.",
+)
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a vocabulary already in --output.")
 
 
@@ -40,11 +48,18 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
     summary = vocab.build_vocabulary(
-        _INPUT.value, _OUTPUT.value, kind=_KIND.value, vocab_size=_VOCAB_SIZE.value,
-        do_lower_case=not _CASED.value, model_type=_MODEL_TYPE.value,
-        min_frequency=_MIN_FREQUENCY.value, num_unused=_NUM_UNUSED.value,
-        character_coverage=_CHARACTER_COVERAGE.value, decode_errors=_DECODE_ERRORS.value,
-        overwrite=_OVERWRITE.value)
+      _INPUT.value,
+      _OUTPUT.value,
+      kind=_KIND.value,
+      vocab_size=_VOCAB_SIZE.value,
+      do_lower_case=not _CASED.value,
+      model_type=_MODEL_TYPE.value,
+      min_frequency=_MIN_FREQUENCY.value,
+      num_unused=_NUM_UNUSED.value,
+      character_coverage=_CHARACTER_COVERAGE.value,
+      decode_errors=_DECODE_ERRORS.value,
+      overwrite=_OVERWRITE.value,
+    )
   except ValueError as e:  # bad input: the message names the file, line or flag
     raise SystemExit(f"build_vocab: error: {e}") from None
   print(json.dumps(summary, indent=2))

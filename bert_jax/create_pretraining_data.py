@@ -11,18 +11,25 @@ seq 512 with 80):
 Output: {output_dir}/seq_{L}/{train,eval}-NNNNN-of-NNNNN.tfrecord. See docs/pretraining_data.md.
 """
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 from bert_jax.data import generate
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input_file", None, "Comma-separated globs of input files, or for "
-                    "--input_format=tfds the dataset name (e.g. wikipedia/20230601.en).")
-flags.DEFINE_enum("input_format", "original", ["original", "text", "wiki", "tfds"],
-                  "original: a sentence per line, blank line between documents; text: plain "
-                  "text (rule-based sentence split); wiki: MediaWiki XML(.bz2); tfds: a TFDS "
-                  "text dataset under --tfds_data_dir.")
+flags.DEFINE_string(
+  "input_file",
+  None,
+  "Comma-separated globs of input files, or for "
+  "--input_format=tfds the dataset name (e.g. wikipedia/20230601.en).",
+)
+flags.DEFINE_enum(
+  "input_format",
+  "original",
+  ["original", "text", "wiki", "tfds"],
+  "original: a sentence per line, blank line between documents; text: plain "
+  "text (rule-based sentence split); wiki: MediaWiki XML(.bz2); tfds: a TFDS "
+  "text dataset under --tfds_data_dir.",
+)
 flags.DEFINE_string("output_dir", None, "Where seq_{L}/ folders of TFRecords are written.")
 flags.DEFINE_string("vocab_file", None, "vocab.txt, SentencePiece .model, or a directory.")
 flags.DEFINE_boolean("do_lower_case", None, "Lower-case input (default: the tokenizer's).")
@@ -34,8 +41,11 @@ flags.DEFINE_integer("dupe_factor", 10, "Passes over the data with different mas
 flags.DEFINE_boolean("do_whole_word_mask", False, "Mask whole words, not single pieces.")
 flags.DEFINE_integer("random_seed", 12345, "Seed (per shard, so any worker count agrees).")
 flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out into eval-* files.")
-flags.DEFINE_integer("doc_boundary", 2, "text format: blank lines in a row that end a "
-                     "document (0: a file is a document).")
+flags.DEFINE_integer(
+  "doc_boundary",
+  2,
+  "text format: blank lines in a row that end a document (0: a file is a document).",
+)
 flags.DEFINE_integer("num_shards", 0, "Input shards (0: one per input file; tfds: 16).")
 flags.DEFINE_integer("num_workers", 0, "Worker processes (0: all cores).")
 flags.DEFINE_integer("process_index", 0, "This host's index (shards are split across hosts).")
@@ -50,19 +60,32 @@ flags.mark_flags_as_required(["input_file", "output_dir", "vocab_file"])
 def main(argv):
   del argv
   config = generate.GenerationConfig(
-      tokenizer_path=FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case,
-      input_format=FLAGS.input_format, doc_boundary=FLAGS.doc_boundary,
-      max_seq_lengths=tuple(int(x) for x in FLAGS.max_seq_length),
-      max_predictions_per_seq=tuple(int(x) for x in FLAGS.max_predictions_per_seq),
-      masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
-      dupe_factor=FLAGS.dupe_factor, whole_word_mask=FLAGS.do_whole_word_mask,
-      random_seed=FLAGS.random_seed, eval_fraction=FLAGS.eval_fraction)
+    tokenizer_path=FLAGS.vocab_file,
+    do_lower_case=FLAGS.do_lower_case,
+    input_format=FLAGS.input_format,
+    doc_boundary=FLAGS.doc_boundary,
+    max_seq_lengths=tuple(int(x) for x in FLAGS.max_seq_length),
+    max_predictions_per_seq=tuple(int(x) for x in FLAGS.max_predictions_per_seq),
+    masked_lm_prob=FLAGS.masked_lm_prob,
+    short_seq_prob=FLAGS.short_seq_prob,
+    dupe_factor=FLAGS.dupe_factor,
+    whole_word_mask=FLAGS.do_whole_word_mask,
+    random_seed=FLAGS.random_seed,
+    eval_fraction=FLAGS.eval_fraction,
+  )
   result = generate.generate(
-      FLAGS.input_file, FLAGS.output_dir, config, num_shards=FLAGS.num_shards,
-      num_workers=FLAGS.num_workers, process_index=FLAGS.process_index,
-      process_count=FLAGS.process_count, overwrite=FLAGS.overwrite,
-      tfds_split=FLAGS.tfds_split, tfds_data_dir=FLAGS.tfds_data_dir,
-      tfds_text_key=FLAGS.tfds_text_key)
+    FLAGS.input_file,
+    FLAGS.output_dir,
+    config,
+    num_shards=FLAGS.num_shards,
+    num_workers=FLAGS.num_workers,
+    process_index=FLAGS.process_index,
+    process_count=FLAGS.process_count,
+    overwrite=FLAGS.overwrite,
+    tfds_split=FLAGS.tfds_split,
+    tfds_data_dir=FLAGS.tfds_data_dir,
+    tfds_text_key=FLAGS.tfds_text_key,
+  )
   print(generate.summary_line(result["stats"]))
 
 

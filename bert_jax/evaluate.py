@@ -20,8 +20,9 @@ from absl import app, flags, logging
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A bert_jax fine-tuning workdir")
 _SPLIT = flags.DEFINE_string("split", "dev", "dev | test | a split name of the task")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", "",
-                                  "Where to write (default <workdir>/eval_<split>)")
+_OUTPUT_DIR = flags.DEFINE_string(
+  "output_dir", "", "Where to write (default <workdir>/eval_<split>)"
+)
 _SET = flags.DEFINE_multi_string("set", [], "key=value overrides of the saved run config")
 flags.mark_flags_as_required(["workdir"])
 
@@ -44,10 +45,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   from bert_jax.tasks.runner import evaluate  # noqa: PLC0415
   from bert_jax.train.metrics import quiet_library_logs  # noqa: PLC0415
+
   quiet_library_logs()
   try:
-    result = evaluate(_WORKDIR.value, _SPLIT.value, _OUTPUT_DIR.value,
-                      _parse_overrides(_SET.value))
+    result = evaluate(_WORKDIR.value, _SPLIT.value, _OUTPUT_DIR.value, _parse_overrides(_SET.value))
   except (ValueError, FileNotFoundError, KeyError) as e:
     logging.error("%s", e)
     sys.exit(f"error: {e}")

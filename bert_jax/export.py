@@ -21,12 +21,21 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A bert_jax workdir (or a Hugging Face / TF checkpoint).")
 flags.DEFINE_enum("format", "hf", FORMATS, "hf | saved_model | params")
 flags.DEFINE_string("output", None, "The directory to write (must not exist or be empty).")
-flags.DEFINE_string("task", None, "The head to export (encoder, pretraining, "
-                    "sequence_classification, ..., or a transformers class name); default: "
-                    "the checkpoint's.")
-flags.DEFINE_enum("checkpoint", "best", ["best", "latest"], "A fine-tuning workdir's best "
-                  "checkpoint on dev (its best/ directory; the latest where there is none), or "
-                  "its latest.")
+flags.DEFINE_string(
+  "task",
+  None,
+  "The head to export (encoder, pretraining, "
+  "sequence_classification, ..., or a transformers class name); default: "
+  "the checkpoint's.",
+)
+flags.DEFINE_enum(
+  "checkpoint",
+  "best",
+  ["best", "latest"],
+  "A fine-tuning workdir's best "
+  "checkpoint on dev (its best/ directory; the latest where there is none), or "
+  "its latest.",
+)
 flags.DEFINE_bool("overwrite", False, "Replace an existing, non-empty output.")
 
 
@@ -36,8 +45,9 @@ def main(argv):
   if not FLAGS.workdir or not FLAGS.output:
     raise app.UsageError("--workdir and --output are required")
   try:
-    out = export(FLAGS.workdir, FLAGS.format, FLAGS.output, FLAGS.task, FLAGS.overwrite,
-                 FLAGS.checkpoint)
+    out = export(
+      FLAGS.workdir, FLAGS.format, FLAGS.output, FLAGS.task, FLAGS.overwrite, FLAGS.checkpoint
+    )
   except (ValueError, FileNotFoundError, FileExistsError) as e:
     print(f"export: error: {e}", file=sys.stderr)
     return 2

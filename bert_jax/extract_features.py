@@ -19,15 +19,22 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "UTF-8 text, one sentence (or 'a ||| b') per line.")
 flags.DEFINE_string("output_file", None, "JSON lines output (written when complete).")
-flags.DEFINE_string("checkpoint", None, "bert_jax workdir, Hugging Face directory or "
-                    "google-research/bert checkpoint (directory or bert_model.ckpt prefix).")
+flags.DEFINE_string(
+  "checkpoint",
+  None,
+  "bert_jax workdir, Hugging Face directory or "
+  "google-research/bert checkpoint (directory or bert_model.ckpt prefix).",
+)
 flags.DEFINE_list("layers", ["-1", "-2", "-3", "-4"], "Encoder layers to output (-1: last).")
-flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated (counted in the "
-                     "summary).")
+flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated (counted in the summary).")
 flags.DEFINE_integer("batch_size", 32, "Lines per jitted batch.")
 flags.DEFINE_boolean("do_lower_case", None, "Override the checkpoint tokenizer's casing.")
-flags.DEFINE_boolean("allow_empty_lines", False, "Extract [CLS] [SEP] for an empty line (the "
-                     "original's behaviour) instead of stopping with an error naming it.")
+flags.DEFINE_boolean(
+  "allow_empty_lines",
+  False,
+  "Extract [CLS] [SEP] for an empty line (the "
+  "original's behaviour) instead of stopping with an error naming it.",
+)
 
 
 def main(argv):
@@ -36,15 +43,23 @@ def main(argv):
   missing = [f"--{n}" for n in ("input_file", "output_file", "checkpoint") if not FLAGS[n].value]
   if missing:
     raise app.UsageError(f"{', '.join(missing)} required")
-  from bert_jax.features import extract_features  # pylint: disable=import-outside-toplevel
+  from bert_jax.features import extract_features  # noqa: PLC0415
+
   try:
     layers = [int(x) for x in FLAGS.layers]
   except ValueError:
     raise app.UsageError(f"--layers must be integers, got {','.join(FLAGS.layers)}") from None
   try:
-    summary = extract_features(FLAGS.input_file, FLAGS.output_file, FLAGS.checkpoint, layers,
-                               FLAGS.max_seq_length, FLAGS.batch_size, FLAGS.do_lower_case,
-                               FLAGS.allow_empty_lines)
+    summary = extract_features(
+      FLAGS.input_file,
+      FLAGS.output_file,
+      FLAGS.checkpoint,
+      layers,
+      FLAGS.max_seq_length,
+      FLAGS.batch_size,
+      FLAGS.do_lower_case,
+      FLAGS.allow_empty_lines,
+    )
   except (ValueError, OSError) as e:
     print(f"extract_features: error: {e}", file=sys.stderr)
     return 2

@@ -26,7 +26,8 @@ import os
 import pathlib
 import re
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,8 +54,9 @@ class InputFeatures:
   truncated: bool = False  # whether tokens were dropped to fit max_seq_length
 
 
-def iter_examples(path: str | os.PathLike, allow_empty_lines: bool = False
-                  ) -> Iterator[InputExample]:
+def iter_examples(
+  path: str | os.PathLike, allow_empty_lines: bool = False
+) -> Iterator[InputExample]:
   """The examples of an input file, one per line; a bad line is a ValueError naming
   ``path:line``.
 
@@ -62,7 +64,8 @@ def iter_examples(path: str | os.PathLike, allow_empty_lines: bool = False
   ``allow_empty_lines``: then, as in the original, it is an example of no text whose features
   are those of ``[CLS] [SEP]`` (so line numbers and linex_index stay aligned).
   """
-  from bert_jax.tokenize import iter_text_lines  # pylint: disable=import-outside-toplevel
+  from bert_jax.tokenize import iter_text_lines  # noqa: PLC0415
+
   path = str(path)
   if not os.path.isfile(path):
     raise ValueError(f"{path}: no such input file")
@@ -70,8 +73,10 @@ def iter_examples(path: str | os.PathLike, allow_empty_lines: bool = False
   for n, line in enumerate(iter_text_lines(path), start=1):
     line = line.strip()
     if not line and not allow_empty_lines:
-      raise ValueError(f"{path}:{n}: empty line (every line is one example; remove it, or "
-                       f"pass allow_empty_lines / --allow_empty_lines to extract [CLS] [SEP])")
+      raise ValueError(
+        f"{path}:{n}: empty line (every line is one example; remove it, or "
+        f"pass allow_empty_lines / --allow_empty_lines to extract [CLS] [SEP])"
+      )
     m = _PAIR.match(line)
     yield InputExample(n - 1, m.group(1), m.group(2)) if m else InputExample(n - 1, line)
   if n == 0:
@@ -89,15 +94,20 @@ def _truncate_pair(a: list, b: list, max_length: int) -> None:
     (a if len(a) > len(b) else b).pop()
 
 
-def convert_examples(examples: Sequence[InputExample], tokenizer, max_seq_length: int
-                     ) -> list[InputFeatures]:
+def convert_examples(
+  examples: Sequence[InputExample], tokenizer, max_seq_length: int
+) -> list[InputFeatures]:
   """[CLS] a [SEP] (b [SEP]) with segment ids; truncated to max_seq_length as the original."""
   if max_seq_length < 3:
     raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
   tokens_a = tokenizer.tokenize_batch([e.text_a for e in examples])
   pairs = [e for e in examples if e.text_b is not None]
-  tokens_b = dict(zip((e.unique_id for e in pairs),
-                      tokenizer.tokenize_batch([e.text_b for e in pairs]) if pairs else []))
+  tokens_b = dict(
+    zip(
+      (e.unique_id for e in pairs),
+      tokenizer.tokenize_batch([e.text_b for e in pairs]) if pairs else [],
+    )
+  )
   cls, sep = tokenizer.convert_ids_to_tokens([tokenizer.cls_id, tokenizer.sep_id])
   out = []
   for e, a in zip(examples, tokens_a):
@@ -108,15 +118,18 @@ def convert_examples(examples: Sequence[InputExample], tokenizer, max_seq_length
       b = list(b)
       _truncate_pair(a, b, max_seq_length - 3)
     else:
-      a = a[:max_seq_length - 2]
+      a = a[: max_seq_length - 2]
     tokens = [cls] + a + [sep]
     segments = [0] * len(tokens)
     if b is not None:
       tokens += b + [sep]
       segments += [1] * (len(b) + 1)
     ids = tokenizer.convert_tokens_to_ids(tokens)
-    out.append(InputFeatures(e.unique_id, tokens, ids, segments,
-                             truncated=len(a) + (0 if b is None else len(b)) < full))
+    out.append(
+      InputFeatures(
+        e.unique_id, tokens, ids, segments, truncated=len(a) + (0 if b is None else len(b)) < full
+      )
+    )
   return out
 
 
@@ -136,8 +149,10 @@ def check_layers(layers: Sequence[int], num_hidden_layers: int) -> tuple[int, ..
     raise ValueError("layers is empty; pass e.g. -1,-2,-3,-4")
   bad = [i for i in layers if not -num_hidden_layers <= i < num_hidden_layers]
   if bad:
-    raise ValueError(f"layers {bad} out of range for a model of {num_hidden_layers} layers "
-                     f"(use -{num_hidden_layers}..{num_hidden_layers - 1}; -1 is the last)")
+    raise ValueError(
+      f"layers {bad} out of range for a model of {num_hidden_layers} layers "
+      f"(use -{num_hidden_layers}..{num_hidden_layers - 1}; -1 is the last)"
+    )
   return layers
 
 
@@ -148,12 +163,20 @@ class FeatureExtractor:
   so the batch size is rounded up to a multiple of their number.
   """
 
-  def __init__(self, params: dict[str, Any], config, layers: Sequence[int] = (-1, -2, -3, -4),
-               max_seq_length: int = 128, batch_size: int = 32,
-               devices: Sequence[jax.Device] | None = None):
+  def __init__(
+    self,
+    params: dict[str, Any],
+    config,
+    layers: Sequence[int] = (-1, -2, -3, -4),
+    max_seq_length: int = 128,
+    batch_size: int = 32,
+    devices: Sequence[jax.Device] | None = None,
+  ):
     if max_seq_length > config.max_position_embeddings:
-      raise ValueError(f"max_seq_length {max_seq_length} exceeds the model's "
-                       f"max_position_embeddings {config.max_position_embeddings}")
+      raise ValueError(
+        f"max_seq_length {max_seq_length} exceeds the model's "
+        f"max_position_embeddings {config.max_position_embeddings}"
+      )
     if batch_size < 1:
       raise ValueError(f"batch_size must be positive, got {batch_size}")
     self.config = config.replace(dtype="float32")
@@ -171,8 +194,7 @@ class FeatureExtractor:
     picked = [n + 1 + i if i < 0 else i + 1 for i in self.layers]  # hidden_states[0] = embeddings
 
     def run(params, ids_BxL, mask_BxL, seg_BxL):
-      out = encoder.apply({"params": params}, ids_BxL, mask_BxL, seg_BxL,
-                          output_hidden_states=True)
+      out = encoder.apply({"params": params}, ids_BxL, mask_BxL, seg_BxL, output_hidden_states=True)
       return jnp.stack([out["hidden_states"][j] for j in picked], axis=1)  # BxNxLxD
 
     self._run = jax.jit(run, in_shardings=(replicated,) + (self._batch_sharding,) * 3)
@@ -192,23 +214,29 @@ class FeatureExtractor:
   def _window(self, chunk: Sequence[InputFeatures]) -> dict[int, np.ndarray]:
     """Values for each line of ``chunk``, computed in batches of similar lengths."""
     chunk = sorted(chunk, key=lambda f: len(f.input_ids))
-    batches = [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+    batches = [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
     results, pending = {}, None
     for feats in batches + [None]:
       # Dispatch this batch before fetching the last one, so the device never waits on us.
-      dispatched = None if feats is None else (
-          feats, self._run(self.params, *jax.device_put(self._arrays(feats),
-                                                        self._batch_sharding)))
+      dispatched = (
+        None
+        if feats is None
+        else (
+          feats,
+          self._run(self.params, *jax.device_put(self._arrays(feats), self._batch_sharding)),
+        )
+      )
       if pending is not None:
         done, out = pending
         out = np.asarray(out)
         for r, f in enumerate(done):
-          results[f.unique_id] = out[r, :, :len(f.input_ids)]
+          results[f.unique_id] = out[r, :, : len(f.input_ids)]
       pending = dispatched
     return results
 
-  def __call__(self, features: Sequence[InputFeatures], window: int = 8
-               ) -> Iterator[tuple[InputFeatures, np.ndarray]]:
+  def __call__(
+    self, features: Sequence[InputFeatures], window: int = 8
+  ) -> Iterator[tuple[InputFeatures, np.ndarray]]:
     """Yields (features, values [num_layers, num_tokens, hidden]) in the order given.
 
     Lines are sorted by length within windows of ``window`` batches (dense batches, few
@@ -216,7 +244,7 @@ class FeatureExtractor:
     one (XLA releases the GIL, so writing output overlaps the model).
     """
     span = window * self.batch_size
-    chunks = [features[i:i + span] for i in range(0, len(features), span)]
+    chunks = [features[i : i + span] for i in range(0, len(features), span)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
       upcoming = pool.submit(self._window, chunks[0]) if chunks else None
       for k, chunk in enumerate(chunks):
@@ -238,17 +266,27 @@ def round_like_original(values: np.ndarray) -> list:
 def to_json(f: InputFeatures, values_NxTxD: np.ndarray, layers: Sequence[int]) -> str:
   """One output line in the original's layout."""
   rounded = round_like_original(values_NxTxD)  # N x T x D nested lists
-  feats = [{"token": tok, "layers": [{"index": layer, "values": rounded[j][t]}
-                                     for j, layer in enumerate(layers)]}
-           for t, tok in enumerate(f.tokens)]
+  feats = [
+    {
+      "token": tok,
+      "layers": [{"index": layer, "values": rounded[j][t]} for j, layer in enumerate(layers)],
+    }
+    for t, tok in enumerate(f.tokens)
+  ]
   return json.dumps({"linex_index": f.unique_id, "features": feats})
 
 
-def extract_features(input_file: str, output_file: str, checkpoint: str,
-                     layers: Sequence[int] = (-1, -2, -3, -4), max_seq_length: int = 128,
-                     batch_size: int = 32, do_lower_case: bool | None = None,
-                     allow_empty_lines: bool = False, chunk_lines: int = 16384
-                     ) -> dict[str, Any]:
+def extract_features(
+  input_file: str,
+  output_file: str,
+  checkpoint: str,
+  layers: Sequence[int] = (-1, -2, -3, -4),
+  max_seq_length: int = 128,
+  batch_size: int = 32,
+  do_lower_case: bool | None = None,
+  allow_empty_lines: bool = False,
+  chunk_lines: int = 16384,
+) -> dict[str, Any]:
   """Writes ``output_file`` (JSON lines) for every line of ``input_file``; returns a summary.
 
   ``checkpoint`` is anything ``load_pretrained`` reads (a bert_jax workdir, a Hugging Face
@@ -256,13 +294,16 @@ def extract_features(input_file: str, output_file: str, checkpoint: str,
   loaded, then streamed ``chunk_lines`` lines at a time (memory stays bounded for any file
   size); the output appears only when complete (an existing file is replaced then).
   """
-  from bert_jax.checkpoint import load_pretrained  # pylint: disable=import-outside-toplevel
+  from bert_jax.checkpoint import load_pretrained  # noqa: PLC0415
+
   start = time.perf_counter()
   num_lines = sum(1 for _ in iter_examples(input_file, allow_empty_lines))  # fail early
   pre = load_pretrained(checkpoint, task="encoder", do_lower_case=do_lower_case)
   if pre.tokenizer is None:
-    raise ValueError(f"{checkpoint}: the checkpoint has no vocabulary (vocab.txt or a "
-                     f"SentencePiece .model) to tokenize the input with")
+    raise ValueError(
+      f"{checkpoint}: the checkpoint has no vocabulary (vocab.txt or a "
+      f"SentencePiece .model) to tokenize the input with"
+    )
   extractor = FeatureExtractor(pre.params, pre.config, layers, max_seq_length, batch_size)
   loaded = time.perf_counter()
   out_path = pathlib.Path(output_file)
@@ -284,7 +325,13 @@ def extract_features(input_file: str, output_file: str, checkpoint: str,
       tmp.unlink()
     raise
   end = time.perf_counter()
-  return {"num_lines": num_lines, "num_tokens": num_tokens, "num_truncated": num_truncated,
-          "load_seconds": round(loaded - start, 3), "extract_seconds": round(end - loaded, 3),
-          "lines_per_second": round(num_lines / max(end - loaded, 1e-9), 1),
-          "output_file": str(out_path), "checkpoint_source": pre.source}
+  return {
+    "num_lines": num_lines,
+    "num_tokens": num_tokens,
+    "num_truncated": num_truncated,
+    "load_seconds": round(loaded - start, 3),
+    "extract_seconds": round(end - loaded, 3),
+    "lines_per_second": round(num_lines / max(end - loaded, 1e-9), 1),
+    "output_file": str(out_path),
+    "checkpoint_source": pre.source,
+  }

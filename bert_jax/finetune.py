@@ -23,10 +23,14 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A configs/<task>.py:<arg> file; override keys with --config.<key>=v",
-    lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, best/, "
-                               "predictions/, metrics.json, summary.json")
+  "config",
+  None,
+  "A configs/<task>.py:<arg> file; override keys with --config.<key>=v",
+  lock_config=True,
+)
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Run directory: checkpoints, best/, predictions/, metrics.json, summary.json"
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -36,6 +40,7 @@ def main(argv):
   from bert_jax.tasks.runner import finetune  # noqa: PLC0415
   from bert_jax.train.loop import NonFiniteLossError  # noqa: PLC0415
   from bert_jax.train.metrics import quiet_library_logs  # noqa: PLC0415
+
   quiet_library_logs()
   try:
     result = finetune(_CONFIG.value, _WORKDIR.value)
@@ -43,11 +48,19 @@ def main(argv):
     logging.error("%s", e)
     sys.exit(f"error: {e}")
   if result.get("status") != "completed":
-    logging.warning("Stopped (%s) at step %d; re-run to resume", result["status"],
-                    result["step"])
+    logging.warning("Stopped (%s) at step %d; re-run to resume", result["status"], result["step"])
     return
-  print(json.dumps({"task": result["task"], "primary_metric": result["primary_metric"],
-                    "dev": result["dev"], "best_step": result["best_step"]}, default=str))
+  print(
+    json.dumps(
+      {
+        "task": result["task"],
+        "primary_metric": result["primary_metric"],
+        "dev": result["dev"],
+        "best_step": result["best_step"],
+      },
+      default=str,
+    )
+  )
 
 
 def run():

@@ -18,10 +18,14 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A configs/pretrain.py:<preset> file; override keys with --config.<key>=v",
-    lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, TensorBoard, "
-                               "config, tokenizer, summary.json")
+  "config",
+  None,
+  "A configs/pretrain.py:<preset> file; override keys with --config.<key>=v",
+  lock_config=True,
+)
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Run directory: checkpoints, TensorBoard, config, tokenizer, summary.json"
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -31,6 +35,7 @@ def main(argv):
   from bert_jax.train.loop import NonFiniteLossError  # noqa: PLC0415
   from bert_jax.train.metrics import quiet_library_logs  # noqa: PLC0415
   from bert_jax.train.pretraining import run_pretraining  # noqa: PLC0415
+
   quiet_library_logs()
   try:
     summary = run_pretraining(_CONFIG.value, _WORKDIR.value)
@@ -40,8 +45,12 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     logging.error("%s", e)
     sys.exit(f"error: {e}")
-  logging.info("Done (%s) at step %d; summary in %s/summary.json", summary["status"],
-               summary["step"], _WORKDIR.value)
+  logging.info(
+    "Done (%s) at step %d; summary in %s/summary.json",
+    summary["status"],
+    summary["step"],
+    _WORKDIR.value,
+  )
 
 
 def run():

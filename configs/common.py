@@ -25,11 +25,13 @@ import ml_collections
 
 def mesh_config() -> ml_collections.ConfigDict:
   """Device mesh axes. Their product must equal the number of devices; one may be -1."""
-  return ml_collections.ConfigDict(dict(
-      data=-1,    # pure data parallelism (replicated params)
-      fsdp=1,     # data parallelism with params/optimizer state sharded (ZeRO-3 style)
-      tensor=1,   # Megatron-style tensor parallelism over heads / mlp / vocab
-  ))
+  return ml_collections.ConfigDict(
+    dict(
+      data=-1,  # pure data parallelism (replicated params)
+      fsdp=1,  # data parallelism with params/optimizer state sharded (ZeRO-3 style)
+      tensor=1,  # Megatron-style tensor parallelism over heads / mlp / vocab
+    )
+  )
 
 
 def logical_axis_rules() -> tuple[tuple[str, object], ...]:
@@ -40,48 +42,54 @@ def logical_axis_rules() -> tuple[tuple[str, object], ...]:
   (e.g. a vocab of 30,522 over tensor=4) is left unsharded, with a log line saying so.
   """
   return (
-      ("batch", ("data", "fsdp")),
-      ("length", None),
-      ("vocab", "tensor"),
-      ("mlp", "tensor"),
-      ("heads", "tensor"),
-      ("joined_kv", "tensor"),
-      ("kv", None),
-      ("embed", "fsdp"),
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("joined_kv", "tensor"),
+    ("kv", None),
+    ("embed", "fsdp"),
   )
 
 
 def optimizer_config() -> ml_collections.ConfigDict:
   """BERT's AdamW (decoupled weight decay, none on LayerNorm/bias) or LAMB; grad clipping."""
-  return ml_collections.ConfigDict(dict(
-      name="adamw",          # "adamw" | "lamb"
-      weight_decay=0.01,     # decoupled; not applied to LayerNorm parameters and biases
+  return ml_collections.ConfigDict(
+    dict(
+      name="adamw",  # "adamw" | "lamb"
+      weight_decay=0.01,  # decoupled; not applied to LayerNorm parameters and biases
       b1=0.9,
       b2=0.999,
       eps=1e-6,
-      max_grad_norm=1.0,     # global-norm clipping before the update; <= 0 disables
+      max_grad_norm=1.0,  # global-norm clipping before the update; <= 0 disables
       # linear warmup, then: "linear" (BERT's: the line from peak at step 0 to 0 at the end) |
       # "linear_after_warmup" (peak at the end of warmup to 0; HF's default) | "constant"
       schedule="linear",
-  ))
+    )
+  )
 
 
 def checkpoint_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      keep_checkpoint_max=3,   # keep the last k checkpoints
-      async_save=True,         # save in a background thread while training continues
-      save_on_preemption=True, # on SIGTERM: save the current step, then exit cleanly
-  ))
+  return ml_collections.ConfigDict(
+    dict(
+      keep_checkpoint_max=3,  # keep the last k checkpoints
+      async_save=True,  # save in a background thread while training continues
+      save_on_preemption=True,  # on SIGTERM: save the current step, then exit cleanly
+    )
+  )
 
 
 def logging_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      log_every_steps=10,          # console line + TensorBoard scalars
+  return ml_collections.ConfigDict(
+    dict(
+      log_every_steps=10,  # console line + TensorBoard scalars
       # Peak FLOP/s of one device for model-FLOPs utilisation; 0 = look up by device kind
       # (see bert_jax/train/flops.py), which for CPUs uses cpu_peak_flops_per_device.
       peak_flops_per_device=0.0,
       cpu_peak_flops_per_device=4e11,  # ~2 AVX-512 cores, fp32 FMA (378 GFLOP/s measured here)
-  ))
+    )
+  )
 
 
 def distributed_config() -> ml_collections.ConfigDict:
@@ -92,12 +100,14 @@ def distributed_config() -> ml_collections.ConfigDict:
   process id ($JAX_PROCESS_ID). ``auto_detect=True`` instead lets JAX detect a cluster (TPU pod,
   SLURM, Open MPI, Kubernetes) by itself.
   """
-  return ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(
+    dict(
       coordinator_address="",
       num_processes=-1,
       process_id=-1,
       auto_detect=False,
-  ))
+    )
+  )
 
 
 def compilation_cache_config() -> ml_collections.ConfigDict:
@@ -110,13 +120,15 @@ def compilation_cache_config() -> ml_collections.ConfigDict:
   the directory must be private to the user. "" leaves JAX's own setting alone (off unless
   $JAX_COMPILATION_CACHE_DIR is set).
   """
-  return ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(
+    dict(
       dir="~/.cache/bert_jax/jax_compilation_cache",
       # JAX's default: a program compiling faster than this (the init and small host-side jits)
       # costs more to write and read than it saves; every train and eval step takes longer.
       min_compile_time_secs=1.0,
-      max_size_bytes=-1,   # LRU-evict beyond this many bytes; -1 = no limit (JAX's default)
-  ))
+      max_size_bytes=-1,  # LRU-evict beyond this many bytes; -1 = no limit (JAX's default)
+    )
+  )
 
 
 def add_common(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -28,10 +28,10 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   config.task = task
   # Initialisation. init_checkpoint: bert_jax workdir / HF dir / TF checkpoint (encoder only).
   config.init_checkpoint = ""
-  config.model_preset = "tiny"    # encoder size when init_checkpoint is empty (from scratch)
-  config.vocab_file = ""          # tokenizer when init_checkpoint has none (or to override it)
+  config.model_preset = "tiny"  # encoder size when init_checkpoint is empty (from scratch)
+  config.vocab_file = ""  # tokenizer when init_checkpoint has none (or to override it)
   config.do_lower_case = ml_collections.config_dict.placeholder(bool)  # None: the tokenizer's
-  config.dtype = "float32"        # compute dtype; "bfloat16" for mixed precision
+  config.dtype = "float32"  # compute dtype; "bfloat16" for mixed precision
   config.hidden_dropout_prob = 0.1
   config.attention_probs_dropout_prob = 0.1
   # The new head's kernel: "normal" N(0, initializer_range^2) as Hugging Face initialises it, or
@@ -41,13 +41,13 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   config.head_init = "normal"
   # Training (google-research/bert flag names).
   config.max_seq_length = 128
-  config.train_batch_size = 32    # global, over all hosts and devices
+  config.train_batch_size = 32  # global, over all hosts and devices
   config.eval_batch_size = 32
   config.learning_rate = 2e-5
   config.num_train_epochs = 3.0
-  config.num_train_steps = 0      # > 0 overrides num_train_epochs
+  config.num_train_steps = 0  # > 0 overrides num_train_epochs
   config.warmup_proportion = 0.1
-  config.num_warmup_steps = -1    # >= 0 overrides warmup_proportion
+  config.num_warmup_steps = -1  # >= 0 overrides warmup_proportion
   config.grad_accum_steps = 1
   # Length bucketing (bert_jax/tasks/length_buckets.py): each train/eval batch is cut to the
   # shortest bucket holding its longest row; results are unchanged (padding is masked), and
@@ -57,9 +57,9 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   # Evaluation / checkpoints: evaluate on the dev split(s) every eval_every_steps (0 = at the
   # end of each epoch) and keep the best checkpoint by the task's primary metric.
   config.eval_every_steps = 0
-  config.save_checkpoints_steps = 0   # 0 = only at evaluations
+  config.save_checkpoints_steps = 0  # 0 = only at evaluations
   config.keep_best = True
-  config.predict_test = True      # after training, write test-set predictions (if the split exists)
+  config.predict_test = True  # after training, write test-set predictions (if the split exists)
   # Data slices for quick runs (0 = all).
   config.max_train_examples = 0
   config.max_eval_examples = 0
@@ -75,9 +75,9 @@ def get_config(task: str = "sst2") -> ml_collections.ConfigDict:
   if task not in GLUE_TASKS:
     raise ValueError(f"unknown GLUE task {task!r}; choose one of {GLUE_TASKS}")
   config = finetune_base(task)
-  config.data_source = "tsv"      # "tsv": GLUE TSV directory; "tfds": glue/<task> in tfds_data_dir
-  config.data_dir = ""            # GLUE root (holding CoLA/, SST-2/, ...) or the task's folder
-  config.tfds_data_dir = ""       # local TFDS data_dir with glue/* prepared (no download)
+  config.data_source = "tsv"  # "tsv": GLUE TSV directory; "tfds": glue/<task> in tfds_data_dir
+  config.data_dir = ""  # GLUE root (holding CoLA/, SST-2/, ...) or the task's folder
+  config.tfds_data_dir = ""  # local TFDS data_dir with glue/* prepared (no download)
   config.skip_malformed_rows = False  # True: skip (and count) rows with missing fields / labels
   config.lock()
   return config

@@ -20,9 +20,9 @@ def ner_fields(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   config.train_file = ""
   config.dev_file = ""
   config.test_file = ""
-  config.dev_fraction = 0.0   # > 0 with no dev_file: hold out this share of train sentences
-  config.split_seed = 0       # seed of that split
-  config.labels = ""          # comma-separated tag set; "" = the tags of train_file
+  config.dev_fraction = 0.0  # > 0 with no dev_file: hold out this share of train sentences
+  config.split_seed = 0  # seed of that split
+  config.labels = ""  # comma-separated tag set; "" = the tags of train_file
   config.skip_malformed_lines = False  # True: drop (and count) lines without a valid tag
   config.learning_rate = 5e-5
   config.train_batch_size = 32

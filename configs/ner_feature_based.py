@@ -20,8 +20,8 @@ def get_config(feature_mode: str = "concat_last_four") -> ml_collections.ConfigD
   config = ner_fields(finetune_base("ner_feature_based"))
   config.feature_mode = feature_mode
   config.feature_layer = -1
-  config.lstm_hidden_size = 768   # per direction, as the paper
+  config.lstm_hidden_size = 768  # per direction, as the paper
   config.lstm_num_layers = 2
-  config.learning_rate = 1e-3     # only the BiLSTM and classifier train
+  config.learning_rate = 1e-3  # only the BiLSTM and classifier train
   config.lock()
   return config

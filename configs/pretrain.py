@@ -22,21 +22,23 @@ from configs import common
 
 # name: (train_batch_size, num_train_steps, num_warmup_steps, learning_rate)
 _RUNS = {
-    "tiny": (32, 300, 30, 2e-3),
-    "mini": (64, 10_000, 1_000, 5e-4),
-    "small": (128, 100_000, 10_000, 3e-4),
-    "medium": (128, 200_000, 10_000, 2e-4),
-    "base": (256, 1_000_000, 10_000, 1e-4),
-    "large": (256, 1_000_000, 10_000, 1e-4),
+  "tiny": (32, 300, 30, 2e-3),
+  "mini": (64, 10_000, 1_000, 5e-4),
+  "small": (128, 100_000, 10_000, 3e-4),
+  "medium": (128, 200_000, 10_000, 2e-4),
+  "base": (256, 1_000_000, 10_000, 1e-4),
+  "large": (256, 1_000_000, 10_000, 1e-4),
 }
 
 
 def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   paper = preset.endswith("_paper")
-  size = preset[:-len("_paper")] if paper else preset
+  size = preset[: -len("_paper")] if paper else preset
   if size not in _RUNS or (paper and size not in ("base", "large")):
-    raise ValueError(f"unknown pre-training preset {preset!r}; choose one of "
-                     f"{sorted(_RUNS) + ['base_paper', 'large_paper']}")
+    raise ValueError(
+      f"unknown pre-training preset {preset!r}; choose one of "
+      f"{sorted(_RUNS) + ['base_paper', 'large_paper']}"
+    )
   batch, steps, warmup, lr = _RUNS[size]
 
   config = ml_collections.ConfigDict()
@@ -44,14 +46,14 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   # bert_config_file (a bert_config.json / HF config.json) replaces the preset when set.
   config.model_preset = size
   config.bert_config_file = ""
-  config.dtype = "float32"        # compute dtype: "bfloat16" for mixed precision (params stay fp32)
-  config.remat = False            # rematerialise each layer in the backward pass
+  config.dtype = "float32"  # compute dtype: "bfloat16" for mixed precision (params stay fp32)
+  config.remat = False  # rematerialise each layer in the backward pass
 
   # Data. Empty input_files -> the built-in default corpus, prepared under default_corpus_dir
   # ('' = <workdir>/default_corpus). synthetic_data=True feeds random batches (benchmarks).
   config.input_files = ""
   config.eval_input_files = ""
-  config.vocab_file = ""          # vocab.txt / SentencePiece .model / directory with either
+  config.vocab_file = ""  # vocab.txt / SentencePiece .model / directory with either
   config.do_lower_case = True
   config.default_corpus_dir = ""
   config.synthetic_data = False
@@ -59,19 +61,20 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   config.dynamic_masking = False  # re-draw the masks at every read (RoBERTa) instead of static
 
   # Phase 1 (google-research/bert flag names).
-  config.train_batch_size = batch   # global, over all hosts and devices
+  config.train_batch_size = batch  # global, over all hosts and devices
   config.eval_batch_size = min(batch, 64)
   config.max_seq_length = 128
   config.max_predictions_per_seq = 20
   config.masked_lm_prob = 0.15
   config.learning_rate = lr
-  config.num_train_steps = steps    # total, both phases
+  config.num_train_steps = steps  # total, both phases
   config.num_warmup_steps = warmup
-  config.grad_accum_steps = 1       # micro-batches per step; each has train_batch_size / this
+  config.grad_accum_steps = 1  # micro-batches per step; each has train_batch_size / this
 
   # Phase 2: the last `fraction` of the steps at longer sequences. learning_rate < 0 continues
   # phase 1's schedule; >= 0 starts a new warmup (num_warmup_steps) then linear decay to 0.
-  config.phase2 = ml_collections.ConfigDict(dict(
+  config.phase2 = ml_collections.ConfigDict(
+    dict(
       fraction=0.1,
       max_seq_length=512,
       max_predictions_per_seq=80,
@@ -81,14 +84,15 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
       input_files="",
       eval_input_files="",
       grad_accum_steps=1,
-  ))
-  if size == "tiny":   # short enough for CI: phase 2 covers the last 10% at seq 512
+    )
+  )
+  if size == "tiny":  # short enough for CI: phase 2 covers the last 10% at seq 512
     config.phase2.train_batch_size = 8
 
   config.save_checkpoints_steps = max(steps // 10, 1) if size == "tiny" else 5_000
   config.eval_every_steps = max(steps // 5, 1) if size == "tiny" else 10_000
   config.max_eval_steps = 10 if size == "tiny" else 100
-  config.init_checkpoint = ""     # bert_jax workdir / HF directory / TF checkpoint (params only)
+  config.init_checkpoint = ""  # bert_jax workdir / HF directory / TF checkpoint (params only)
 
   common.add_common(config)
   if size == "tiny":

@@ -18,14 +18,14 @@ def get_config(version: str = "v1") -> ml_collections.ConfigDict:
   if version not in ("v1", "v2"):
     raise ValueError(f"SQuAD version must be 'v1' or 'v2', got {version!r}")
   config = finetune_base(f"squad_{version}")
-  config.train_file = ""          # official nested JSON, e.g. train-v1.1.json
-  config.predict_file = ""        # dev JSON: split "dev"
+  config.train_file = ""  # official nested JSON, e.g. train-v1.1.json
+  config.predict_file = ""  # dev JSON: split "dev"
   config.max_seq_length = 384
   config.doc_stride = 128
   config.max_query_length = 64
   config.n_best_size = 20
   config.max_answer_length = 30
-  config.null_score_diff_threshold = 0.0   # v2 only; the best one on dev is reported too
+  config.null_score_diff_threshold = 0.0  # v2 only; the best one on dev is reported too
   # Windows are packed to max_seq_length (doc_stride), so most batches would not shrink; off.
   # When set, the cut keeps every start/end position inside (see bert_jax/tasks/squad.py).
   config.length_buckets = ""

@@ -15,9 +15,9 @@ from configs.glue import finetune_base
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   del arg
   config = finetune_base("swag")
-  config.train_file = ""   # SWAG train.csv (or .jsonl)
-  config.dev_file = ""     # val.csv
-  config.test_file = ""    # test.csv (no labels)
+  config.train_file = ""  # SWAG train.csv (or .jsonl)
+  config.dev_file = ""  # val.csv
+  config.test_file = ""  # test.csv (no labels)
   config.train_batch_size = 16
   config.eval_batch_size = 16
   config.learning_rate = 2e-5

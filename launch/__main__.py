@@ -36,8 +36,12 @@ flags.DEFINE_integer("parallel", 1, "sweep: local runs at a time.")
 flags.DEFINE_string("metric", None, "results: the metric to sort by (default: primary).")
 flags.DEFINE_enum("mode", "auto", ["auto", "max", "min"], "results: is higher or lower better.")
 
-_TYPES = {"str": flags.DEFINE_string, "int": flags.DEFINE_integer,
-          "float": flags.DEFINE_float, "bool": flags.DEFINE_bool}
+_TYPES = {
+  "str": flags.DEFINE_string,
+  "int": flags.DEFINE_integer,
+  "float": flags.DEFINE_float,
+  "bool": flags.DEFINE_bool,
+}
 _SETTINGS: dict[str, list[str]] = {}  # setting -> the targets that have it
 
 
@@ -52,8 +56,11 @@ def _define_target_flags():
       defaults.setdefault(f.name, []).append(f"{name}: {f.default!r}")
   for key, f in fields.items():
     define = _TYPES.get(str(f.type), flags.DEFINE_multi_string)
-    default = (f"default {f.default!r}" if len(defaults[key]) == 1 else
-               f"defaults {'; '.join(defaults[key])}")
+    default = (
+      f"default {f.default!r}"
+      if len(defaults[key]) == 1
+      else f"defaults {'; '.join(defaults[key])}"
+    )
     define(key, None, f"[{', '.join(_SETTINGS[key])}] {helps[key]} ({default})")
 
 
@@ -78,8 +85,10 @@ def main(argv):
     if argv[1] == "results":
       mode = {"auto": None, "max": True, "min": False}[FLAGS.mode]
       tables = write_results(FLAGS.workdir, FLAGS.metric, mode)
-      print(f"best run: {tables.best_run['run']} ({tables.metric} = "
-            f"{tables.best_run[tables.metric]:.4f}); tables in {FLAGS.workdir}/results.md")
+      print(
+        f"best run: {tables.best_run['run']} ({tables.metric} = "
+        f"{tables.best_run[tables.metric]:.4f}); tables in {FLAGS.workdir}/results.md"
+      )
       return 0
     python = FLAGS.python or (sys.executable if FLAGS.target == "local" else "python3")
     job = Job(FLAGS.job, FLAGS.config, FLAGS.workdir, extra_args=tuple(argv[2:]), python=python)

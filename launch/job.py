@@ -23,7 +23,8 @@ import shlex
 import socket
 import subprocess
 import sys
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import ml_collections
 
@@ -31,9 +32,9 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Short names for the entry points; anything else is taken as a module path.
 ENTRY_POINTS = {
-    "pretrain": "bert_jax.pretrain",
-    "finetune": "bert_jax.finetune",
-    "evaluate": "bert_jax.evaluate",
+  "pretrain": "bert_jax.pretrain",
+  "finetune": "bert_jax.finetune",
+  "evaluate": "bert_jax.evaluate",
 }
 
 # The environment variables a multi-process job reads (bert_jax.parallel reads the same names).
@@ -67,6 +68,7 @@ class Job:
     extra_args: further flags passed through verbatim (``--config.*`` ones are validated too).
     python: the interpreter on the machine that runs the job.
   """
+
   entry: str
   config: str
   workdir: str
@@ -89,7 +91,7 @@ class Job:
   def shell_command(self) -> str:
     return shlex.join(self.argv())
 
-  def replace(self, **changes: Any) -> "Job":
+  def replace(self, **changes: Any) -> Job:
     return dataclasses.replace(self, **changes)
 
 
@@ -115,8 +117,9 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     raise LaunchError(f"{path}: get_config({arg!r}) failed: {type(e).__name__}: {e}") from e
 
 
-def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple[str, Any]],
-                    source: str = "overrides") -> ml_collections.ConfigDict:
+def apply_overrides(
+  config: ml_collections.ConfigDict, overrides: Sequence[tuple[str, Any]], source: str = "overrides"
+) -> ml_collections.ConfigDict:
   """A copy of ``config`` with dotted-key overrides applied; unknown keys -> LaunchError."""
   config = copy.deepcopy(config)  # keeps placeholders' types and the lock
   config.lock()
@@ -126,8 +129,10 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[tuple
       if not isinstance(node, ml_collections.ConfigDict) or part not in node:
         known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
         where = ".".join(parts[:i]) or "the config"
-        raise LaunchError(f"{source}: config key {key!r} does not exist ({part!r} is not in "
-                          f"{where}; keys there: {known})")
+        raise LaunchError(
+          f"{source}: config key {key!r} does not exist ({part!r} is not in "
+          f"{where}; keys there: {known})"
+        )
       if i < len(parts) - 1:
         node = node[part]
     try:
@@ -142,7 +147,7 @@ def config_overrides_in_args(extra_args: Sequence[str]) -> list[tuple[str, str]]
   out = []
   for arg in extra_args:
     if arg.startswith("--config.") and "=" in arg:
-      key, _, value = arg[len("--config."):].partition("=")
+      key, _, value = arg[len("--config.") :].partition("=")
       out.append((key, value))
   return out
 
@@ -191,32 +196,39 @@ def resolve_config(job: Job, source: str = "overrides") -> ml_collections.Config
 
 def git_state(repo: pathlib.Path = REPO_ROOT) -> dict[str, Any]:
   """The commit the code is at, and whether the working tree has uncommitted changes."""
+
   def git(*args):
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                          check=False)
+    return subprocess.run(
+      ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
+    )
+
   head = git("rev-parse", "HEAD")
   if head.returncode:
     return {"commit": None, "dirty": None}
   return {"commit": head.stdout.strip(), "dirty": bool(git("status", "--porcelain").stdout.strip())}
 
 
-def launch_record(job: Job, config: ml_collections.ConfigDict | None, target: str,
-                  target_settings: Mapping[str, Any] | None = None,
-                  num_processes: int = 1) -> dict[str, Any]:
+def launch_record(
+  job: Job,
+  config: ml_collections.ConfigDict | None,
+  target: str,
+  target_settings: Mapping[str, Any] | None = None,
+  num_processes: int = 1,
+) -> dict[str, Any]:
   """What ``launch.json`` holds: the command, the resolved config and the code's commit."""
   return {
-      "entry": job.module,
-      "argv": job.argv(),
-      "config_spec": job.config,
-      "overrides": {k: v for k, v in job.overrides},
-      "config": json.loads(config.to_json_best_effort()) if config is not None else None,
-      "workdir": job.workdir,
-      "target": target,
-      "target_settings": dict(target_settings or {}),
-      "num_processes": num_processes,
-      "git": git_state(),
-      "launched_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "launched_from": socket.gethostname(),
+    "entry": job.module,
+    "argv": job.argv(),
+    "config_spec": job.config,
+    "overrides": {k: v for k, v in job.overrides},
+    "config": json.loads(config.to_json_best_effort()) if config is not None else None,
+    "workdir": job.workdir,
+    "target": target,
+    "target_settings": dict(target_settings or {}),
+    "num_processes": num_processes,
+    "git": git_state(),
+    "launched_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "launched_from": socket.gethostname(),
   }
 
 
@@ -237,7 +249,8 @@ def write_launch_record(workdir: str, record: Mapping[str, Any]) -> str:
   """
   text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
   if "://" in workdir:
-    import tensorflow as tf  # noqa: PLC0415  (gs:// only)
+    import tensorflow as tf  # noqa: PLC0415 (gs:// only)
+
     gfile, join = tf.io.gfile, lambda *p: "/".join(x.rstrip("/") for x in p)
   else:
     gfile, join = None, os.path.join

@@ -38,8 +38,14 @@ def can_write(workdir: str) -> bool:
   return workdir.startswith("gs://") or "://" not in workdir
 
 
-def launch(job: Job, target, dry_run: bool = False, out: TextIO | None = None,
-           source: str = "command line", stop: threading.Event | None = None) -> int:
+def launch(
+  job: Job,
+  target,
+  dry_run: bool = False,
+  out: TextIO | None = None,
+  source: str = "command line",
+  stop: threading.Event | None = None,
+) -> int:
   """Validates ``job`` on ``target``, then prints it (dry run) or records and runs it.
 
   ``stop`` (local target): setting it stops the job's processes (used by sweeps).

@@ -18,7 +18,8 @@ import json
 import math
 import os
 import statistics
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from launch.job import LaunchError
 
@@ -48,7 +49,8 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
 def _open(path: str, mode: str = "r"):
   """open(), or tf.io.gfile for gs:// and other remote paths."""
   if "://" in path:
-    import tensorflow as tf  # noqa: PLC0415  (remote roots only)
+    import tensorflow as tf  # noqa: PLC0415 (remote roots only)
+
     return tf.io.gfile.GFile(path, mode)
   return open(path, mode, newline="" if "w" in mode else None)
 
@@ -56,6 +58,7 @@ def _open(path: str, mode: str = "r"):
 def _listdir(root: str) -> list[str]:
   if "://" in root:
     import tensorflow as tf  # noqa: PLC0415
+
     if not tf.io.gfile.isdir(root):
       raise LaunchError(f"sweep root {root!r} is not a directory")
     return [n.rstrip("/") for n in tf.io.gfile.listdir(root)]
@@ -94,9 +97,15 @@ def collect(root: str) -> list[RunResult]:
     overrides = known.get(name)
     if overrides is None:
       overrides = (_read_json(os.path.join(root, name, "launch.json")) or {}).get("overrides")
-    results.append(RunResult(
-        name, dict(overrides or {}), flatten(metrics), metrics.get("primary_metric"),
-        metrics.get("higher_is_better")))
+    results.append(
+      RunResult(
+        name,
+        dict(overrides or {}),
+        flatten(metrics),
+        metrics.get("primary_metric"),
+        metrics.get("higher_is_better"),
+      )
+    )
   return results
 
 
@@ -107,8 +116,9 @@ def choose_metric(results: Sequence[RunResult], metric: str | None) -> str:
   names = set().union(*(r.metrics for r in results))
   wanted = metric or results[0].primary_metric
   if not wanted:
-    raise LaunchError(f"metrics.json names no primary_metric; pass --metric (one of "
-                      f"{sorted(names)})")
+    raise LaunchError(
+      f"metrics.json names no primary_metric; pass --metric (one of {sorted(names)})"
+    )
   if wanted in names:
     return wanted
   candidates = sorted(n for n in names if n.endswith("." + wanted))
@@ -137,29 +147,45 @@ class Tables:
     return self.runs[0]
 
 
-def build_tables(results: Sequence[RunResult], metric: str | None = None,
-                 higher_is_better: bool | None = None) -> Tables:
+def build_tables(
+  results: Sequence[RunResult], metric: str | None = None, higher_is_better: bool | None = None
+) -> Tables:
   metric = choose_metric(results, metric)
   if higher_is_better is None:
     # metrics.json's higher_is_better is about its primary metric only.
-    hib = [r.higher_is_better for r in results if r.higher_is_better is not None
-           and metric.rsplit(".", 1)[-1] == r.primary_metric]
+    hib = [
+      r.higher_is_better
+      for r in results
+      if r.higher_is_better is not None and metric.rsplit(".", 1)[-1] == r.primary_metric
+    ]
     higher_is_better = hib[0] if hib else not any(s in metric for s in ("loss", "perplexity"))
   keys = list(dict.fromkeys(k for r in results for k in r.overrides))
   sign = -1.0 if higher_is_better else 1.0
   scored = [r for r in results if metric in r.metrics]
-  runs = sorted(({"run": r.name, **{k: r.overrides.get(k, "") for k in keys},
-                  metric: r.metrics[metric]} for r in scored), key=lambda row: sign * row[metric])
+  runs = sorted(
+    (
+      {"run": r.name, **{k: r.overrides.get(k, "") for k in keys}, metric: r.metrics[metric]}
+      for r in scored
+    ),
+    key=lambda row: sign * row[metric],
+  )
   config_keys = [k for k in keys if k.rsplit(".", 1)[-1] not in SEED_KEYS]
   groups: dict[tuple, list[float]] = {}
   for r in scored:
     groups.setdefault(tuple(str(r.overrides.get(k, "")) for k in config_keys), []).append(
-        r.metrics[metric])
+      r.metrics[metric]
+    )
   configs = []
   for group, values in groups.items():
     std = statistics.stdev(values) if len(values) > 1 else float("nan")
-    configs.append({**dict(zip(config_keys, group)), f"{metric} mean": statistics.fmean(values),
-                    f"{metric} std": std, "seeds": len(values)})
+    configs.append(
+      {
+        **dict(zip(config_keys, group)),
+        f"{metric} mean": statistics.fmean(values),
+        f"{metric} std": std,
+        "seeds": len(values),
+      }
+    )
   configs.sort(key=lambda row: sign * row[f"{metric} mean"])
   return Tables(metric, higher_is_better, runs, configs, keys)
 
@@ -177,12 +203,14 @@ def render_markdown(tables: Tables) -> str:
   best = tables.best_run
   best_cfg = tables.configs[0]
   direction = "higher" if tables.higher_is_better else "lower"
-  return (f"# Sweep results: {tables.metric} ({direction} is better)\n\n"
-          f"Best run: **{best['run']}** with {tables.metric} = {_fmt(best[tables.metric])}.\n\n"
-          f"Best configuration over seeds: {_fmt(best_cfg[tables.metric + ' mean'])} ± "
-          f"{_fmt(best_cfg[tables.metric + ' std'])} ({best_cfg['seeds']} seed(s)).\n\n"
-          f"## Configurations (mean and standard deviation over seeds)\n\n"
-          f"{_markdown(tables.configs)}\n## Runs\n\n{_markdown(tables.runs)}")
+  return (
+    f"# Sweep results: {tables.metric} ({direction} is better)\n\n"
+    f"Best run: **{best['run']}** with {tables.metric} = {_fmt(best[tables.metric])}.\n\n"
+    f"Best configuration over seeds: {_fmt(best_cfg[tables.metric + ' mean'])} ± "
+    f"{_fmt(best_cfg[tables.metric + ' std'])} ({best_cfg['seeds']} seed(s)).\n\n"
+    f"## Configurations (mean and standard deviation over seeds)\n\n"
+    f"{_markdown(tables.configs)}\n## Runs\n\n{_markdown(tables.runs)}"
+  )
 
 
 def _write_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -191,12 +219,15 @@ def _write_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
       return
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
     writer.writeheader()
-    writer.writerows({k: ("" if isinstance(v, float) and math.isnan(v) else v)
-                      for k, v in row.items()} for row in rows)
+    writer.writerows(
+      {k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+      for row in rows
+    )
 
 
-def write_results(root: str, metric: str | None = None,
-                  higher_is_better: bool | None = None) -> Tables:
+def write_results(
+  root: str, metric: str | None = None, higher_is_better: bool | None = None
+) -> Tables:
   """Collects ``root`` and writes results.csv, results_by_config.csv and results.md there."""
   tables = build_tables(collect(root), metric, higher_is_better)
   _write_csv(os.path.join(root, "results.csv"), tables.runs)

@@ -34,7 +34,8 @@ import re
 import signal
 import sys
 import threading
-from typing import Any, Iterable, Mapping, Sequence, TextIO
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TextIO
 
 from launch.job import REPO_ROOT, Job, LaunchError, resolve_config
 from launch.launch import launch
@@ -96,8 +97,9 @@ def load_sweep(spec: str) -> list[Overrides]:
     raise LaunchError(f"sweep file {path!r} does not exist")
   if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
-  module_spec = importlib.util.spec_from_file_location(f"_launch_sweep_{pathlib.Path(path).stem}",
-                                                       path)
+  module_spec = importlib.util.spec_from_file_location(
+    f"_launch_sweep_{pathlib.Path(path).stem}", path
+  )
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)
@@ -137,7 +139,8 @@ class SweepRun:
 def exists(path: str) -> bool:
   """Whether ``path`` exists (local or gs://); LaunchError when the storage cannot be read."""
   if "://" in path:
-    import tensorflow as tf  # noqa: PLC0415  (gs:// only)
+    import tensorflow as tf  # noqa: PLC0415 (gs:// only)
+
     try:
       return tf.io.gfile.exists(path)
     except tf.errors.OpError as e:
@@ -157,8 +160,9 @@ def completed(runs: Sequence[SweepRun], dry_run: bool, out: TextIO) -> list[bool
     return [False] * len(runs)
 
 
-def plan_sweep(base: Job, points: Sequence[Overrides], root: str,
-               source: str = "sweep") -> list[SweepRun]:
+def plan_sweep(
+  base: Job, points: Sequence[Overrides], root: str, source: str = "sweep"
+) -> list[SweepRun]:
   """One job per point under ``root``; every point checked against the config first."""
   if not points:
     raise LaunchError(f"{source}: the sweep has no runs")
@@ -168,8 +172,9 @@ def plan_sweep(base: Job, points: Sequence[Overrides], root: str,
     if name in seen:
       raise LaunchError(f"{source}: runs {seen[name]} and {i} have the same overrides ({name})")
     seen[name] = i
-    job = base.replace(workdir=os.path.join(root, name),
-                       overrides=tuple(base.overrides) + tuple(point.items()))
+    job = base.replace(
+      workdir=os.path.join(root, name), overrides=tuple(base.overrides) + tuple(point.items())
+    )
     resolve_config(job, f"{source} (run {i}: {name})")
     runs.append(SweepRun(name, dict(point), job))
   return runs
@@ -177,11 +182,13 @@ def plan_sweep(base: Job, points: Sequence[Overrides], root: str,
 
 def write_sweep_record(root: str, runs: Sequence[SweepRun]) -> None:
   """``<root>/sweep.json``: each run's name and overrides (read back by launch.results)."""
-  text = json.dumps({"runs": [{"name": r.name, "overrides": r.overrides} for r in runs]},
-                    indent=2, default=str)
+  text = json.dumps(
+    {"runs": [{"name": r.name, "overrides": r.overrides} for r in runs]}, indent=2, default=str
+  )
   path = os.path.join(root, "sweep.json")
   if "://" in root:
-    import tensorflow as tf  # noqa: PLC0415  (gs:// only)
+    import tensorflow as tf  # noqa: PLC0415 (gs:// only)
+
     tf.io.gfile.makedirs(root)
     with tf.io.gfile.GFile(path, "w") as f:
       f.write(text)
@@ -203,8 +210,13 @@ def run_target(target, index: int, first: bool):
   return dataclasses.replace(target, **changes) if changes else target
 
 
-def run_sweep(runs: Sequence[SweepRun], target, parallel: int = 1, dry_run: bool = False,
-              out: TextIO | None = None) -> dict[str, int]:
+def run_sweep(
+  runs: Sequence[SweepRun],
+  target,
+  parallel: int = 1,
+  dry_run: bool = False,
+  out: TextIO | None = None,
+) -> dict[str, int]:
   """Runs (or, dry, prints) every incomplete run; returns {name: exit status} of those run."""
   out = out or sys.stdout
   note = "# sweep:" if dry_run else "sweep:"  # a dry run's output stays a valid script / YAML

@@ -14,8 +14,8 @@ from launch import sweep
 def get_sweep(arg: str = ""):
   seeds = int(arg) if arg else 5
   return sweep.product(
-      sweep.axis("learning_rate", [5e-5, 4e-5, 3e-5, 2e-5]),
-      sweep.axis("train_batch_size", [16, 32]),
-      sweep.axis("num_train_epochs", [2, 3, 4]),
-      sweep.axis("seed", range(seeds)),
+    sweep.axis("learning_rate", [5e-5, 4e-5, 3e-5, 2e-5]),
+    sweep.axis("train_batch_size", [16, 32]),
+    sweep.axis("num_train_epochs", [2, 3, 4]),
+    sweep.axis("seed", range(seeds)),
   )

@@ -20,8 +20,14 @@ transformers = pytest.importorskip("transformers")
 from bert_jax import model as models  # noqa: E402
 from bert_jax.checkpoint import CheckpointError, detect, load_pretrained, save_hf  # noqa: E402
 
-HF_SMALL = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                intermediate_size=37, max_position_embeddings=40)
+HF_SMALL = dict(
+  vocab_size=99,
+  hidden_size=32,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  intermediate_size=37,
+  max_position_embeddings=40,
+)
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)]
 
 
@@ -74,6 +80,7 @@ def test_hf_pretraining_round_trip_is_identical(pretraining_dir, tmp_path):
 def test_minilm_bertmodel_round_trip_is_identical(minilm_dir, tmp_path):
   """A real BertModel checkpoint (no "bert." prefix, [out, in] kernels, a position_ids buffer)."""
   from safetensors.numpy import load_file
+
   pre = load_pretrained(minilm_dir)
   assert pre.task == "encoder" and pre.absent == ("mlm", "nsp")  # BertModel: no heads
   save_hf(tmp_path, pre.params, pre.config, pre.tokenizer, head="encoder")
@@ -110,8 +117,9 @@ def test_bert_jax_workdir_round_trip(pretraining_dir, tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "model_config.json").write_text(json.dumps(pre.config.to_dict()))
-  (workdir / "head.json").write_text(json.dumps({"task": "pretraining", "num_labels": None,
-                                                 "labels": []}))
+  (workdir / "head.json").write_text(
+    json.dumps({"task": "pretraining", "num_labels": None, "labels": []})
+  )
   pre.tokenizer.save(workdir)
   mngr = manager.CheckpointManager(str(workdir), async_save=False)
   mngr.save(3, {"params": pre.params, "step": np.int32(3)})
@@ -120,8 +128,9 @@ def test_bert_jax_workdir_round_trip(pretraining_dir, tmp_path):
   ours = load_pretrained(workdir)
   assert (ours.source, ours.task) == ("bert_jax", "pretraining")
   save_hf(tmp_path / "hf", ours.params, ours.config, ours.tokenizer, head=ours.task)
-  assert_same_state(state(transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")),
-                    state(model))
+  assert_same_state(
+    state(transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")), state(model)
+  )
 
 
 # --- TensorFlow ------------------------------------------------------------------------------
@@ -164,10 +173,24 @@ def write_tf_checkpoint(model, directory, extra_vars=()):
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       saver.save(sess, str(directory / "bert_model.ckpt"), write_meta_graph=False)
-  config = {k: v for k, v in model.config.to_dict().items() if k in (
-      "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-      "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
-      "max_position_embeddings", "type_vocab_size", "initializer_range")}
+  config = {
+    k: v
+    for k, v in model.config.to_dict().items()
+    if k
+    in (
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "hidden_act",
+      "hidden_dropout_prob",
+      "attention_probs_dropout_prob",
+      "max_position_embeddings",
+      "type_vocab_size",
+      "initializer_range",
+    )
+  }
   (directory / "bert_config.json").write_text(json.dumps(config))
   (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
   return directory
@@ -188,17 +211,21 @@ def test_tf_checkpoint_imports_to_same_outputs(pretraining_dir, tmp_path):
   seg[:, 4:] = 1
   positions = np.array([[1, 3], [2, 5]], np.int32)
   ours = jax.jit(models.BertForPreTraining(pre.config).apply)(
-      {"params": pre.params}, ids, mask, seg, masked_lm_positions=positions)
+    {"params": pre.params}, ids, mask, seg, masked_lm_positions=positions
+  )
   with torch.no_grad():
     ref = model(torch.tensor(ids).long(), torch.tensor(mask).long(), torch.tensor(seg).long())
   np.testing.assert_allclose(
-      ours["mlm_logits"],
-      np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], 1), atol=1e-5)
+    ours["mlm_logits"],
+    np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], 1),
+    atol=1e-5,
+  )
   np.testing.assert_allclose(ours["nsp_logits"], ref.seq_relationship_logits.numpy(), atol=1e-5)
   # ... and it exports to exactly the weights it came from.
   save_hf(tmp_path / "hf", pre.params, pre.config, pre.tokenizer, head="pretraining")
-  assert_same_state(state(transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")),
-                    state(model))
+  assert_same_state(
+    state(transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")), state(model)
+  )
 
 
 def test_tf_run_classifier_checkpoint_imports_as_a_classifier(tmp_path):
@@ -209,7 +236,8 @@ def test_tf_run_classifier_checkpoint_imports_as_a_classifier(tmp_path):
   ids = np.array([[2, 7, 8, 9, 3, 0]], np.int32)
   mask = (ids > 0).astype(np.int32)
   ours = jax.jit(models.BertForSequenceClassification(pre.config, 3).apply)(
-      {"params": pre.params}, ids, mask, np.zeros_like(ids))["logits"]
+    {"params": pre.params}, ids, mask, np.zeros_like(ids)
+  )["logits"]
   with torch.no_grad():
     ref = model(torch.tensor(ids).long(), torch.tensor(mask).long()).logits.numpy()
   np.testing.assert_allclose(ours, ref, atol=1e-5)
@@ -217,9 +245,11 @@ def test_tf_run_classifier_checkpoint_imports_as_a_classifier(tmp_path):
 
 def test_tf_unknown_variable_is_named(pretraining_dir, tmp_path):
   _, model = pretraining_dir
-  directory = write_tf_checkpoint(model, tmp_path / "ckpt",
-                                  {"bert/encoder/layer_0/attention/self/rotary/kernel":
-                                   np.zeros((32, 32), np.float32)})
+  directory = write_tf_checkpoint(
+    model,
+    tmp_path / "ckpt",
+    {"bert/encoder/layer_0/attention/self/rotary/kernel": np.zeros((32, 32), np.float32)},
+  )
   with pytest.raises(CheckpointError, match=r"bert_model\.ckpt.*attention/self/rotary/kernel"):
     load_pretrained(directory)
 
@@ -247,45 +277,64 @@ def edit_config(directory, **changes):
 
 def edit_tensors(directory, fn):
   from safetensors.numpy import load_file, save_file
+
   path = str(directory / "model.safetensors")
   save_file(fn(load_file(path)), path, metadata={"format": "pt"})
 
 
 def test_config_sizes_that_disagree_with_the_weights(encoder_dir):
   edit_config(encoder_dir, hidden_size=64, intermediate_size=37)
-  with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'embeddings\.word_"
-                     r"embeddings\.weight' has shape \[99, 32\] but .*config\.json.*\[99, 64\]"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"model\.safetensors: tensor 'embeddings\.word_"
+    r"embeddings\.weight' has shape \[99, 32\] but .*config\.json.*\[99, 64\]",
+  ):
     load_pretrained(encoder_dir)
 
 
 def test_config_with_fewer_layers_than_the_weights(encoder_dir):
   edit_config(encoder_dir, num_hidden_layers=1)
-  with pytest.raises(CheckpointError, match=r"num_hidden_layers=1 but the weights have "
-                     r"layer\(s\) 1\).*'encoder\.layer\.1\."):
+  with pytest.raises(
+    CheckpointError,
+    match=r"num_hidden_layers=1 but the weights have "
+    r"layer\(s\) 1\).*'encoder\.layer\.1\.",
+  ):
     load_pretrained(encoder_dir)
 
 
 def test_truncated_safetensors_names_the_file(encoder_dir):
   path = encoder_dir / "model.safetensors"
   path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-  with pytest.raises(CheckpointError, match=r"enc/model\.safetensors: not a readable "
-                     r"safetensors file"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"enc/model\.safetensors: not a readable "
+    r"safetensors file",
+  ):
     load_pretrained(encoder_dir)
 
 
 def test_unknown_tensor_is_named(encoder_dir):
-  edit_tensors(encoder_dir, lambda t: {**t, "encoder.layer.0.attention.self.rotary.weight":
-                                       np.zeros((4, 4), np.float32)})
-  with pytest.raises(CheckpointError, match=r"model\.safetensors: unknown tensor.*"
-                     r"'encoder\.layer\.0\.attention\.self\.rotary\.weight'"):
+  edit_tensors(
+    encoder_dir,
+    lambda t: {**t, "encoder.layer.0.attention.self.rotary.weight": np.zeros((4, 4), np.float32)},
+  )
+  with pytest.raises(
+    CheckpointError,
+    match=r"model\.safetensors: unknown tensor.*"
+    r"'encoder\.layer\.0\.attention\.self\.rotary\.weight'",
+  ):
     load_pretrained(encoder_dir)
 
 
 def test_missing_tensor_is_named(encoder_dir):
-  edit_tensors(encoder_dir, lambda t: {k: v for k, v in t.items()
-                                       if k != "encoder.layer.1.output.dense.bias"})
-  with pytest.raises(CheckpointError, match=r"model\.safetensors: missing tensor.*"
-                     r"'bert\.encoder\.layer\.1\.output\.dense\.bias'"):
+  edit_tensors(
+    encoder_dir, lambda t: {k: v for k, v in t.items() if k != "encoder.layer.1.output.dense.bias"}
+  )
+  with pytest.raises(
+    CheckpointError,
+    match=r"model\.safetensors: missing tensor.*"
+    r"'bert\.encoder\.layer\.1\.output\.dense\.bias'",
+  ):
     load_pretrained(encoder_dir)
 
 
@@ -299,8 +348,13 @@ def test_wrongly_shaped_head_is_named(tmp_path):
 def test_untied_decoder_is_refused(pretraining_dir, tmp_path):
   directory, model = pretraining_dir
   copy = save_hf_dir(model, tmp_path / "copy")
-  edit_tensors(copy, lambda t: {**t, "cls.predictions.decoder.weight":
-                                t["bert.embeddings.word_embeddings.weight"] + 1})
+  edit_tensors(
+    copy,
+    lambda t: {
+      **t,
+      "cls.predictions.decoder.weight": t["bert.embeddings.word_embeddings.weight"] + 1,
+    },
+  )
   with pytest.raises(CheckpointError, match="decoder.weight' differs"):
     load_pretrained(copy)
 
@@ -335,10 +389,10 @@ def test_save_hf_keeps_existing_files(pretraining_dir, tmp_path):
   with pytest.raises(CheckpointError, match="refusing to overwrite"):
     save_hf(tmp_path, pre.params, pre.config, pre.tokenizer, head="encoder")
   assert (tmp_path / "model.safetensors").read_bytes() == before
-  with pytest.raises(CheckpointError,
-                     match=r"params lack what a BertForSequenceClassification needs: classifier"):
-    save_hf(tmp_path / "x", pre.params, pre.config, head="sequence_classification",
-            num_labels=2)
+  with pytest.raises(
+    CheckpointError, match=r"params lack what a BertForSequenceClassification needs: classifier"
+  ):
+    save_hf(tmp_path / "x", pre.params, pre.config, head="sequence_classification", num_labels=2)
 
 
 def test_bfloat16_checkpoint_imports_as_float32(tmp_path):
@@ -354,14 +408,16 @@ def test_params_only_export_loads(pretraining_dir, tmp_path):
   params_only = pytest.importorskip("bert_jax.checkpoint.params_only")
   directory, model = pretraining_dir
   pre = load_pretrained(directory)
-  params_only.export_params_only(str(tmp_path / "p"), pre.params, pre.config, pre.head,
-                                 pre.tokenizer)
+  params_only.export_params_only(
+    str(tmp_path / "p"), pre.params, pre.config, pre.head, pre.tokenizer
+  )
   assert detect(tmp_path / "p") == "bert_jax"
   again = load_pretrained(tmp_path / "p")
   assert (again.source, again.task, again.config) == ("bert_jax", "pretraining", pre.config)
   save_hf(tmp_path / "hf", again.params, again.config, again.tokenizer, head=again.task)
-  assert_same_state(state(transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")),
-                    state(model))
+  assert_same_state(
+    state(transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")), state(model)
+  )
 
 
 def test_encoder_of_a_fine_tuned_checkpoint(tmp_path):
@@ -369,20 +425,25 @@ def test_encoder_of_a_fine_tuned_checkpoint(tmp_path):
   directory = save_hf_dir(model, tmp_path / "cls")
   pre = load_pretrained(directory, task="encoder")
   assert set(pre.params) == {"bert"} and pre.task == "encoder" and pre.absent == ()
-  with pytest.raises(CheckpointError, match="carry a sequence_classification head, not "
-                     "question_answering"):
+  with pytest.raises(
+    CheckpointError, match="carry a sequence_classification head, not question_answering"
+  ):
     load_pretrained(directory, task="question_answering")
   full = load_pretrained(directory)
   save_hf(tmp_path / "enc", full.params, full.config, head="encoder")  # the head is left out
   back, info = transformers.BertModel.from_pretrained(tmp_path / "enc", output_loading_info=True)
   assert not any(info.values()), info
-  assert_same_state(state(back), {k[len("bert."):]: v for k, v in state(model).items()
-                                  if k.startswith("bert.")})
+  assert_same_state(
+    state(back), {k[len("bert.") :]: v for k, v in state(model).items() if k.startswith("bert.")}
+  )
 
 
 def test_sharded_checkpoint_imports_like_one_file(pretraining_dir, tmp_path):
   directory, model = pretraining_dir
   model.save_pretrained(tmp_path, max_shard_size="20KB")
   assert (tmp_path / "model.safetensors.index.json").is_file()
-  jax.tree.map(np.testing.assert_array_equal, load_pretrained(tmp_path).params,
-               load_pretrained(directory).params)
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    load_pretrained(tmp_path).params,
+    load_pretrained(directory).params,
+  )

@@ -11,8 +11,12 @@ import numpy as np
 import pytest
 
 from bert_jax import parallel
-from bert_jax.checkpoint.manager import (CheckpointManager, load_params, merge_pretrained_params,
-                                         restore_or_initialize)
+from bert_jax.checkpoint.manager import (
+  CheckpointManager,
+  load_params,
+  merge_pretrained_params,
+  restore_or_initialize,
+)
 from bert_jax.model import BertConfig, BertForPreTraining, BertForSequenceClassification
 from bert_jax.train import optimizers
 from bert_jax.train.state import abstract_train_state, init_train_state, state_with_params
@@ -20,9 +24,14 @@ from configs import common
 
 
 def _setup(hidden=32, model_cls=BertForPreTraining, **kw):
-  bert = BertConfig(vocab_size=100, hidden_size=hidden, num_hidden_layers=1,
-                    num_attention_heads=2, intermediate_size=2 * hidden,
-                    max_position_embeddings=16)
+  bert = BertConfig(
+    vocab_size=100,
+    hidden_size=hidden,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=2 * hidden,
+    max_position_embeddings=16,
+  )
   model = model_cls(bert, **kw)
   mesh = parallel.create_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   rules = parallel.normalize_rules(common.logical_axis_rules())
@@ -52,26 +61,31 @@ def test_round_trip_keep_last_k_and_load_params(tmp_path):
   manager = CheckpointManager(str(tmp_path), keep=2, async_save=True)
   for step in (1, 2, 3):
     state = state.replace(step=jnp.asarray(step, jnp.int32))
-    manager.save(step, state, input_state={"epoch": 0, "position": step * 8},
-                 meta={"phase": "seq128"})
+    manager.save(
+      step, state, input_state={"epoch": 0, "position": step * 8}, meta={"phase": "seq128"}
+    )
   manager.wait()
   assert manager.all_steps() == [2, 3]
   restored, input_state, meta = manager.restore(3, abstract)
   assert input_state == {"epoch": 0, "position": 24} and meta == {"phase": "seq128"}
   assert int(restored.step) == 3
-  for a, b, s in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(state),
-                     jax.tree_util.tree_leaves(shardings)):
+  for a, b, s in zip(
+    jax.tree_util.tree_leaves(restored),
+    jax.tree_util.tree_leaves(state),
+    jax.tree_util.tree_leaves(shardings),
+  ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert a.sharding == s   # placed straight into the run's shardings
+    assert a.sharding == s  # placed straight into the run's shardings
   manager.close()
 
   with open(tmp_path / "model_config.json", "w") as f:
     json.dump(bert.to_dict(), f)
   params, config, tokenizer = load_params(str(tmp_path))
   assert config == BertConfig.from_dict(bert.to_dict()) and tokenizer is None
-  np.testing.assert_array_equal(params["bert"]["embeddings"]["word_embeddings"]["embedding"],
-                                np.asarray(state.params["bert"]["embeddings"]["word_embeddings"]
-                                           ["embedding"]))
+  np.testing.assert_array_equal(
+    params["bert"]["embeddings"]["word_embeddings"]["embedding"],
+    np.asarray(state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]),
+  )
   assert isinstance(params["mlm_output_bias"], np.ndarray)
 
 
@@ -83,16 +97,18 @@ def test_checkpoint_of_another_model_is_refused_and_left_untouched(tmp_path):
   before = _listing(tmp_path)
   _, tx, abstract, shardings, make_other = _setup(hidden=64)
   manager = CheckpointManager(str(tmp_path), keep=2, async_save=False)
-  with pytest.raises(ValueError, match=r"(?s)another model.*bert/embeddings/word_embeddings/"
-                                       r"embedding: checkpoint \(100, 32\) vs model \(100, 64\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"(?s)another model.*bert/embeddings/word_embeddings/"
+    r"embedding: checkpoint \(100, 32\) vs model \(100, 64\)",
+  ):
     restore_or_initialize(manager, abstract, make_other)
   manager.close()
   assert _listing(tmp_path) == before
 
 
 def test_restore_order_resume_then_pretrained_then_scratch(tmp_path, monkeypatch):
-  _, tx, abstract, shardings, make = _setup(model_cls=BertForSequenceClassification,
-                                             num_labels=3)
+  _, tx, abstract, shardings, make = _setup(model_cls=BertForSequenceClassification, num_labels=3)
   with_params = lambda s, p: state_with_params(s, p, tx, shardings)
   manager = CheckpointManager(str(tmp_path / "run"), keep=2, async_save=False)
   state, inp, meta, report = restore_or_initialize(manager, abstract, make)
@@ -107,33 +123,45 @@ def test_restore_order_resume_then_pretrained_then_scratch(tmp_path, monkeypatch
     params = pre_params
 
   import bert_jax.checkpoint.pretrained as pretrained_lib
+
   monkeypatch.setattr(pretrained_lib, "load_pretrained", lambda path: Fake)
-  state, _, _, report = restore_or_initialize(manager, abstract, make, init_checkpoint="PRE",
-                                              with_params=with_params)
+  state, _, _, report = restore_or_initialize(
+    manager, abstract, make, init_checkpoint="PRE", with_params=with_params
+  )
   assert report.source == "pretrained"
-  assert report.not_loaded == ["mlm_LayerNorm/bias", "mlm_LayerNorm/scale", "mlm_output_bias",
-                               "mlm_transform/bias", "mlm_transform/kernel", "nsp/bias",
-                               "nsp/kernel"]
+  assert report.not_loaded == [
+    "mlm_LayerNorm/bias",
+    "mlm_LayerNorm/scale",
+    "mlm_output_bias",
+    "mlm_transform/bias",
+    "mlm_transform/kernel",
+    "nsp/bias",
+    "nsp/kernel",
+  ]
   assert report.newly_initialized == ["classifier/bias", "classifier/kernel"]
-  np.testing.assert_allclose(np.asarray(state.params["bert"]["pooler"]["kernel"]),
-                             pre_params["bert"]["pooler"]["kernel"])
-  assert state.params["bert"]["pooler"]["kernel"].sharding == \
-      shardings.params["bert"]["pooler"]["kernel"]
-  assert int(state.opt_state[1][0].count) == 0   # a fresh optimizer state
+  np.testing.assert_allclose(
+    np.asarray(state.params["bert"]["pooler"]["kernel"]), pre_params["bert"]["pooler"]["kernel"]
+  )
+  assert (
+    state.params["bert"]["pooler"]["kernel"].sharding
+    == shardings.params["bert"]["pooler"]["kernel"]
+  )
+  assert int(state.opt_state[1][0].count) == 0  # a fresh optimizer state
 
   manager.save(7, state, input_state={"position": 3}, meta={"phase": "train"})
   manager.wait()
-  state2, inp, meta, report = restore_or_initialize(manager, abstract, make,
-                                                    init_checkpoint="PRE",
-                                                    with_params=with_params)
+  state2, inp, meta, report = restore_or_initialize(
+    manager, abstract, make, init_checkpoint="PRE", with_params=with_params
+  )
   assert report.source == "resumed" and report.step == 7 and inp == {"position": 3}
   manager.close()
 
 
 def test_merge_refuses_shape_mismatch():
   params = {"bert": {"w": np.zeros((2, 3))}, "head": np.zeros(2)}
-  merged, report = merge_pretrained_params(params, {"bert": {"w": np.ones((2, 3))},
-                                                    "extra": np.ones(1)})
+  merged, report = merge_pretrained_params(
+    params, {"bert": {"w": np.ones((2, 3))}, "extra": np.ones(1)}
+  )
   assert report.loaded == ["bert/w"] and report.not_loaded == ["extra"]
   assert report.newly_initialized == ["head"]
   np.testing.assert_array_equal(merged["bert"]["w"], 1.0)

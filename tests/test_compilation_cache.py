@@ -24,8 +24,9 @@ print(json.dumps({"path": path, "hits": len(hits)}))
 
 
 def _run(cache_dir) -> dict:
-  proc = subprocess.run([sys.executable, "-c", _PROGRAM, str(cache_dir)], capture_output=True,
-                        text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-c", _PROGRAM, str(cache_dir)], capture_output=True, text=True, timeout=300
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -34,18 +35,22 @@ def test_second_process_loads_from_the_cache(tmp_path):
   cache = tmp_path / "jax_cache"
   first = _run(cache)
   assert first["path"] == str(cache) and first["hits"] == 0
-  assert any(cache.iterdir())                     # the compiled program was written
-  assert _run(cache)["hits"] >= 1                 # and read back by a new process
+  assert any(cache.iterdir())  # the compiled program was written
+  assert _run(cache)["hits"] >= 1  # and read back by a new process
 
 
 def test_empty_dir_leaves_jax_alone_and_bad_dir_names_the_key(tmp_path):
   import jax
+
   before = jax.config.jax_compilation_cache_dir
-  assert enable_compilation_cache({"dir": "", "min_compile_time_secs": 1.0,
-                                   "max_size_bytes": -1}) is None
+  assert (
+    enable_compilation_cache({"dir": "", "min_compile_time_secs": 1.0, "max_size_bytes": -1})
+    is None
+  )
   assert jax.config.jax_compilation_cache_dir == before
   blocker = tmp_path / "file"
   blocker.write_text("not a directory")
   with pytest.raises(ValueError, match="config.compilation_cache.dir"):
-    enable_compilation_cache({"dir": str(blocker / "cache"), "min_compile_time_secs": 1.0,
-                              "max_size_bytes": -1})
+    enable_compilation_cache(
+      {"dir": str(blocker / "cache"), "min_compile_time_secs": 1.0, "max_size_bytes": -1}
+    )

@@ -6,8 +6,7 @@ import time
 
 import numpy as np
 
-from bert_jax.data import default_corpus
-from bert_jax.data import pipeline
+from bert_jax.data import default_corpus, pipeline
 
 
 def test_default_documents_are_prose():
@@ -26,29 +25,36 @@ def test_default_documents_are_prose():
 def test_prepare_default_data(tmp_path):
   out = str(tmp_path / "default")
   start = time.time()
-  data = default_corpus.prepare_default_data(out, vocab_size=2000, max_documents=60,
-                                             dupe_factor=1, eval_fraction=0.1, num_workers=1)
-  assert set(data.train_files) == {128, 512} and data.max_predictions_per_seq == {128: 20,
-                                                                                  512: 80}
+  data = default_corpus.prepare_default_data(
+    out, vocab_size=2000, max_documents=60, dupe_factor=1, eval_fraction=0.1, num_workers=1
+  )
+  assert set(data.train_files) == {128, 512} and data.max_predictions_per_seq == {128: 20, 512: 80}
   from bert_jax.tokenize import load_tokenizer
+
   tokenizer = load_tokenizer(data.tokenizer_dir)
   assert tokenizer.vocab_size <= 2000 and tokenizer.do_lower_case
   assert os.path.exists(data.vocab_file)
   for seq, preds in data.max_predictions_per_seq.items():
     assert glob.glob(data.train_files[seq]) and glob.glob(data.eval_files[seq])
-    inp = pipeline.PretrainInput(data.train_files[seq], 4, seq, preds, process_index=0,
-                                 process_count=1)
+    inp = pipeline.PretrainInput(
+      data.train_files[seq], 4, seq, preds, process_index=0, process_count=1
+    )
     batch = next(inp)
     assert batch["input_ids"].shape == (4, seq)
     assert batch["input_ids"].max() < tokenizer.vocab_size
     assert (batch["input_ids"][:, 0] == tokenizer.cls_id).all()
-    evals = list(pipeline.eval_batches(data.eval_files[seq], 8, seq, preds, process_index=0,
-                                       process_count=1))
-    assert sum(b["example_weights"].sum() for b in evals) == data.stats["per_length"][
-        str(seq)]["eval_examples"] > 0
+    evals = list(
+      pipeline.eval_batches(data.eval_files[seq], 8, seq, preds, process_index=0, process_count=1)
+    )
+    assert (
+      sum(b["example_weights"].sum() for b in evals)
+      == data.stats["per_length"][str(seq)]["eval_examples"]
+      > 0
+    )
   first = time.time() - start
   # Idempotent: a second call with the same arguments reuses the files.
   start = time.time()
-  again = default_corpus.prepare_default_data(out, vocab_size=2000, max_documents=60,
-                                              dupe_factor=1, eval_fraction=0.1, num_workers=1)
+  again = default_corpus.prepare_default_data(
+    out, vocab_size=2000, max_documents=60, dupe_factor=1, eval_fraction=0.1, num_workers=1
+  )
   assert again == data and time.time() - start < min(first, 2.0)

@@ -13,21 +13,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_jax.data import generate
-from bert_jax.data import pipeline
+from bert_jax.data import generate, pipeline
 
 L, P = 128, 20
 
 
 def reference_spec(seq, preds):
   return {
-      "input_ids": tf.io.FixedLenFeature([seq], tf.int64),
-      "input_mask": tf.io.FixedLenFeature([seq], tf.int64),
-      "segment_ids": tf.io.FixedLenFeature([seq], tf.int64),
-      "masked_lm_positions": tf.io.FixedLenFeature([preds], tf.int64),
-      "masked_lm_ids": tf.io.FixedLenFeature([preds], tf.int64),
-      "masked_lm_weights": tf.io.FixedLenFeature([preds], tf.float32),
-      "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    "input_ids": tf.io.FixedLenFeature([seq], tf.int64),
+    "input_mask": tf.io.FixedLenFeature([seq], tf.int64),
+    "segment_ids": tf.io.FixedLenFeature([seq], tf.int64),
+    "masked_lm_positions": tf.io.FixedLenFeature([preds], tf.int64),
+    "masked_lm_ids": tf.io.FixedLenFeature([preds], tf.int64),
+    "masked_lm_weights": tf.io.FixedLenFeature([preds], tf.float32),
+    "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
   }
 
 
@@ -41,16 +40,21 @@ def independent_example(rng, seq=L, preds=P):
   labels = [int(ids[p]) for p in positions]
   pad, mpad = seq - n, preds - len(positions)
   feat = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in v]))
-  example = tf.train.Example(features=tf.train.Features(feature={
-      "input_ids": feat(ids + [0] * pad),
-      "input_mask": feat([1] * n + [0] * pad),
-      "segment_ids": feat(segment + [0] * pad),
-      "masked_lm_positions": feat(list(positions) + [0] * mpad),
-      "masked_lm_ids": feat(labels + [0] * mpad),
-      "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(
-          value=[1.0] * len(positions) + [0.0] * mpad)),
-      "next_sentence_labels": feat([int(rng.integers(0, 2))]),
-  }))
+  example = tf.train.Example(
+    features=tf.train.Features(
+      feature={
+        "input_ids": feat(ids + [0] * pad),
+        "input_mask": feat([1] * n + [0] * pad),
+        "segment_ids": feat(segment + [0] * pad),
+        "masked_lm_positions": feat(list(positions) + [0] * mpad),
+        "masked_lm_ids": feat(labels + [0] * mpad),
+        "masked_lm_weights": tf.train.Feature(
+          float_list=tf.train.FloatList(value=[1.0] * len(positions) + [0.0] * mpad)
+        ),
+        "next_sentence_labels": feat([int(rng.integers(0, 2))]),
+      }
+    )
+  )
   return example.SerializeToString()
 
 
@@ -80,23 +84,31 @@ def small_corpus(shared_data):
 
 
 def _config(minilm_dir, **kw):
-  base = dict(tokenizer_path=str(minilm_dir / "vocab.txt"), do_lower_case=True,
-              max_seq_lengths=(128, 512), max_predictions_per_seq=(20, 80), dupe_factor=3,
-              random_seed=7)
+  base = dict(
+    tokenizer_path=str(minilm_dir / "vocab.txt"),
+    do_lower_case=True,
+    max_seq_lengths=(128, 512),
+    max_predictions_per_seq=(20, 80),
+    dupe_factor=3,
+    random_seed=7,
+  )
   base.update(kw)
   return generate.GenerationConfig(**base)
 
 
 def test_our_records_parse_with_the_original_spec(tmp_path, small_corpus, minilm_dir):
-  result = generate.generate(small_corpus, str(tmp_path), _config(minilm_dir), num_workers=1,
-                             progress=False)
+  result = generate.generate(
+    small_corpus, str(tmp_path), _config(minilm_dir), num_workers=1, progress=False
+  )
   for seq, preds in ((128, 20), (512, 80)):
     files = sorted(glob.glob(result["files"][seq]["train"]))
     assert files
     n = 0
     for record in tf.data.TFRecordDataset(files):
-      ex = {k: v.numpy() for k, v in
-            tf.io.parse_single_example(record, reference_spec(seq, preds)).items()}
+      ex = {
+        k: v.numpy()
+        for k, v in tf.io.parse_single_example(record, reference_spec(seq, preds)).items()
+      }
       n += 1
       length = int(ex["input_mask"].sum())
       assert (ex["input_mask"][:length] == 1).all() and (ex["input_mask"][length:] == 0).all()
@@ -114,33 +126,61 @@ def test_our_records_parse_with_the_original_spec(tmp_path, small_corpus, minilm
 def test_same_bytes_for_one_and_two_workers(tmp_path, shared_data, minilm_dir):
   plays = sorted(glob.glob(str(shared_data / "pretrain" / "shakespeare" / "[a-c]*_gut.txt")))[:3]
   inputs = plays + [str(shared_data / "pretrain" / "bert_sample_text.txt")]
-  config = _config(minilm_dir, input_format="text", dupe_factor=1, max_seq_lengths=(128,),
-                   max_predictions_per_seq=(20,), eval_fraction=0.2)
+  config = _config(
+    minilm_dir,
+    input_format="text",
+    dupe_factor=1,
+    max_seq_lengths=(128,),
+    max_predictions_per_seq=(20,),
+    eval_fraction=0.2,
+  )
   one = generate.generate(inputs, str(tmp_path / "one"), config, num_workers=1, progress=False)
   two = generate.generate(inputs, str(tmp_path / "two"), config, num_workers=2, progress=False)
-  names = sorted(os.path.relpath(p, tmp_path / "one")
-                 for p in glob.glob(str(tmp_path / "one" / "seq_128" / "*.tfrecord")))
+  names = sorted(
+    os.path.relpath(p, tmp_path / "one")
+    for p in glob.glob(str(tmp_path / "one" / "seq_128" / "*.tfrecord"))
+  )
   assert len(names) == 2 * len(inputs)
-  match, mismatch, errors = filecmp.cmpfiles(tmp_path / "one", tmp_path / "two", names,
-                                             shallow=False)
+  match, mismatch, errors = filecmp.cmpfiles(
+    tmp_path / "one", tmp_path / "two", names, shallow=False
+  )
   assert not mismatch and not errors
   assert one["stats"]["per_length"] == two["stats"]["per_length"]
   assert one["stats"]["per_length"]["128"]["eval_examples"] > 0
   # Across hosts: host 0 of 2 and host 1 of 2 write exactly the shards of a one-host run.
   for host in (0, 1):
-    generate.generate(inputs, str(tmp_path / "hosts"), config, num_workers=1, progress=False,
-                      process_index=host, process_count=2)
-  match, mismatch, errors = filecmp.cmpfiles(tmp_path / "one", tmp_path / "hosts", names,
-                                             shallow=False)
+    generate.generate(
+      inputs,
+      str(tmp_path / "hosts"),
+      config,
+      num_workers=1,
+      progress=False,
+      process_index=host,
+      process_count=2,
+    )
+  match, mismatch, errors = filecmp.cmpfiles(
+    tmp_path / "one", tmp_path / "hosts", names, shallow=False
+  )
   assert not mismatch and not errors
   # A rerun skips finished shards; other settings in the same directory are refused.
   again = generate.generate(inputs, str(tmp_path / "one"), config, num_workers=1, progress=False)
   assert again["stats"]["shards_skipped_existing"] == len(inputs)
   with pytest.raises(ValueError, match="different settings.*random_seed"):
-    generate.generate(inputs, str(tmp_path / "one"),
-                      _config(minilm_dir, input_format="text", dupe_factor=1,
-                              max_seq_lengths=(128,), max_predictions_per_seq=(20,),
-                              eval_fraction=0.2, random_seed=8), num_workers=1, progress=False)
+    generate.generate(
+      inputs,
+      str(tmp_path / "one"),
+      _config(
+        minilm_dir,
+        input_format="text",
+        dupe_factor=1,
+        max_seq_lengths=(128,),
+        max_predictions_per_seq=(20,),
+        eval_fraction=0.2,
+        random_seed=8,
+      ),
+      num_workers=1,
+      progress=False,
+    )
   with open(tmp_path / "one" / "generation_config.json") as f:
     assert json.load(f)["random_seed"] == 7
 
@@ -148,12 +188,25 @@ def test_same_bytes_for_one_and_two_workers(tmp_path, shared_data, minilm_dir):
 def test_entry_point_makes_both_lengths(tmp_path, small_corpus, minilm_dir):
   import subprocess
   import sys
+
   out = tmp_path / "cli"
   proc = subprocess.run(
-      [sys.executable, "-m", "bert_jax.create_pretraining_data", f"--input_file={small_corpus[0]}",
-       f"--output_dir={out}", f"--vocab_file={minilm_dir / 'vocab.txt'}",
-       "--max_seq_length=128,512", "--max_predictions_per_seq=20,80", "--dupe_factor=1",
-       "--num_workers=1"], capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "bert_jax.create_pretraining_data",
+      f"--input_file={small_corpus[0]}",
+      f"--output_dir={out}",
+      f"--vocab_file={minilm_dir / 'vocab.txt'}",
+      "--max_seq_length=128,512",
+      "--max_predictions_per_seq=20,80",
+      "--dupe_factor=1",
+      "--num_workers=1",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "seq 128: examples" in proc.stdout and "seq 512: examples" in proc.stdout
   assert glob.glob(str(out / "seq_128" / "train-00000-of-00001.tfrecord"))
@@ -162,6 +215,7 @@ def test_entry_point_makes_both_lengths(tmp_path, small_corpus, minilm_dir):
 
 def test_tensorflow_free_serialization_matches_tensorflow():
   from bert_jax.data import example_proto
+
   rng = np.random.default_rng(1)
   for _ in range(20):
     n = int(rng.integers(5, L + 1))
@@ -174,14 +228,21 @@ def test_tensorflow_free_serialization_matches_tensorflow():
     ours = example_proto.serialize_example(ids, segments, positions, labels, random_next, L, P)
     pad, mpad = L - n, P - len(positions)
     feat = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
-    reference = tf.train.Example(features=tf.train.Features(feature={
-        "input_ids": feat(ids + [0] * pad), "input_mask": feat([1] * n + [0] * pad),
-        "segment_ids": feat(segments + [0] * pad),
-        "masked_lm_positions": feat(positions + [0] * mpad),
-        "masked_lm_ids": feat(labels + [0] * mpad),
-        "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(
-            value=[1.0] * len(positions) + [0.0] * mpad)),
-        "next_sentence_labels": feat([int(random_next)])}))
+    reference = tf.train.Example(
+      features=tf.train.Features(
+        feature={
+          "input_ids": feat(ids + [0] * pad),
+          "input_mask": feat([1] * n + [0] * pad),
+          "segment_ids": feat(segments + [0] * pad),
+          "masked_lm_positions": feat(positions + [0] * mpad),
+          "masked_lm_ids": feat(labels + [0] * mpad),
+          "masked_lm_weights": tf.train.Feature(
+            float_list=tf.train.FloatList(value=[1.0] * len(positions) + [0.0] * mpad)
+          ),
+          "next_sentence_labels": feat([int(random_next)]),
+        }
+      )
+    )
     assert ours == reference.SerializeToString(deterministic=True)
   with pytest.raises(ValueError, match="exceeds max_seq_length"):
     example_proto.serialize_example([1] * (L + 1), [0] * (L + 1), [], [], False, L, P)

@@ -11,9 +11,7 @@ import random
 import numpy as np
 import pytest
 
-from bert_jax.data import corpus
-from bert_jax.data import examples
-from bert_jax.data import masking
+from bert_jax.data import corpus, examples, masking
 
 SIGMAS = 5.0
 
@@ -26,6 +24,7 @@ def within_binomial(successes: int, trials: int, p: float) -> bool:
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir):
   from bert_jax.tokenize import load_tokenizer
+
   return load_tokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
 
 
@@ -98,8 +97,12 @@ def test_mask_rate_and_80_10_10(instances_128, spec, tokenizer):
         kept += 1
       else:
         replaced += 1
-        assert token not in (tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id,
-                             tokenizer.mask_id)
+        assert token not in (
+          tokenizer.pad_id,
+          tokenizer.cls_id,
+          tokenizer.sep_id,
+          tokenizer.mask_id,
+        )
   assert total == expected_masked
   # ~15% of maskable tokens: the rounding makes it 0.15 up to one token per sequence.
   assert abs(total / maskable - 0.15) < 0.01
@@ -124,8 +127,7 @@ def test_short_target_share(documents, spec):
   short = passes = 0
   for _ in range(8):
     for index in range(len(documents)):
-      got = examples.instances_from_document(documents, index, 128, 0.1, 0.15, 20, spec, False,
-                                             rng)
+      got = examples.instances_from_document(documents, index, 128, 0.1, 0.15, 20, spec, False, rng)
       if got:
         passes += 1
         short += got[0].short_target
@@ -153,11 +155,12 @@ def test_segments_are_contiguous_text(documents, spec):
   joined = b"\xff\xff\xff\xff".join(streams)
   checked = 0
   for index in range(0, len(documents), 3):
-    for inst in examples.instances_from_document(documents, index, 128, 0.1, 0.15, 20, spec,
-                                                 False, rng):
+    for inst in examples.instances_from_document(
+      documents, index, 128, 0.1, 0.15, 20, spec, False, rng
+    ):
       ids = _restore(inst)
       boundary = inst.segment_ids.index(1)
-      a, b = ids[1:boundary - 1], ids[boundary:-1]
+      a, b = ids[1 : boundary - 1], ids[boundary:-1]
       if inst.is_random_next:
         assert _find_run(streams[index], a)
         assert _find_run(joined, b)
@@ -172,8 +175,7 @@ def test_segments_are_contiguous_text(documents, spec):
 
 def test_512_uses_80_predictions(documents, spec):
   rng = random.Random(5)
-  insts = examples.instances_from_documents(documents[:30], 512, 1, 0.1, 0.15, 80, spec, False,
-                                            rng)
+  insts = examples.instances_from_documents(documents[:30], 512, 1, 0.1, 0.15, 80, spec, False, rng)
   assert max(len(i.input_ids) for i in insts) == 512
   for inst in insts:
     assert len(inst.input_ids) <= 512
@@ -182,8 +184,7 @@ def test_512_uses_80_predictions(documents, spec):
 
 def test_whole_word_masking_never_splits_words(documents, spec, tokenizer):
   rng = random.Random(11)
-  insts = examples.instances_from_documents(documents[:60], 128, 1, 0.1, 0.15, 20, spec, True,
-                                            rng)
+  insts = examples.instances_from_documents(documents[:60], 128, 1, 0.1, 0.15, 20, spec, True, rng)
   words_checked = 0
   for inst in insts:
     ids = _restore(inst)
@@ -228,9 +229,11 @@ def test_truncation_drops_from_both_ends_of_the_longer_segment():
 
 def test_one_sentence_documents_and_overlong_sentences(spec):
   rng = random.Random(2)
-  docs = [[[1000 + i for i in range(700)]],  # one sentence far over max_seq_length
-          [[2000, 2001, 2002]],  # one short sentence
-          [[3000 + i for i in range(5)], [3100 + i for i in range(7)]]]
+  docs = [
+    [[1000 + i for i in range(700)]],  # one sentence far over max_seq_length
+    [[2000, 2001, 2002]],  # one short sentence
+    [[3000 + i for i in range(5)], [3100 + i for i in range(7)]],
+  ]
   insts = examples.instances_from_documents(docs, 64, 3, 0.1, 0.15, 10, spec, False, rng)
   assert insts
   for inst in insts:

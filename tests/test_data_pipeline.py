@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_jax.data import generate
-from bert_jax.data import pipeline
-from bert_jax.data import tfrecord
+from bert_jax.data import generate, pipeline, tfrecord
 
 L, P = 128, 20
 
@@ -19,6 +17,7 @@ L, P = 128, 20
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir):
   from bert_jax.tokenize import load_tokenizer
+
   return load_tokenizer(minilm_dir / "vocab.txt", do_lower_case=True)
 
 
@@ -28,10 +27,17 @@ def data_dir(tmp_path_factory, shared_data, minilm_dir):
   out = tmp_path_factory.mktemp("pipeline_data")
   plays = shared_data / "pretrain" / "shakespeare"
   inputs = [str(shared_data / "pretrain" / "bert_sample_text.txt")] + [
-      str(plays / name) for name in ("macbeth_gut.txt", "tempest_gut.txt", "sonnets_gut.txt")]
+    str(plays / name) for name in ("macbeth_gut.txt", "tempest_gut.txt", "sonnets_gut.txt")
+  ]
   config = generate.GenerationConfig(
-      tokenizer_path=str(minilm_dir / "vocab.txt"), do_lower_case=True, input_format="text",
-      max_seq_lengths=(L,), max_predictions_per_seq=(P,), dupe_factor=1, random_seed=3)
+    tokenizer_path=str(minilm_dir / "vocab.txt"),
+    do_lower_case=True,
+    input_format="text",
+    max_seq_lengths=(L,),
+    max_predictions_per_seq=(P,),
+    dupe_factor=1,
+    random_seed=3,
+  )
   generate.generate(inputs, str(out), config, num_workers=1, progress=False)
   return out
 
@@ -115,8 +121,9 @@ def test_hosts_are_disjoint_and_cover_the_data(data_dir, tmp_path, split):
       for r in tf.data.TFRecordDataset(tf.io.gfile.glob(files)):
         w.write(r.numpy())
     files = merged
-  hosts = [make(data_dir, 1, files=files, seed=9, process_index=i, process_count=2)
-           for i in range(2)]
+  hosts = [
+    make(data_dir, 1, files=files, seed=9, process_index=i, process_count=2) for i in range(2)
+  ]
   assert [h.by_record for h in hosts] == [split == "records"] * 2
   keys = [read_epoch(h) for h in hosts]
   assert not set(keys[0]) & set(keys[1])
@@ -153,14 +160,14 @@ def test_dynamic_masks_change_each_epoch(data_dir, tokenizer):
   inp = make(data_dir, n, seed=4, shuffle=False, dynamic_masking=True, tokenizer=tokenizer)
   a, b = next(inp), next(inp)  # Epoch 0 and epoch 1, same order (no shuffle).
   assert all(key_of(a, i) == key_of(b, i) for i in range(0, n, 50))
-  same = np.mean([np.array_equal(a["masked_lm_positions"][i], b["masked_lm_positions"][i])
-                  for i in range(n)])
+  same = np.mean(
+    [np.array_equal(a["masked_lm_positions"][i], b["masked_lm_positions"][i]) for i in range(n)]
+  )
   assert same < 0.05
 
 
 def test_dynamic_whole_word_masking_keeps_words_whole(data_dir, tokenizer):
-  inp = make(data_dir, 64, seed=4, dynamic_masking=True, tokenizer=tokenizer,
-             whole_word_mask=True)
+  inp = make(data_dir, 64, seed=4, dynamic_masking=True, tokenizer=tokenizer, whole_word_mask=True)
   multi_piece = 0
   for _ in range(3):
     b = next(inp)
@@ -170,11 +177,15 @@ def test_dynamic_whole_word_masking_keeps_words_whole(data_dir, tokenizer):
       masked = set(positions.tolist())
       original = b["input_ids"][i].copy()
       original[positions] = b["masked_lm_ids"][i][:k]
-      tokens = tokenizer.convert_ids_to_tokens(original[:int(b["input_mask"][i].sum())].tolist())
+      tokens = tokenizer.convert_ids_to_tokens(original[: int(b["input_mask"][i].sum())].tolist())
       assert 1 <= k <= min(P, max(1, round(len(tokens) * 0.15)))
       for p, tok in enumerate(tokens):
         if tok.startswith("##") and p - 1 >= 0 and tokens[p - 1] not in ("[CLS]", "[SEP]"):
-          assert (p in masked) == (p - 1 in masked), (tokens[max(p - 3, 0):p + 2], p, sorted(masked))
+          assert (p in masked) == (p - 1 in masked), (
+            tokens[max(p - 3, 0) : p + 2],
+            p,
+            sorted(masked),
+          )
           multi_piece += p in masked
   assert multi_piece > 10
 
@@ -190,8 +201,10 @@ def test_eval_batches_fixed_order_padded(data_dir):
   assert (last["masked_lm_weights"][last["example_weights"] == 0] == 0).all()
   again = list(pipeline.eval_batches(files, 100, L, P, process_index=0, process_count=1))
   assert all(np.array_equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, again))
-  parts = [list(pipeline.eval_batches(files, 100, L, P, process_index=i, process_count=2))
-           for i in range(2)]
+  parts = [
+    list(pipeline.eval_batches(files, 100, L, P, process_index=i, process_count=2))
+    for i in range(2)
+  ]
   counts = [sum(int(b["example_weights"].sum()) for b in p) for p in parts]
   assert sum(counts) == n and abs(counts[0] - counts[1]) <= 1
 
@@ -211,8 +224,9 @@ def test_truncated_shard_is_named(data_dir, tmp_path):
     for _ in range(200):
       next(inp)
   with pytest.raises(ValueError, match=f"{victim.name}.*truncated"):
-    list(pipeline.eval_batches(str(tmp_path / "train-*"), 64, L, P, process_index=0,
-                               process_count=1))
+    list(
+      pipeline.eval_batches(str(tmp_path / "train-*"), 64, L, P, process_index=0, process_count=1)
+    )
 
 
 def test_empty_and_mismatched_inputs(data_dir, tmp_path):
@@ -225,8 +239,9 @@ def test_empty_and_mismatched_inputs(data_dir, tmp_path):
   # An empty shard among good ones is simply a shard with no records.
   inp = make(data_dir, 16, files=[train_files(data_dir), str(empty)])
   assert next(inp)["input_ids"].shape == (16, L)
-  wrong = pipeline.PretrainInput(train_files(data_dir), 4, 512, 80, process_index=0,
-                                 process_count=1)
+  wrong = pipeline.PretrainInput(
+    train_files(data_dir), 4, 512, 80, process_index=0, process_count=1
+  )
   with pytest.raises(ValueError, match="max_seq_length=512"):
     next(wrong)
   with pytest.raises(ValueError, match="records for 3 hosts"):

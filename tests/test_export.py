@@ -16,32 +16,50 @@ import pytest
 from flax.linen import meta
 
 from bert_jax import model as models
+from bert_jax.checkpoint.exporter import export
 from bert_jax.checkpoint.hf import CheckpointError
 from bert_jax.checkpoint.manager import CheckpointManager
-from bert_jax.checkpoint.exporter import export
 from bert_jax.model import BertConfig
 from bert_jax.tokenize import load_tokenizer
 
-HEADS = ("pretraining", "sequence_classification", "token_classification",
-         "question_answering", "multiple_choice")
-HF_CLASS = {"pretraining": "BertForPreTraining", "sequence_classification":
-            "BertForSequenceClassification", "token_classification": "BertForTokenClassification",
-            "question_answering": "BertForQuestionAnswering",
-            "multiple_choice": "BertForMultipleChoice"}
-LABELS = {"sequence_classification": ["entailment", "neutral", "contradiction"],
-          "token_classification": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]}
+HEADS = (
+  "pretraining",
+  "sequence_classification",
+  "token_classification",
+  "question_answering",
+  "multiple_choice",
+)
+HF_CLASS = {
+  "pretraining": "BertForPreTraining",
+  "sequence_classification": "BertForSequenceClassification",
+  "token_classification": "BertForTokenClassification",
+  "question_answering": "BertForQuestionAnswering",
+  "multiple_choice": "BertForMultipleChoice",
+}
+LABELS = {
+  "sequence_classification": ["entailment", "neutral", "contradiction"],
+  "token_classification": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
+}
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "bert", "jax", "##s", "run", "."]
-CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=48, max_position_embeddings=40)
+CONFIG = BertConfig(
+  vocab_size=64,
+  hidden_size=32,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  intermediate_size=48,
+  max_position_embeddings=40,
+)
 
 
 def make_module(task):
   n = len(LABELS.get(task, ()))
-  return {"pretraining": lambda: models.BertForPreTraining(CONFIG),
-          "sequence_classification": lambda: models.BertForSequenceClassification(CONFIG, n),
-          "token_classification": lambda: models.BertForTokenClassification(CONFIG, n),
-          "question_answering": lambda: models.BertForQuestionAnswering(CONFIG),
-          "multiple_choice": lambda: models.BertForMultipleChoice(CONFIG)}[task]()
+  return {
+    "pretraining": lambda: models.BertForPreTraining(CONFIG),
+    "sequence_classification": lambda: models.BertForSequenceClassification(CONFIG, n),
+    "token_classification": lambda: models.BertForTokenClassification(CONFIG, n),
+    "question_answering": lambda: models.BertForQuestionAnswering(CONFIG),
+    "multiple_choice": lambda: models.BertForMultipleChoice(CONFIG),
+  }[task]()
 
 
 def batch(task, b=3, length=11, seed=0):
@@ -49,9 +67,9 @@ def batch(task, b=3, length=11, seed=0):
   shape = (b, 4, length) if task == "multiple_choice" else (b, length)
   ids = rng.randint(5, CONFIG.vocab_size, shape).astype(np.int32)
   mask = np.ones(shape, np.int32)
-  mask[..., 0, length - 4:] = 0  # padding in the batch
+  mask[..., 0, length - 4 :] = 0  # padding in the batch
   segments = np.zeros(shape, np.int32)
-  segments[..., length // 2:] = 1
+  segments[..., length // 2 :] = 1
   return ids, mask, segments
 
 
@@ -63,22 +81,35 @@ def make_workdir(root, task, seed):
   params = meta.unbox(module.init(jax.random.PRNGKey(seed), ids)["params"])
   # Non-zero biases everywhere, so a bias lost in export shows up in the outputs.
   params = jax.tree_util.tree_map(
-      lambda x: np.asarray(x) + 0.02 * np.random.RandomState(seed).standard_normal(x.shape)
-      .astype(np.float32), params)
+    lambda x: (
+      np.asarray(x) + 0.02 * np.random.RandomState(seed).standard_normal(x.shape).astype(np.float32)
+    ),
+    params,
+  )
   manager = CheckpointManager(str(workdir), async_save=False)
   manager.save(7, {"params": params, "step": np.int32(7)})
   manager.wait()
   manager.close()
   (workdir / "model_config.json").write_text(json.dumps(CONFIG.to_dict()))
   labels = LABELS.get(task, [])
-  (workdir / "head.json").write_text(json.dumps(
-      {"task": task, "num_labels": len(labels) or (1 if task == "multiple_choice" else 2),
-       "labels": labels}))
+  (workdir / "head.json").write_text(
+    json.dumps(
+      {
+        "task": task,
+        "num_labels": len(labels) or (1 if task == "multiple_choice" else 2),
+        "labels": labels,
+      }
+    )
+  )
   vocab = root / "vocab.txt"
   if not vocab.exists():
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    vocab.write_text("\n".join(specials + WORDS + [f"w{i}" for i in range(
-        CONFIG.vocab_size - len(specials) - len(WORDS))]) + "\n")
+    vocab.write_text(
+      "\n".join(
+        specials + WORDS + [f"w{i}" for i in range(CONFIG.vocab_size - len(specials) - len(WORDS))]
+      )
+      + "\n"
+    )
   load_tokenizer(str(vocab), do_lower_case=True).save(str(workdir))
   return workdir, params
 
@@ -96,7 +127,8 @@ def jax_outputs(task, params, ids, mask, segments):
 @pytest.mark.parametrize("task", HEADS)
 def test_hf_export_matches_bert_jax(task, workdirs, tmp_path):
   torch = pytest.importorskip("torch")
-  import transformers  # noqa: PLC0415
+  import transformers
+
   workdir, params = workdirs[task]
   out = export(str(workdir), "hf", str(tmp_path / "hf"))
   hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -107,20 +139,28 @@ def test_hf_export_matches_bert_jax(task, workdirs, tmp_path):
   ids, mask, segments = batch(task)
   ours = jax_outputs(task, params, ids, mask, segments)
   with torch.no_grad():
-    theirs = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                   attention_mask=torch.tensor(mask, dtype=torch.long),
-                   token_type_ids=torch.tensor(segments, dtype=torch.long))
-  pairs = {"pretraining": [("mlm_logits", "prediction_logits"),
-                           ("nsp_logits", "seq_relationship_logits")],
-           "question_answering": [("start_logits", "start_logits"),
-                                  ("end_logits", "end_logits")]}.get(task, [("logits", "logits")])
+    theirs = model(
+      input_ids=torch.tensor(ids, dtype=torch.long),
+      attention_mask=torch.tensor(mask, dtype=torch.long),
+      token_type_ids=torch.tensor(segments, dtype=torch.long),
+    )
+  pairs = {
+    "pretraining": [("mlm_logits", "prediction_logits"), ("nsp_logits", "seq_relationship_logits")],
+    "question_answering": [("start_logits", "start_logits"), ("end_logits", "end_logits")],
+  }.get(task, [("logits", "logits")])
   for ours_key, theirs_key in pairs:
-    np.testing.assert_allclose(np.asarray(ours[ours_key]), theirs[theirs_key].numpy(),
-                               atol=1e-5, rtol=1e-5, err_msg=f"{task}: {ours_key}")
+    np.testing.assert_allclose(
+      np.asarray(ours[ours_key]),
+      theirs[theirs_key].numpy(),
+      atol=1e-5,
+      rtol=1e-5,
+      err_msg=f"{task}: {ours_key}",
+    )
   # The tokenizer travels with the model: transformers' BertTokenizer reads the same vocab.
   tok = transformers.BertTokenizer.from_pretrained(out)
   assert tok.convert_tokens_to_ids(["cat", "##s"]) == load_tokenizer(out).convert_tokens_to_ids(
-      ["cat", "##s"])
+    ["cat", "##s"]
+  )
 
 
 @pytest.mark.parametrize("task", HEADS)
@@ -133,74 +173,105 @@ def test_saved_model_matches_bert_jax(task, workdirs, tmp_path):
   for b, length in ((3, 11), (1, 17)):
     ids, mask, segments = batch(task, b, length, seed=b)
     ours = jax_outputs(task, params, ids, mask, segments)
-    theirs = serve(input_ids=tf.constant(ids), input_mask=tf.constant(mask),
-                   segment_ids=tf.constant(segments))
-    keys = {"pretraining": ["mlm_logits", "nsp_logits"],
-            "question_answering": ["start_logits", "end_logits"]}.get(task, ["logits"])
+    theirs = serve(
+      input_ids=tf.constant(ids), input_mask=tf.constant(mask), segment_ids=tf.constant(segments)
+    )
+    keys = {
+      "pretraining": ["mlm_logits", "nsp_logits"],
+      "question_answering": ["start_logits", "end_logits"],
+    }.get(task, ["logits"])
     for key in keys + ["sequence_output", "pooled_output"]:
-      np.testing.assert_allclose(theirs[key].numpy(), np.asarray(ours[key]), atol=1e-5,
-                                 rtol=1e-5, err_msg=f"{task}: {key} at {b}x{length}")
+      np.testing.assert_allclose(
+        theirs[key].numpy(),
+        np.asarray(ours[key]),
+        atol=1e-5,
+        rtol=1e-5,
+        err_msg=f"{task}: {key} at {b}x{length}",
+      )
   if task == "pretraining":  # the second signature: MLM logits at given positions only
     ids, mask, segments = batch(task, 2, 13, seed=5)
     positions = np.array([[1, 4, 7], [0, 2, 12]], np.int32)
     ours = models.BertForPreTraining(CONFIG).apply(
-        {"params": params}, ids, mask, segments, masked_lm_positions=positions)
+      {"params": params}, ids, mask, segments, masked_lm_positions=positions
+    )
     theirs = tf.saved_model.load(out).signatures["masked_lm"](
-        input_ids=tf.constant(ids), input_mask=tf.constant(mask),
-        segment_ids=tf.constant(segments), masked_lm_positions=tf.constant(positions))
+      input_ids=tf.constant(ids),
+      input_mask=tf.constant(mask),
+      segment_ids=tf.constant(segments),
+      masked_lm_positions=tf.constant(positions),
+    )
     assert theirs["mlm_logits"].shape == (2, 3, CONFIG.vocab_size)
     for key in ("mlm_logits", "nsp_logits"):
-      np.testing.assert_allclose(theirs[key].numpy(), np.asarray(ours[key]), atol=1e-5,
-                                 rtol=1e-5, err_msg=f"masked_lm: {key}")
+      np.testing.assert_allclose(
+        theirs[key].numpy(),
+        np.asarray(ours[key]),
+        atol=1e-5,
+        rtol=1e-5,
+        err_msg=f"masked_lm: {key}",
+      )
   extra = os.path.join(out, "assets.extra")
   assert json.load(open(os.path.join(extra, "head.json")))["task"] == task
   assert os.path.exists(os.path.join(extra, "vocab.txt"))
 
 
 def test_params_only_export_restores_the_same_weights(workdirs, tmp_path):
-  import orbax.checkpoint as ocp  # noqa: PLC0415
-  from bert_jax.checkpoint.params_only import restore_params_only  # noqa: PLC0415
+  import orbax.checkpoint as ocp
+
+  from bert_jax.checkpoint.params_only import restore_params_only
+
   workdir, params = workdirs["sequence_classification"]
   out = export(str(workdir), "params", str(tmp_path / "params"))
   restored, config, head, tokenizer = restore_params_only(out)
   assert config == CONFIG and head["labels"] == LABELS["sequence_classification"]
   assert tokenizer.vocab_size == CONFIG.vocab_size
-  flat = lambda t: {jax.tree_util.keystr(k): v for k, v in  # noqa: E731
-                    jax.tree_util.tree_flatten_with_path(t)[0]}
+  flat = lambda t: {
+    jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(t)[0]
+  }
   want, got = flat(params), flat(restored)
   assert want.keys() == got.keys()
   for k in want:
     np.testing.assert_array_equal(got[k], np.asarray(want[k]), err_msg=k)
   # bert_jax reads it as a checkpoint to start fine-tuning from (init_checkpoint=out).
-  from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415
+  from bert_jax.checkpoint.pretrained import load_pretrained
+
   again = load_pretrained(out)
   assert again.task == "sequence_classification" and again.num_labels == 3
-  np.testing.assert_array_equal(again.params["bert"]["pooler"]["kernel"],
-                                params["bert"]["pooler"]["kernel"])
+  np.testing.assert_array_equal(
+    again.params["bert"]["pooler"]["kernel"], params["bert"]["pooler"]["kernel"]
+  )
   # Plain Orbax, no bert_jax, restores it too.
   plain = ocp.StandardCheckpointer().restore(os.path.join(out, "params"))
   np.testing.assert_array_equal(plain["classifier"]["kernel"], params["classifier"]["kernel"])
 
 
 def test_encoder_export_from_a_fine_tuned_checkpoint(workdirs, tmp_path):
-  import transformers  # noqa: PLC0415
-  import torch  # noqa: PLC0415
+  import torch
+  import transformers
+
   workdir, params = workdirs["question_answering"]
   out = export(str(workdir), "hf", str(tmp_path / "enc"), task="encoder")
   model = transformers.BertModel.from_pretrained(out).eval()
   ids, mask, segments = batch("question_answering")
   ours = models.BertEncoder(CONFIG).apply({"params": params["bert"]}, ids, mask, segments)
   with torch.no_grad():
-    theirs = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                   attention_mask=torch.tensor(mask, dtype=torch.long),
-                   token_type_ids=torch.tensor(segments, dtype=torch.long))
-  np.testing.assert_allclose(theirs.last_hidden_state.numpy(), ours["sequence_output"],
-                             atol=1e-5, rtol=1e-5)
+    theirs = model(
+      input_ids=torch.tensor(ids, dtype=torch.long),
+      attention_mask=torch.tensor(mask, dtype=torch.long),
+      token_type_ids=torch.tensor(segments, dtype=torch.long),
+    )
+  np.testing.assert_allclose(
+    theirs.last_hidden_state.numpy(), ours["sequence_output"], atol=1e-5, rtol=1e-5
+  )
 
 
-@pytest.mark.parametrize("have,want", [("sequence_classification", "question_answering"),
-                                       ("pretraining", "BertForTokenClassification"),
-                                       ("question_answering", "pretraining")])
+@pytest.mark.parametrize(
+  "have,want",
+  [
+    ("sequence_classification", "question_answering"),
+    ("pretraining", "BertForTokenClassification"),
+    ("question_answering", "pretraining"),
+  ],
+)
 def test_head_that_does_not_fit_is_an_error_before_writing(have, want, workdirs, tmp_path):
   workdir, _ = workdirs[have]
   out = tmp_path / "out"
@@ -214,8 +285,9 @@ def test_head_json_that_disagrees_with_the_weights(workdirs, tmp_path):
   workdir, _ = workdirs["sequence_classification"]
   bad = tmp_path / "bad"
   subprocess.run(["cp", "-r", str(workdir), str(bad)], check=True)
-  (bad / "head.json").write_text(json.dumps({"task": "sequence_classification",
-                                             "num_labels": 5, "labels": []}))
+  (bad / "head.json").write_text(
+    json.dumps({"task": "sequence_classification", "num_labels": 5, "labels": []})
+  )
   with pytest.raises(CheckpointError, match=r"num_labels 5 .* classifier .* has 3 outputs"):
     export(str(bad), "hf", str(tmp_path / "out"))
   assert not (tmp_path / "out").exists()
@@ -225,9 +297,19 @@ def test_entry_point_reports_a_clear_error(workdirs, tmp_path):
   workdir, _ = workdirs["sequence_classification"]
   out = tmp_path / "out"
   proc = subprocess.run(
-      [sys.executable, "-m", "bert_jax.export", f"--workdir={workdir}", "--format=hf",
-       f"--output={out}", "--task=question_answering"], capture_output=True, text=True,
-      cwd=os.path.dirname(os.path.dirname(__file__)))
+    [
+      sys.executable,
+      "-m",
+      "bert_jax.export",
+      f"--workdir={workdir}",
+      "--format=hf",
+      f"--output={out}",
+      "--task=question_answering",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=os.path.dirname(os.path.dirname(__file__)),
+  )
   assert proc.returncode == 2, proc.stderr
   assert "export: error:" in proc.stderr and "Traceback" not in proc.stderr
   assert not out.exists()

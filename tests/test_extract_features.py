@@ -19,23 +19,28 @@ from bert_jax import features
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-LINES = ["The quick brown fox jumps over the lazy dog.",
-         "Who was Jim Henson? ||| Jim Henson was a puppeteer.",
-         "Unbelievably, tokenization splits rare words like perplexingly.",
-         "a ||| b"]
+LINES = [
+  "The quick brown fox jumps over the lazy dog.",
+  "Who was Jim Henson? ||| Jim Henson was a puppeteer.",
+  "Unbelievably, tokenization splits rare words like perplexingly.",
+  "a ||| b",
+]
 
 
 @pytest.fixture(scope="module")
 def hf_minilm(minilm_dir):
-  return (transformers.BertTokenizer.from_pretrained(minilm_dir),
-          transformers.BertModel.from_pretrained(minilm_dir).eval())
+  return (
+    transformers.BertTokenizer.from_pretrained(minilm_dir),
+    transformers.BertModel.from_pretrained(minilm_dir).eval(),
+  )
 
 
 def hf_reference(hf_minilm, line, layers, max_seq_length=128):
   tok, model = hf_minilm
   a, _, b = line.partition(" ||| ")
-  enc = tok(a, b or None, truncation="longest_first", max_length=max_seq_length,
-            return_tensors="pt")
+  enc = tok(
+    a, b or None, truncation="longest_first", max_length=max_seq_length, return_tensors="pt"
+  )
   with torch.no_grad():
     hidden = model(**enc, output_hidden_states=True).hidden_states[1:]  # encoder layers only
   tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
@@ -47,8 +52,9 @@ def test_output_matches_hf_in_the_original_layout(minilm_dir, hf_minilm, tmp_pat
   inp.write_text("\n".join(LINES) + "\n", encoding="utf-8")
   out = tmp_path / "out.jsonl"
   layers = (-1, -2, 0)
-  summary = features.extract_features(str(inp), str(out), str(minilm_dir), layers=layers,
-                                      batch_size=3)
+  summary = features.extract_features(
+    str(inp), str(out), str(minilm_dir), layers=layers, batch_size=3
+  )
   assert summary["num_lines"] == len(LINES) and summary["checkpoint_source"] == "huggingface"
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert [r["linex_index"] for r in rows] == list(range(len(LINES)))
@@ -66,12 +72,15 @@ def test_output_matches_hf_in_the_original_layout(minilm_dir, hf_minilm, tmp_pat
 
 def test_pairs_are_truncated_longest_first(minilm_dir, hf_minilm):
   from bert_jax.checkpoint import load_pretrained
+
   pre = load_pretrained(minilm_dir, task="encoder")
   hf_tok = hf_minilm[0]
   long_a = "word " * 30
-  examples = [features.InputExample(0, long_a.strip(), "a short second segment here"),
-              features.InputExample(1, "short", "the second one is " + "much " * 20 + "longer"),
-              features.InputExample(2, long_a.strip())]
+  examples = [
+    features.InputExample(0, long_a.strip(), "a short second segment here"),
+    features.InputExample(1, "short", "the second one is " + "much " * 20 + "longer"),
+    features.InputExample(2, long_a.strip()),
+  ]
   feats = features.convert_examples(examples, pre.tokenizer, max_seq_length=16)
   for e, f in zip(examples, feats):
     enc = hf_tok(e.text_a, e.text_b, truncation="longest_first", max_length=16)
@@ -93,12 +102,15 @@ def test_rounding_is_the_originals():
 
 def test_one_compiled_program_per_length_bucket(minilm_dir):
   from bert_jax.checkpoint import load_pretrained
+
   pre = load_pretrained(minilm_dir, task="encoder")
   texts = [" ".join(["word"] * n) for n in range(1, 20)]
-  feats = features.convert_examples([features.InputExample(i, t) for i, t in enumerate(texts)],
-                                    pre.tokenizer, max_seq_length=64)
-  extractor = features.FeatureExtractor(pre.params, pre.config, layers=(-1,), max_seq_length=64,
-                                        batch_size=4)
+  feats = features.convert_examples(
+    [features.InputExample(i, t) for i, t in enumerate(texts)], pre.tokenizer, max_seq_length=64
+  )
+  extractor = features.FeatureExtractor(
+    pre.params, pre.config, layers=(-1,), max_seq_length=64, batch_size=4
+  )
   out = list(extractor(feats, window=2))
   assert [f.unique_id for f, _ in out] == list(range(len(texts)))  # input order kept
   assert all(v.shape == (1, len(f.tokens), 384) for f, v in out)
@@ -127,13 +139,17 @@ def test_empty_line_as_the_original_when_allowed(minilm_dir, tmp_path):
   inp = tmp_path / "in.txt"
   inp.write_text("hello\n\nworld\n")
   out = tmp_path / "out.jsonl"
-  summary = features.extract_features(str(inp), str(out), str(minilm_dir), layers=(-1,),
-                                      allow_empty_lines=True, chunk_lines=2)  # 2 chunks
+  summary = features.extract_features(
+    str(inp), str(out), str(minilm_dir), layers=(-1,), allow_empty_lines=True, chunk_lines=2
+  )  # 2 chunks
   assert (summary["num_lines"], summary["num_tokens"]) == (3, 8)
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert [r["linex_index"] for r in rows] == [0, 1, 2]
   assert [[f["token"] for f in r["features"]] for r in rows] == [
-      ["[CLS]", "hello", "[SEP]"], ["[CLS]", "[SEP]"], ["[CLS]", "world", "[SEP]"]]
+    ["[CLS]", "hello", "[SEP]"],
+    ["[CLS]", "[SEP]"],
+    ["[CLS]", "world", "[SEP]"],
+  ]
 
 
 def test_cli_reports_errors_and_keeps_existing_output(minilm_dir, tmp_path):
@@ -143,8 +159,15 @@ def test_cli_reports_errors_and_keeps_existing_output(minilm_dir, tmp_path):
   out = tmp_path / "out.jsonl"
   out.write_text("previous results\n")
   env = {**os.environ, "PYTHONPATH": str(repo)}
-  cmd = [sys.executable, "-m", "bert_jax.extract_features", f"--input_file={inp}",
-         f"--output_file={out}", f"--checkpoint={minilm_dir}", "--layers=-1"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "bert_jax.extract_features",
+    f"--input_file={inp}",
+    f"--output_file={out}",
+    f"--checkpoint={minilm_dir}",
+    "--layers=-1",
+  ]
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=repo, timeout=300)
   assert proc.returncode == 2
   assert "in.txt:2: not valid UTF-8" in proc.stderr and "Traceback" not in proc.stderr

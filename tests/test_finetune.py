@@ -15,8 +15,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(*args):
-  proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True,
-                        text=True, timeout=600)
+  proc = subprocess.run(
+    [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
 
@@ -38,18 +39,38 @@ def _tiny(config, minilm_dir, **kw):
 def rte_workdir(tmp_path_factory, shared_data, minilm_dir):
   """`python -m bert_jax.finetune` on an RTE slice (tiny model, 4 steps)."""
   workdir = tmp_path_factory.mktemp("rte")
-  _run("bert_jax.finetune", "--config", "configs/glue.py:rte", "--workdir", str(workdir),
-       f"--config.data_dir={shared_data / 'glue'}", f"--config.vocab_file={minilm_dir}/vocab.txt",
-       "--config.max_train_examples=64", "--config.max_eval_examples=32",
-       "--config.max_seq_length=32", "--config.train_batch_size=16",
-       "--config.eval_batch_size=16", "--config.num_train_epochs=1")
+  _run(
+    "bert_jax.finetune",
+    "--config",
+    "configs/glue.py:rte",
+    "--workdir",
+    str(workdir),
+    f"--config.data_dir={shared_data / 'glue'}",
+    f"--config.vocab_file={minilm_dir}/vocab.txt",
+    "--config.max_train_examples=64",
+    "--config.max_eval_examples=32",
+    "--config.max_seq_length=32",
+    "--config.train_batch_size=16",
+    "--config.eval_batch_size=16",
+    "--config.num_train_epochs=1",
+  )
   return workdir
 
 
 def test_entry_points_write_the_workdir(rte_workdir):
   names = set(os.listdir(rte_workdir))
-  assert {"config.json", "model_config.json", "vocab.txt", "tokenizer_config.json", "head.json",
-          "checkpoints", "best", "metrics.json", "summary.json", "predictions"} <= names
+  assert {
+    "config.json",
+    "model_config.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "head.json",
+    "checkpoints",
+    "best",
+    "metrics.json",
+    "summary.json",
+    "predictions",
+  } <= names
   metrics = json.load(open(rte_workdir / "metrics.json"))
   assert metrics["task"] == "rte" and metrics["primary_metric"] == "accuracy"
   assert 0 <= metrics["dev"]["accuracy"] <= 1 and metrics["num_train_steps"] == 4
@@ -57,7 +78,9 @@ def test_entry_points_write_the_workdir(rte_workdir):
   assert metrics["hparams"]["learning_rate"] == 2e-5
   head = json.load(open(rte_workdir / "head.json"))
   assert head["task"] == "sequence_classification" and head["labels"] == [
-      "entailment", "not_entailment"]
+    "entailment",
+    "not_entailment",
+  ]
   test_tsv = (rte_workdir / "predictions/RTE.tsv").read_text().splitlines()
   assert test_tsv[0] == "index\tprediction" and len(test_tsv) == 33
   # evaluate.py on the result: same params (best/), same dev metrics; test submission file.
@@ -70,6 +93,7 @@ def test_entry_points_write_the_workdir(rte_workdir):
 
 def test_minilm_sst2_learns(tmp_path, shared_data, minilm_dir):
   from configs import glue
+
   c = glue.get_config("sst2")
   c.data_dir = str(shared_data / "glue")
   c.init_checkpoint = str(minilm_dir)
@@ -93,32 +117,35 @@ def test_minilm_sst2_learns(tmp_path, shared_data, minilm_dir):
 
 
 def _sst2_dev_labels(shared_data, n):
-  lines = (shared_data / "glue/SST-2/dev.tsv").read_text().splitlines()[1:n + 1]
+  lines = (shared_data / "glue/SST-2/dev.tsv").read_text().splitlines()[1 : n + 1]
   return [int(l.split("\t")[-1]) for l in lines]
 
 
-def test_ner_from_our_workdir_reports_unloaded_head(tmp_path, rte_workdir, shared_data,
-                                                    minilm_dir):
+def test_ner_from_our_workdir_reports_unloaded_head(tmp_path, rte_workdir, shared_data, minilm_dir):
   from configs import ner
-  c = _tiny(ner.get_config(), minilm_dir, num_train_steps=4, max_train_examples=64,
-            max_eval_examples=32)
+
+  c = _tiny(
+    ner.get_config(), minilm_dir, num_train_steps=4, max_train_examples=64, max_eval_examples=32
+  )
   c.train_file = str(shared_data / "conll2003/train.txt")
   c.dev_file = str(shared_data / "conll2003/dev.txt")
   c.test_file = str(shared_data / "conll2003/dev.txt")
-  c.init_checkpoint = str(rte_workdir)     # a bert_jax fine-tuning workdir: encoder only
+  c.init_checkpoint = str(rte_workdir)  # a bert_jax fine-tuning workdir: encoder only
   result = runner.finetune(c, str(tmp_path))
-  assert "not loaded (in the checkpoint, unused): ['classifier/bias', 'classifier/kernel']" in \
-      result["init"]
+  assert (
+    "not loaded (in the checkpoint, unused): ['classifier/bias', 'classifier/kernel']"
+    in result["init"]
+  )
   assert set(result["dev"]) >= {"precision", "recall", "f1", "accuracy", "per_type"}
   lines = (tmp_path / "predictions/test_predictions.txt").read_text().split("\n\n")
   assert len([l for l in lines if l.strip()]) == 32
-  assert len(lines[0].splitlines()[0].split()) == 3     # word gold predicted
+  assert len(lines[0].splitlines()[0].split()) == 3  # word gold predicted
 
 
 def test_swag_end_to_end(tmp_path, shared_data, minilm_dir):
   from configs import swag
-  c = _tiny(swag.get_config(), minilm_dir, num_train_steps=3, train_batch_size=8,
-            eval_batch_size=8)
+
+  c = _tiny(swag.get_config(), minilm_dir, num_train_steps=3, train_batch_size=8, eval_batch_size=8)
   c.train_file = str(shared_data / "swag/sample.csv")
   c.dev_file = str(shared_data / "swag/sample.jsonl")
   result = runner.finetune(c, str(tmp_path))
@@ -130,8 +157,15 @@ def test_swag_end_to_end(tmp_path, shared_data, minilm_dir):
 def test_feature_based_trains_only_the_bilstm(tmp_path, rte_workdir, shared_data, minilm_dir):
   from bert_jax.checkpoint.manager import load_params
   from configs import ner_feature_based
-  c = _tiny(ner_feature_based.get_config("sum_all"), minilm_dir, num_train_steps=3,
-            max_train_examples=48, max_eval_examples=16, lstm_hidden_size=16)
+
+  c = _tiny(
+    ner_feature_based.get_config("sum_all"),
+    minilm_dir,
+    num_train_steps=3,
+    max_train_examples=48,
+    max_eval_examples=16,
+    lstm_hidden_size=16,
+  )
   c.train_file = str(shared_data / "ner_sci/bert_paper.bio")
   c.dev_fraction, c.skip_malformed_lines = 0.1, True
   c.init_checkpoint = str(rte_workdir)
@@ -140,14 +174,23 @@ def test_feature_based_trains_only_the_bilstm(tmp_path, rte_workdir, shared_data
   trained, _, _ = load_params(str(tmp_path))
   initial, _, _ = load_params(str(rte_workdir / "best"))
   import jax
-  for a, b in zip(jax.tree_util.tree_leaves(trained["bert"]),
-                  jax.tree_util.tree_leaves(initial["bert"])):
-    np.testing.assert_array_equal(a, b)     # frozen: not even weight decay
-  assert set(trained["tagger"]) == {"lstm_0_forward", "lstm_0_backward", "lstm_1_forward",
-                                    "lstm_1_backward", "classifier"}
+
+  for a, b in zip(
+    jax.tree_util.tree_leaves(trained["bert"]), jax.tree_util.tree_leaves(initial["bert"])
+  ):
+    np.testing.assert_array_equal(a, b)  # frozen: not even weight decay
+  assert set(trained["tagger"]) == {
+    "lstm_0_forward",
+    "lstm_0_backward",
+    "lstm_1_forward",
+    "lstm_1_backward",
+    "classifier",
+  }
   assert trained["tagger"]["lstm_0_forward"]["ii"]["kernel"].shape == (128, 16)  # tiny: D=128
-  assert trained["tagger"]["classifier"]["kernel"].shape == (16 * 2, len(
-      json.load(open(tmp_path / "head.json"))["labels"]))
+  assert trained["tagger"]["classifier"]["kernel"].shape == (
+    16 * 2,
+    len(json.load(open(tmp_path / "head.json"))["labels"]),
+  )
 
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_dir):
@@ -155,9 +198,18 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_d
   from configs import glue
 
   def config():
-    c = _tiny(glue.get_config("cola"), minilm_dir, num_train_steps=6, max_train_examples=48,
-              max_eval_examples=16, save_checkpoints_steps=3, eval_every_steps=3,
-              predict_test=False, max_seq_length=64, length_buckets="16")
+    c = _tiny(
+      glue.get_config("cola"),
+      minilm_dir,
+      num_train_steps=6,
+      max_train_examples=48,
+      max_eval_examples=16,
+      save_checkpoints_steps=3,
+      eval_every_steps=3,
+      predict_test=False,
+      max_seq_length=64,
+      length_buckets="16",
+    )
     c.data_dir = str(shared_data / "glue")
     c.checkpoint.keep_checkpoint_max = 3
     return c
@@ -165,7 +217,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_d
   runner.finetune(config(), str(tmp_path))
   loss_a = json.load(open(tmp_path / "summary.json"))["train_loss_history"]
   dev_a = json.load(open(tmp_path / "metrics.json"))["dev"]
-  shutil.rmtree(tmp_path / "checkpoints/6")      # as if killed between step 3 and step 6
+  shutil.rmtree(tmp_path / "checkpoints/6")  # as if killed between step 3 and step 6
   resumed = runner.finetune(config(), str(tmp_path))
   assert resumed["init"].startswith("resumed") and "step 3" in resumed["init"]
   loss_b = json.load(open(tmp_path / "summary.json"))["train_loss_history"]
@@ -177,6 +229,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_d
   from bert_jax.tasks import create_task
   from bert_jax.tasks.finetune_input import FinetuneInput, make_bucketer
   from bert_jax.tokenize import load_tokenizer
+
   c = config()
   task = create_task(c, load_tokenizer(str(tmp_path)))
   inputs = FinetuneInput(task.load_split("train"), 3, 16, int(c.seed), make_bucketer(task, c))
@@ -186,6 +239,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_d
 
 def test_bad_config_errors(tmp_path, shared_data, minilm_dir):
   from configs import glue
+
   c = _tiny(glue.get_config("rte"), minilm_dir, train_batch_size=12, max_train_examples=32)
   c.data_dir = str(shared_data / "glue")
   with pytest.raises(ValueError, match="train_batch_size=12 is not divisible"):

@@ -27,15 +27,19 @@ def fake_python(tmp_path, body):
 
 
 def test_each_process_gets_its_coordinates_and_its_log(tmp_path):
-  python = fake_python(tmp_path, """
+  python = fake_python(
+    tmp_path,
+    """
 keys = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "XLA_FLAGS")
 print(json.dumps({k: os.environ.get(k) for k in keys}))
-""")
+""",
+  )
   job = Job("pretrain", "", str(tmp_path / "run"), python=python)
   target = LocalTarget(num_processes=3, cpu_devices_per_process=2, echo=False)
   assert target.run(job) == 0
-  envs = [json.loads((tmp_path / "run" / "logs" / f"process_{i}.log").read_text())
-          for i in range(3)]
+  envs = [
+    json.loads((tmp_path / "run" / "logs" / f"process_{i}.log").read_text()) for i in range(3)
+  ]
   assert [e["JAX_PROCESS_ID"] for e in envs] == ["0", "1", "2"]
   assert {e["JAX_NUM_PROCESSES"] for e in envs} == {"3"}
   coordinators = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}
@@ -44,7 +48,9 @@ print(json.dumps({k: os.environ.get(k) for k in keys}))
 
 
 def test_one_failing_process_stops_the_others_and_sets_the_status(tmp_path):
-  python = fake_python(tmp_path, """
+  python = fake_python(
+    tmp_path,
+    """
 open(os.path.join(sys.argv[-1].split("=", 1)[1], "pid_%s" % os.environ["JAX_PROCESS_ID"]),
      "w").write(str(os.getpid()))
 if os.environ["JAX_PROCESS_ID"] == "1":
@@ -52,7 +58,8 @@ if os.environ["JAX_PROCESS_ID"] == "1":
   print("process 1 gives up", flush=True)
   sys.exit(3)
 time.sleep(120)
-""")
+""",
+  )
   workdir = tmp_path / "run"
   workdir.mkdir()
   job = Job("pretrain", "", str(workdir), python=python)
@@ -71,34 +78,58 @@ def test_two_process_pretraining_on_cpu(tmp_path):
   workdir = tmp_path / "pretrain"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(
-      [sys.executable, "-m", "launch", "run", "--job=pretrain",
-       "--config=configs/pretrain.py:tiny", f"--workdir={workdir}", "--target=local",
-       "--num_processes=2", "--cpu_devices_per_process=1", "--",
-       "--config.synthetic_data=True", "--config.num_train_steps=4",
-       "--config.save_checkpoints_steps=2", "--config.train_batch_size=8",
-       "--config.phase2.fraction=0.0", "--config.eval_every_steps=0",
-       "--config.max_eval_steps=1", "--config.logging.log_every_steps=2"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    [
+      sys.executable,
+      "-m",
+      "launch",
+      "run",
+      "--job=pretrain",
+      "--config=configs/pretrain.py:tiny",
+      f"--workdir={workdir}",
+      "--target=local",
+      "--num_processes=2",
+      "--cpu_devices_per_process=1",
+      "--",
+      "--config.synthetic_data=True",
+      "--config.num_train_steps=4",
+      "--config.save_checkpoints_steps=2",
+      "--config.train_batch_size=8",
+      "--config.phase2.fraction=0.0",
+      "--config.eval_every_steps=0",
+      "--config.max_eval_steps=1",
+      "--config.logging.log_every_steps=2",
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   logs = [(workdir / "logs" / f"process_{i}.log").read_text() for i in range(2)]
   for i, log in enumerate(logs):
     assert f"process {i} of 2" in log, log[-2000:]
-  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
-                if p.name.isdigit()) == [2, 4]
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [
+    2,
+    4,
+  ]
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["status"] == "completed" and summary["step"] == 4
   assert summary["num_processes"] == 2 and summary["num_devices"] == 2
   record = json.loads((workdir / "launch.json").read_text())
   assert record["num_processes"] == 2 and record["target"] == "local"
   assert record["config"]["num_train_steps"] == 4  # the resolved config, overrides applied
-  head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                        text=True).stdout.strip()
+  head = subprocess.run(
+    ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+  ).stdout.strip()
   assert record["git"]["commit"] == (head or None)
 
 
 def test_sigterm_to_the_launcher_reaches_every_process(tmp_path):
   """Pre-emption of the launcher: each process gets SIGTERM (and can save), status 143."""
-  python = fake_python(tmp_path, """
+  python = fake_python(
+    tmp_path,
+    """
 import signal
 workdir = sys.argv[-1].split("=", 1)[1]
 me = os.environ["JAX_PROCESS_ID"]
@@ -108,13 +139,27 @@ def on_term(signum, frame):
 signal.signal(signal.SIGTERM, on_term)
 open(os.path.join(workdir, "ready_" + me), "w").close()
 time.sleep(120)
-""")
+""",
+  )
   workdir = tmp_path / "run"
   workdir.mkdir()
   launcher = subprocess.Popen(
-      [sys.executable, "-m", "launch", "run", f"--workdir={workdir}", f"--python={python}",
-       "--target=local", "--num_processes=2", "--kill_grace_s=20"],
-      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    [
+      sys.executable,
+      "-m",
+      "launch",
+      "run",
+      f"--workdir={workdir}",
+      f"--python={python}",
+      "--target=local",
+      "--num_processes=2",
+      "--kill_grace_s=20",
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
   deadline = time.monotonic() + 120
   while not all((workdir / f"ready_{i}").exists() for i in range(2)):
     assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()
@@ -125,11 +170,13 @@ time.sleep(120)
 
 
 def test_launch_json_of_an_earlier_launch_is_kept(tmp_path):
-  from launch.launch import launch  # noqa: PLC0415
+  from launch.launch import launch
+
   python = fake_python(tmp_path, "pass")
   workdir = tmp_path / "run"
-  job = Job("finetune", "configs/glue.py:rte", str(workdir), python=python,
-            overrides=(("seed", 3),))
+  job = Job(
+    "finetune", "configs/glue.py:rte", str(workdir), python=python, overrides=(("seed", 3),)
+  )
   target = LocalTarget(echo=False)
   assert launch(job, target) == 0
   first = json.loads((workdir / "launch.json").read_text())

@@ -22,7 +22,7 @@ def _apply(rate, x, key, deterministic=False):
 
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_keep_rate_scale_and_independence(rate):
-  x = jnp.ones((64, 4, 31, 33), jnp.float32)    # odd last axis: the halves are cut to size
+  x = jnp.ones((64, 4, 31, 33), jnp.float32)  # odd last axis: the halves are cut to size
   y = np.asarray(_apply(rate, x, jax.random.PRNGKey(0)))
   kept = y != 0
   n, p = kept.size, 1 - rate
@@ -34,8 +34,10 @@ def test_keep_rate_scale_and_independence(rate):
   # Independence where the two 16-bit halves of one draw land (first and second half of the
   # last axis) and between neighbours: P(both kept) = p^2.
   half = (33 + 1) // 2
-  pairs = {"halves": (kept[..., :16], kept[..., half:half + 16]),
-           "neighbours": (kept[..., :-1], kept[..., 1:])}
+  pairs = {
+    "halves": (kept[..., :16], kept[..., half : half + 16]),
+    "neighbours": (kept[..., :-1], kept[..., 1:]),
+  }
   for name, (a, b) in pairs.items():
     both, m = np.logical_and(a, b).sum(), a.size
     assert abs(both - m * p * p) < 6 * np.sqrt(m * p * p * (1 - p * p)), name
@@ -46,7 +48,7 @@ def test_keep_rate_scale_and_independence(rate):
 
 def test_realised_rate_is_within_2_pow_minus_17():
   for rate in (0.0, 0.1, 0.15, 0.3, 0.9):
-    assert abs((1 - keep_threshold(rate) / 65536) - rate) <= 2 ** -17
+    assert abs((1 - keep_threshold(rate) / 65536) - rate) <= 2**-17
 
 
 def test_deterministic_and_zero_rate_return_the_input():
@@ -83,6 +85,7 @@ def test_flax_module_interface():
     @nn.compact
     def __call__(self, x, deterministic):
       return Dropout(0.5)(nn.Dense(4)(x), deterministic=deterministic)
+
   x = jnp.ones((2, 3))
   params = Net().init(jax.random.PRNGKey(0), x, True)
   out = Net().apply(params, x, False, rngs={"dropout": jax.random.PRNGKey(1)})

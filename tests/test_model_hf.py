@@ -22,19 +22,33 @@ from bert_jax.model import BertConfig  # noqa: E402
 
 ATOL = 1e-5
 SIZES = {
-    # Two sizes and both of BERT's gelus; odd vocab and intermediate sizes catch transposes.
-    "small": dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=37, max_position_embeddings=40, type_vocab_size=2),
-    "wider": dict(vocab_size=131, hidden_size=48, num_hidden_layers=3, num_attention_heads=6,
-                  intermediate_size=80, max_position_embeddings=64, type_vocab_size=3,
-                  hidden_act="gelu_new"),
+  # Two sizes and both of BERT's gelus; odd vocab and intermediate sizes catch transposes.
+  "small": dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=40,
+    type_vocab_size=2,
+  ),
+  "wider": dict(
+    vocab_size=131,
+    hidden_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    intermediate_size=80,
+    max_position_embeddings=64,
+    type_vocab_size=3,
+    hidden_act="gelu_new",
+  ),
 }
 HF_CLASSES = {
-    "pretraining": "BertForPreTraining",
-    "sequence_classification": "BertForSequenceClassification",
-    "token_classification": "BertForTokenClassification",
-    "question_answering": "BertForQuestionAnswering",
-    "multiple_choice": "BertForMultipleChoice",
+  "pretraining": "BertForPreTraining",
+  "sequence_classification": "BertForSequenceClassification",
+  "token_classification": "BertForTokenClassification",
+  "question_answering": "BertForQuestionAnswering",
+  "multiple_choice": "BertForMultipleChoice",
 }
 
 
@@ -50,7 +64,7 @@ def hf_random_model(cls_name, size, seed=0, **extra):
   config = transformers.BertConfig(**SIZES[size], **extra)
   model = getattr(transformers, cls_name)(config).eval()
   with torch.no_grad():
-    for name, p in model.named_parameters():
+    for p in model.parameters():
       p.add_(0.05 * torch.randn_like(p))  # biases != 0, LayerNorm scales != 1
   return model
 
@@ -63,16 +77,19 @@ def batch(vocab_size, b=3, length=12, seed=1, type_vocab_size=2):
   mask = (np.arange(length)[None] < np.array(lengths)[:, None]).astype(np.int32)
   seg = np.zeros_like(ids)
   for i, n in enumerate(lengths):
-    seg[i, n // 2:n] = rng.integers(1, type_vocab_size)
+    seg[i, n // 2 : n] = rng.integers(1, type_vocab_size)
   ids = ids * mask
   return ids, mask, seg
 
 
 def torch_run(model, ids, mask, seg, **kw):
   with torch.no_grad():
-    return model(input_ids=torch.tensor(ids, dtype=torch.long),
-                 attention_mask=torch.tensor(mask, dtype=torch.long),
-                 token_type_ids=torch.tensor(seg, dtype=torch.long), **kw)
+    return model(
+      input_ids=torch.tensor(ids, dtype=torch.long),
+      attention_mask=torch.tensor(mask, dtype=torch.long),
+      token_type_ids=torch.tensor(seg, dtype=torch.long),
+      **kw,
+    )
 
 
 def close_on(a, b, mask_BxL=None):
@@ -92,8 +109,15 @@ def test_pretraining_outputs_equal_hf(tmp_path, size):
   cfg = SIZES[size]
   ids, mask, seg = batch(cfg["vocab_size"], type_vocab_size=cfg["type_vocab_size"])
   positions = np.array([[1, 5, 11], [0, 2, 1], [2, 1, 0]], np.int32)
-  ours = run(models.BertForPreTraining(pre.config), pre.params, ids, mask, seg,
-             masked_lm_positions=positions, output_hidden_states=True)
+  ours = run(
+    models.BertForPreTraining(pre.config),
+    pre.params,
+    ids,
+    mask,
+    seg,
+    masked_lm_positions=positions,
+    output_hidden_states=True,
+  )
   ref = torch_run(hf_model, ids, mask, seg, output_hidden_states=True)
   assert len(ours["hidden_states"]) == cfg["num_hidden_layers"] + 1
   for a, b in zip(ours["hidden_states"], ref.hidden_states):
@@ -107,11 +131,14 @@ def test_pretraining_outputs_equal_hf(tmp_path, size):
   close_on(ours["pooled_output"], pooled_ref)
   # Without hidden states (the pre-training path) the last layer runs only at [CLS] and the
   # masked positions (duplicates and position 0 included): the same logits as HF's full model.
-  sparse = run(models.BertForPreTraining(pre.config), pre.params, ids, mask, seg,
-               masked_lm_positions=positions)
+  sparse = run(
+    models.BertForPreTraining(pre.config), pre.params, ids, mask, seg, masked_lm_positions=positions
+  )
   assert "sequence_output" not in sparse
-  close_on(sparse["gathered_output"],
-           np.take_along_axis(ref.hidden_states[-1].numpy(), positions[..., None], axis=1))
+  close_on(
+    sparse["gathered_output"],
+    np.take_along_axis(ref.hidden_states[-1].numpy(), positions[..., None], axis=1),
+  )
   close_on(sparse["mlm_logits"], mlm_ref)
   close_on(sparse["nsp_logits"], ref.seq_relationship_logits.numpy())
   close_on(sparse["pooled_output"], pooled_ref)
@@ -121,15 +148,19 @@ def test_minilm_real_weights_equal_hf(minilm_dir):
   pre = load_pretrained(minilm_dir)
   assert pre.task == "encoder" and set(pre.params) == {"bert"}
   tok = pre.tokenizer
-  texts = ["The quick brown fox jumps over the lazy dog.", "BERT is bidirectional.",
-           "Hello, world!"]
+  texts = [
+    "The quick brown fox jumps over the lazy dog.",
+    "BERT is bidirectional.",
+    "Hello, world!",
+  ]
   rows = [[tok.cls_id] + tok.encode(t) + [tok.sep_id] for t in texts]
   length = max(map(len, rows))
   ids = np.array([r + [tok.pad_id] * (length - len(r)) for r in rows], np.int32)
   mask = (ids != tok.pad_id).astype(np.int32)
   seg = np.zeros_like(ids)
-  ours = run(models.BertEncoder(pre.config), pre.params["bert"], ids, mask, seg,
-             output_hidden_states=True)
+  ours = run(
+    models.BertEncoder(pre.config), pre.params["bert"], ids, mask, seg, output_hidden_states=True
+  )
   hf_model = transformers.BertModel.from_pretrained(minilm_dir).eval()
   ref = torch_run(hf_model, ids, mask, seg, output_hidden_states=True)
   for a, b in zip(ours["hidden_states"], ref.hidden_states, strict=True):
@@ -143,11 +174,13 @@ def test_minilm_real_weights_equal_hf(minilm_dir):
 def _our_logits(task, pre, ids, mask, seg):
   cfg = pre.config
   if task == "sequence_classification":
-    return run(models.BertForSequenceClassification(cfg, pre.num_labels), pre.params, ids, mask,
-               seg)["logits"]
+    return run(
+      models.BertForSequenceClassification(cfg, pre.num_labels), pre.params, ids, mask, seg
+    )["logits"]
   if task == "token_classification":
-    return run(models.BertForTokenClassification(cfg, pre.num_labels), pre.params, ids, mask,
-               seg)["logits"]
+    return run(models.BertForTokenClassification(cfg, pre.num_labels), pre.params, ids, mask, seg)[
+      "logits"
+    ]
   if task == "question_answering":
     out = run(models.BertForQuestionAnswering(cfg), pre.params, ids, mask, seg)
     return jnp.stack([out["start_logits"], out["end_logits"]], -1)
@@ -162,9 +195,16 @@ def _ref_logits(task, model, ids, mask, seg):
   return out.logits.numpy()
 
 
-@pytest.mark.parametrize("task,num_labels", [
-    ("sequence_classification", 3), ("sequence_classification", 1),
-    ("token_classification", 5), ("question_answering", None), ("multiple_choice", None)])
+@pytest.mark.parametrize(
+  "task,num_labels",
+  [
+    ("sequence_classification", 3),
+    ("sequence_classification", 1),
+    ("token_classification", 5),
+    ("question_answering", None),
+    ("multiple_choice", None),
+  ],
+)
 def test_finetuning_heads_equal_hf_after_import_and_export(tmp_path, task, num_labels):
   extra = {"num_labels": num_labels} if num_labels else {}
   if task == "token_classification":
@@ -190,10 +230,18 @@ def test_finetuning_heads_equal_hf_after_import_and_export(tmp_path, task, num_l
   else:
     close_on(ours, ref)
   # Export, and Hugging Face's class loads it with nothing missing or unexpected.
-  save_hf(tmp_path / "out", pre.params, pre.config, pre.tokenizer, head=task,
-          num_labels=pre.num_labels, labels=pre.labels or None)
+  save_hf(
+    tmp_path / "out",
+    pre.params,
+    pre.config,
+    pre.tokenizer,
+    head=task,
+    num_labels=pre.num_labels,
+    labels=pre.labels or None,
+  )
   back, info = getattr(transformers, HF_CLASSES[task]).from_pretrained(
-      tmp_path / "out", output_loading_info=True)
+    tmp_path / "out", output_loading_info=True
+  )
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   if task == "sequence_classification" and num_labels == 1:
     assert back.config.problem_type == "regression"
@@ -207,26 +255,32 @@ def test_bert_jax_init_exports_to_hf_with_same_outputs(tmp_path):
   ids, mask, seg = batch(cfg.vocab_size, seed=7)
   positions = np.array([[1, 2], [0, 1], [2, 0]], np.int32)
   module = models.BertForPreTraining(cfg)
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn
+
   init = jax.jit(functools.partial(module.init, masked_lm_positions=positions))
   params = nn.meta.unbox(init(jax.random.PRNGKey(0), ids, mask, seg)["params"])
   rng = np.random.default_rng(1)
-  params = jax.tree.map(lambda x: np.asarray(x) + 0.05 * rng.standard_normal(x.shape, np.float32),
-                        params)
+  params = jax.tree.map(
+    lambda x: np.asarray(x) + 0.05 * rng.standard_normal(x.shape, np.float32), params
+  )
   ours = run(module, params, ids, mask, seg, masked_lm_positions=positions)
   save_hf(tmp_path, params, cfg, tokenizer=None, head="pretraining")
-  hf_model, info = transformers.BertForPreTraining.from_pretrained(tmp_path,
-                                                                   output_loading_info=True)
+  hf_model, info = transformers.BertForPreTraining.from_pretrained(
+    tmp_path, output_loading_info=True
+  )
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   ref = torch_run(hf_model.eval(), ids, mask, seg)
-  close_on(ours["mlm_logits"],
-           np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], axis=1))
+  close_on(
+    ours["mlm_logits"],
+    np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], axis=1),
+  )
   close_on(ours["nsp_logits"], ref.seq_relationship_logits.numpy())
 
 
 def test_layer_norm_matches_torch_when_the_mean_is_large():
   """Hidden states with a large mean (as some real checkpoints have) keep float32 accuracy."""
-  from bert_jax.model.bert import layer_norm  # pylint: disable=import-outside-toplevel
+  from bert_jax.model.bert import layer_norm
+
   x = (np.random.default_rng(0).standard_normal((4, 768)) * 0.5 + 100).astype(np.float32)
   ln = layer_norm(BertConfig(), "LayerNorm")
   ours = ln.apply(ln.init(jax.random.PRNGKey(0), x), x)

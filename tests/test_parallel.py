@@ -23,8 +23,14 @@ VOCAB, L, P_, B, STEPS = 512, 32, 5, 16, 5
 
 def _trajectory(mesh_sizes, devices, grad_accum=1):
   """Losses of STEPS train steps of a tiny BERT (dropout on) on the given mesh."""
-  bert = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1,
-                    num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)
+  bert = BertConfig(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=64,
+  )
   model = BertForPreTraining(bert)
   mesh = parallel.create_mesh(mesh_sizes, devices)
   rules = parallel.normalize_rules(common.logical_axis_rules())
@@ -37,8 +43,11 @@ def _trajectory(mesh_sizes, devices, grad_accum=1):
 
   state = init_train_state(init_params, tx, mesh, rules, seed=0)
   step = jit_train_step(
-      make_train_step(make_pretraining_loss(model), tx, schedule, grad_accum, mesh),
-      jax.tree_util.tree_map(lambda x: x.sharding, state), mesh, rules)
+    make_train_step(make_pretraining_loss(model), tx, schedule, grad_accum, mesh),
+    jax.tree_util.tree_map(lambda x: x.sharding, state),
+    mesh,
+    rules,
+  )
   batch = next(SyntheticPretrainInput(B, L, P_, VOCAB, seed=1))  # one batch, learnt again
   losses = []
   for _ in range(STEPS):
@@ -59,32 +68,49 @@ def _spec(x):
   return tuple(a if a is not None and mesh.shape[a] > 1 else None for a in spec)
 
 
-@pytest.mark.parametrize("sizes,expect", [
+@pytest.mark.parametrize(
+  "sizes,expect",
+  [
     ({"data": 8}, {"word": (None, None), "mlp_in": (None, None), "query": (None, None, None)}),
-    ({"data": 1, "fsdp": 8}, {"word": (None, "fsdp"), "mlp_in": ("fsdp", None),
-                              "query": ("fsdp", None, None)}),
-    ({"data": 4, "tensor": 2}, {"word": ("tensor", None), "mlp_in": (None, "tensor"),
-                                "query": (None, "tensor", None)}),
-    ({"data": 2, "fsdp": 2, "tensor": 2}, {"word": ("tensor", "fsdp"), "mlp_in": ("fsdp", "tensor"),
-                                           "query": ("fsdp", "tensor", None)}),
-], ids=["data", "fsdp", "tensor", "mixed"])
+    (
+      {"data": 1, "fsdp": 8},
+      {"word": (None, "fsdp"), "mlp_in": ("fsdp", None), "query": ("fsdp", None, None)},
+    ),
+    (
+      {"data": 4, "tensor": 2},
+      {"word": ("tensor", None), "mlp_in": (None, "tensor"), "query": (None, "tensor", None)},
+    ),
+    (
+      {"data": 2, "fsdp": 2, "tensor": 2},
+      {"word": ("tensor", "fsdp"), "mlp_in": ("fsdp", "tensor"), "query": ("fsdp", "tensor", None)},
+    ),
+  ],
+  ids=["data", "fsdp", "tensor", "mixed"],
+)
 def test_same_trajectory_and_real_sharding(reference, sizes, expect):
   assert jax.device_count() == 8
   losses, state = _trajectory(sizes, jax.devices())
   np.testing.assert_allclose(losses, reference, rtol=0, atol=1e-5)
   assert losses[-1] < losses[0]
   p = state.params["bert"]
-  got = {"word": _spec(p["embeddings"]["word_embeddings"]["embedding"]),
-         "mlp_in": _spec(p["layer_0"]["intermediate"]["kernel"]),
-         "query": _spec(p["layer_0"]["attention"]["query"]["kernel"])}
+  got = {
+    "word": _spec(p["embeddings"]["word_embeddings"]["embedding"]),
+    "mlp_in": _spec(p["layer_0"]["intermediate"]["kernel"]),
+    "query": _spec(p["layer_0"]["attention"]["query"]["kernel"]),
+  }
   assert got == expect
   # The optimizer's moments are sharded exactly like the params they belong to.
   mu = state.opt_state[1][0].mu["bert"]["layer_0"]["intermediate"]["kernel"]
   assert _spec(mu) == expect["mlp_in"]
   # Every shard of an fsdp/tensor-sharded weight holds only its slice.
   w = p["layer_0"]["intermediate"]["kernel"]
-  n_shards = np.prod([dict(data=1, fsdp=sizes.get("fsdp", 1), tensor=sizes.get("tensor", 1))[a]
-                      for a in expect["mlp_in"] if a])
+  n_shards = np.prod(
+    [
+      dict(data=1, fsdp=sizes.get("fsdp", 1), tensor=sizes.get("tensor", 1))[a]
+      for a in expect["mlp_in"]
+      if a
+    ]
+  )
   assert w.addressable_shards[0].data.size == w.size // n_shards
 
 
@@ -112,8 +138,11 @@ def test_mesh_errors():
 def test_batch_not_divisible_by_data_parallel_size():
   mesh = parallel.create_mesh({"data": 4, "fsdp": 2})
   parallel.check_batch_size(16, mesh)
-  with pytest.raises(ValueError, match=r"config.train_batch_size=12 is not divisible by the "
-                                       r"data-parallel size 8"):
+  with pytest.raises(
+    ValueError,
+    match=r"config.train_batch_size=12 is not divisible by the "
+    r"data-parallel size 8",
+  ):
     parallel.check_batch_size(12, mesh)
 
 
@@ -123,22 +152,23 @@ def test_vocab_not_divisible_by_tensor_axis_is_left_unsharded():
   mesh = parallel.create_mesh({"data": 2, "tensor": 4})
   rules = parallel.normalize_rules(common.logical_axis_rules())
   ids = jnp.zeros((1, 8), jnp.int32)
-  abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ids, ids, ids,
-                                               ids[:, :2])["params"])
+  abstract = jax.eval_shape(
+    lambda: model.init(jax.random.PRNGKey(0), ids, ids, ids, ids[:, :2])["params"]
+  )
   shardings = parallel.logical_shardings(abstract, mesh, rules)
   # 1001 % 4 != 0: the vocab dimension stays whole; everything else is sharded as configured.
   assert tuple(shardings["bert"]["embeddings"]["word_embeddings"]["embedding"].spec)[0] is None
   assert tuple(shardings["mlm_output_bias"].spec) == (None,)
   assert tuple(shardings["bert"]["layer_0"]["intermediate"]["kernel"].spec)[1] == "tensor"
-  params = jax.jit(lambda: nn.meta.unbox(model.init(jax.random.PRNGKey(0), ids, ids, ids,
-                                                    ids[:, :2])["params"]),
-                   out_shardings=shardings)()
+  params = jax.jit(
+    lambda: nn.meta.unbox(model.init(jax.random.PRNGKey(0), ids, ids, ids, ids[:, :2])["params"]),
+    out_shardings=shardings,
+  )()
   assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (1001, 128)
 
 
 def test_rules_from_config_are_normalised():
-  rules = parallel.normalize_rules([["batch", ["data", "fsdp"]], ["vocab", "tensor"],
-                                    ["kv", None]])
+  rules = parallel.normalize_rules([["batch", ["data", "fsdp"]], ["vocab", "tensor"], ["kv", None]])
   assert rules == (("batch", ("data", "fsdp")), ("vocab", "tensor"), ("kv", None))
   with pytest.raises(ValueError, match=r"logical_axis_rules\[0\]"):
     parallel.normalize_rules([("batch",)])

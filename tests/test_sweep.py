@@ -30,13 +30,19 @@ GLUE = "configs/glue.py:rte"
 
 def test_product_zip_chain_against_itertools():
   lrs, batches, seeds = [5e-5, 4e-5, 3e-5, 2e-5], [16, 32], [0, 1, 2]
-  points = sweep.product(sweep.axis("learning_rate", lrs), sweep.axis("train_batch_size", batches),
-                         sweep.axis("seed", seeds))
-  want = [{"learning_rate": a, "train_batch_size": b, "seed": c}
-          for a, b, c in itertools.product(lrs, batches, seeds)]
+  points = sweep.product(
+    sweep.axis("learning_rate", lrs),
+    sweep.axis("train_batch_size", batches),
+    sweep.axis("seed", seeds),
+  )
+  want = [
+    {"learning_rate": a, "train_batch_size": b, "seed": c}
+    for a, b, c in itertools.product(lrs, batches, seeds)
+  ]
   assert points == want
-  zipped = sweep.zipped(sweep.axis("learning_rate", lrs), sweep.axis("num_train_epochs",
-                                                                     [2, 3, 4, 5]))
+  zipped = sweep.zipped(
+    sweep.axis("learning_rate", lrs), sweep.axis("num_train_epochs", [2, 3, 4, 5])
+  )
   assert zipped == [{"learning_rate": a, "num_train_epochs": e} for a, e in zip(lrs, [2, 3, 4, 5])]
   both = sweep.chain(sweep.fixed(learning_rate=1e-4), zipped)
   assert len(both) == 5 and both[0] == {"learning_rate": 1e-4}
@@ -56,24 +62,40 @@ def test_paper_grid_sweep_file():
   runs = sweep.plan_sweep(Job("finetune", GLUE, "/unused"), points, "/tmp/grid")
   assert len({r.job.workdir for r in runs}) == len(points)  # every run its own workdir
   assert runs[0].name == "learning_rate=5e-05,train_batch_size=16,num_train_epochs=2,seed=0"
-  assert runs[0].job.argv()[-4:] == ["--config.learning_rate=5e-05",
-                                     "--config.train_batch_size=16",
-                                     "--config.num_train_epochs=2", "--config.seed=0"]
+  assert runs[0].job.argv()[-4:] == [
+    "--config.learning_rate=5e-05",
+    "--config.train_batch_size=16",
+    "--config.num_train_epochs=2",
+    "--config.seed=0",
+  ]
 
 
 def test_unknown_sweep_key_is_an_error_before_anything_starts(tmp_path):
   bad = tmp_path / "bad_sweep.py"
-  bad.write_text("from launch import sweep\n"
-                 "def get_sweep(arg):\n"
-                 "  return sweep.product(sweep.axis('learning_rate', [1e-5, 2e-5]),\n"
-                 "                       sweep.axis('optimizer.warmup_stepz', [1, 2]))\n")
+  bad.write_text(
+    "from launch import sweep\n"
+    "def get_sweep(arg):\n"
+    "  return sweep.product(sweep.axis('learning_rate', [1e-5, 2e-5]),\n"
+    "                       sweep.axis('optimizer.warmup_stepz', [1, 2]))\n"
+  )
   root = tmp_path / "root"
   with pytest.raises(LaunchError, match=r"bad_sweep.py.*'optimizer.warmup_stepz' does not exist"):
-    sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.load_sweep(str(bad)), str(root),
-                     str(bad))
-  proc = subprocess.run([sys.executable, "-m", "launch", "sweep", "--job=finetune",
-                         f"--config={GLUE}", f"--workdir={root}", f"--sweep={bad}"],
-                        cwd=REPO, capture_output=True, text=True)
+    sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.load_sweep(str(bad)), str(root), str(bad))
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launch",
+      "sweep",
+      "--job=finetune",
+      f"--config={GLUE}",
+      f"--workdir={root}",
+      f"--sweep={bad}",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
   assert proc.returncode == 2 and "warmup_stepz" in proc.stderr, proc.stderr
   assert "Traceback" not in proc.stderr
   assert not root.exists()  # nothing started, nothing written
@@ -99,9 +121,17 @@ def test_results_table_sorted_with_seeds_aggregated(tmp_path):
       acc = float(rng.uniform(0.5, 0.8))
       truth[(lr, seed)] = acc
       overrides = {"learning_rate": lr, "seed": seed}
-      write_run(tmp_path, sweep.run_name(overrides), overrides,
-                {"task": "rte", "primary_metric": "accuracy", "higher_is_better": True,
-                 "dev": {"accuracy": acc, "loss": 1 - acc}})
+      write_run(
+        tmp_path,
+        sweep.run_name(overrides),
+        overrides,
+        {
+          "task": "rte",
+          "primary_metric": "accuracy",
+          "higher_is_better": True,
+          "dev": {"accuracy": acc, "loss": 1 - acc},
+        },
+      )
   (tmp_path / "unfinished").mkdir()  # no metrics.json: not a result
   tables = write_results(str(tmp_path))
   assert tables.metric == "dev.accuracy"
@@ -139,36 +169,47 @@ def test_complete_runs_are_skipped(tmp_path):
 
 
 def test_remote_sweep_gives_each_run_its_own_job():
-  from launch.targets import KubernetesTarget  # noqa: PLC0415
-  import yaml  # noqa: PLC0415
+  import yaml
+
+  from launch.targets import KubernetesTarget
+
   root = "/mnt/workdir/grid"  # on a PersistentVolumeClaim mounted in every pod
-  runs = sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.load_sweep(
-      str(REPO / "sweeps" / "glue_paper_grid.py") + ":1"), root)
+  runs = sweep.plan_sweep(
+    Job("finetune", GLUE, ""),
+    sweep.load_sweep(str(REPO / "sweeps" / "glue_paper_grid.py") + ":1"),
+    root,
+  )
   out = io.StringIO()
-  sweep.run_sweep(runs, KubernetesTarget(image="img", volume_claim="runs"), dry_run=True,
-                  out=out)
+  sweep.run_sweep(runs, KubernetesTarget(image="img", volume_claim="runs"), dry_run=True, out=out)
   docs = [d for d in yaml.safe_load_all(out.getvalue()) if d and d.get("kind") == "Job"]
   assert len(docs) == len(runs) == 24
   names = {d["metadata"]["name"] for d in docs}
   assert len(names) == 24  # distinct names for distinct runs
   assert all(re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", n) and len(n) <= 63 for n in names)
-  workdirs = {a for d in docs for a in d["spec"]["template"]["spec"]["containers"][0]["command"]
-              if a.startswith("--workdir=")}
+  workdirs = {
+    a
+    for d in docs
+    for a in d["spec"]["template"]["spec"]["containers"][0]["command"]
+    if a.startswith("--workdir=")
+  }
   assert workdirs == {f"--workdir={root}/{r.name}" for r in runs}
 
 
 def test_tpu_sweep_ships_the_code_once(monkeypatch):
-  from launch.targets import TpuTarget  # noqa: PLC0415
+  from launch.targets import TpuTarget
+
   monkeypatch.setattr(sweep, "exists", lambda path: False)  # no bucket to look into here
-  runs = sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.axis("seed", [0, 1, 2]),
-                          "gs://bucket/grid")
+  runs = sweep.plan_sweep(
+    Job("finetune", GLUE, ""), sweep.axis("seed", [0, 1, 2]), "gs://bucket/grid"
+  )
   out = io.StringIO()
   sweep.run_sweep(runs, TpuTarget(tpu_name="pod", zone="z", project="p"), dry_run=True, out=out)
   lines = [line for line in out.getvalue().splitlines() if line.startswith("gcloud")]
   assert sum(" tpu-vm scp " in line for line in lines) == 1
   runs_started = [line for line in lines if "bert_jax.finetune" in line]
-  assert [f"--workdir=gs://bucket/grid/seed={i}" in line for i, line in
-          enumerate(runs_started)] == [True] * 3
+  assert [
+    f"--workdir=gs://bucket/grid/seed={i}" in line for i, line in enumerate(runs_started)
+  ] == [True] * 3
 
 
 def test_stopping_a_sweep_stops_its_runs_and_starts_no_more(tmp_path):
@@ -186,14 +227,29 @@ time.sleep(120)
   python.chmod(0o755)
   root = tmp_path / "root"
   seeds = tmp_path / "seeds.py"
-  seeds.write_text("from launch import sweep\n"
-                   "def get_sweep(arg):\n  return sweep.axis('seed', range(4))\n")
+  seeds.write_text(
+    "from launch import sweep\ndef get_sweep(arg):\n  return sweep.axis('seed', range(4))\n"
+  )
   launcher = subprocess.Popen(
-      [sys.executable, "-m", "launch", "sweep", "--job=finetune", f"--config={GLUE}",
-       f"--workdir={root}", f"--sweep={seeds}", "--parallel=2", f"--python={python}",
-       "--kill_grace_s=20"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True)
-  started = lambda: sorted(p.parent.name for p in root.glob("*/started"))  # noqa: E731
+    [
+      sys.executable,
+      "-m",
+      "launch",
+      "sweep",
+      "--job=finetune",
+      f"--config={GLUE}",
+      f"--workdir={root}",
+      f"--sweep={seeds}",
+      "--parallel=2",
+      f"--python={python}",
+      "--kill_grace_s=20",
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  started = lambda: sorted(p.parent.name for p in root.glob("*/started"))
   deadline = time.monotonic() + 120
   while len(started()) < 2:
     assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()

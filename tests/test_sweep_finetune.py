@@ -14,14 +14,27 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def sweep_command(root, shared_data, vocab):
-  return [sys.executable, "-m", "launch", "sweep", "--job=finetune",
-          "--config=configs/glue.py:rte", f"--workdir={root}", "--sweep=sweeps/glue_smoke.py",
-          "--parallel=2", "--",
-          f"--config.data_dir={shared_data / 'glue'}", f"--config.vocab_file={vocab}",
-          "--config.max_train_examples=32", "--config.max_eval_examples=32",
-          "--config.max_seq_length=32", "--config.num_train_epochs=1",
-          "--config.train_batch_size=16", "--config.eval_batch_size=32",
-          "--config.predict_test=false"]
+  return [
+    sys.executable,
+    "-m",
+    "launch",
+    "sweep",
+    "--job=finetune",
+    "--config=configs/glue.py:rte",
+    f"--workdir={root}",
+    "--sweep=sweeps/glue_smoke.py",
+    "--parallel=2",
+    "--",
+    f"--config.data_dir={shared_data / 'glue'}",
+    f"--config.vocab_file={vocab}",
+    "--config.max_train_examples=32",
+    "--config.max_eval_examples=32",
+    "--config.max_seq_length=32",
+    "--config.num_train_epochs=1",
+    "--config.train_batch_size=16",
+    "--config.eval_batch_size=32",
+    "--config.predict_test=false",
+  ]
 
 
 def test_local_sweep_of_four_finetuning_runs(tmp_path, shared_data, minilm_dir):
@@ -43,7 +56,8 @@ def test_local_sweep_of_four_finetuning_runs(tmp_path, shared_data, minilm_dir):
   accs = [float(r["dev.accuracy"]) for r in rows]
   assert accs == sorted(accs, reverse=True)
   assert {r["run"]: float(r["dev.accuracy"]) for r in rows} == pytest.approx(
-      {n: m["dev"]["accuracy"] for n, m in metrics.items()})
+    {n: m["dev"]["accuracy"] for n, m in metrics.items()}
+  )
   configs = list(csv.DictReader(open(root / "results_by_config.csv")))
   assert sorted(r["learning_rate"] for r in configs) == ["0.0001", "0.001"]
   assert {r["seeds"] for r in configs} == {"2"}
@@ -59,20 +73,24 @@ def test_local_sweep_of_four_finetuning_runs(tmp_path, shared_data, minilm_dir):
 
   # A run of the sweep is a real fine-tuned checkpoint: export its best checkpoint to
   # transformers and compare the classifier's logits with bert_jax's on the same weights.
-  import numpy as np  # noqa: PLC0415
-  import torch  # noqa: PLC0415
-  import transformers  # noqa: PLC0415
-  from bert_jax.checkpoint.exporter import export  # noqa: PLC0415
-  from bert_jax.checkpoint.manager import load_params  # noqa: PLC0415
-  from bert_jax.model import BertForSequenceClassification  # noqa: PLC0415
+  import numpy as np
+  import torch
+  import transformers
+
+  from bert_jax.checkpoint.exporter import export
+  from bert_jax.checkpoint.manager import load_params
+  from bert_jax.model import BertForSequenceClassification
+
   run = root / rows[0]["run"]
   out = export(str(run), "hf", str(tmp_path / "hf"))
   model = transformers.BertForSequenceClassification.from_pretrained(out).eval()
   head = json.loads((run / "head.json").read_text())
   assert [model.config.id2label[i] for i in range(2)] == head["labels"]
   params, config, tokenizer = load_params(str(run / "best"))
-  ids = np.array([[tokenizer.cls_id] + tokenizer.encode("the cat sat on the mat .") +
-                  [tokenizer.sep_id]], np.int32)
+  ids = np.array(
+    [[tokenizer.cls_id] + tokenizer.encode("the cat sat on the mat .") + [tokenizer.sep_id]],
+    np.int32,
+  )
   ours = BertForSequenceClassification(config, 2).apply({"params": params}, ids)["logits"]
   with torch.no_grad():
     theirs = model(input_ids=torch.tensor(ids).long()).logits.numpy()

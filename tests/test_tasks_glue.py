@@ -21,10 +21,12 @@ def test_classification_metrics_match_sklearn(seed):
   assert M.accuracy(y, p) == pytest.approx(sklearn.metrics.accuracy_score(y, p), abs=1e-12)
   assert M.f1_binary(y, p) == pytest.approx(sklearn.metrics.f1_score(y, p), abs=1e-12)
   assert M.matthews_corrcoef(y, p) == pytest.approx(
-      sklearn.metrics.matthews_corrcoef(y, p), abs=1e-12)
+    sklearn.metrics.matthews_corrcoef(y, p), abs=1e-12
+  )
   y3, p3 = rng.integers(0, 3, 300), rng.integers(0, 3, 300)
   assert M.matthews_corrcoef(y3, p3) == pytest.approx(
-      sklearn.metrics.matthews_corrcoef(y3, p3), abs=1e-12)
+    sklearn.metrics.matthews_corrcoef(y3, p3), abs=1e-12
+  )
 
 
 def test_degenerate_metrics_match_sklearn():
@@ -38,24 +40,34 @@ def test_degenerate_metrics_match_sklearn():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_correlations_match_scipy(seed):
   rng = np.random.default_rng(seed)
-  x = np.round(rng.uniform(0, 5, 400), 1)          # many ties, as STS-B's gold scores
+  x = np.round(rng.uniform(0, 5, 400), 1)  # many ties, as STS-B's gold scores
   y = x + rng.normal(0, 1.0, 400)
-  y[:50] = np.round(y[:50])                         # ties in the predictions too
+  y[:50] = np.round(y[:50])  # ties in the predictions too
   assert M.pearson(x, y) == pytest.approx(scipy.stats.pearsonr(x, y)[0], abs=1e-10)
   assert M.spearman(x, y) == pytest.approx(scipy.stats.spearmanr(x, y)[0], abs=1e-10)
 
 
 # --- TSV readers on the shared data ---------------------------------------------------------
-@pytest.mark.parametrize("name,split_file,labelled,count", [
-    ("cola", "train.tsv", True, 8551), ("cola", "dev.tsv", True, 1043),
-    ("cola", "test.tsv", False, 1063), ("sst2", "dev.tsv", True, 872),
-    ("mrpc", "train.tsv", True, 3667), ("mrpc", "test.tsv", False, 1725),
-    ("stsb", "dev.tsv", True, 1500), ("rte", "dev.tsv", True, 277),
-    ("wnli", "train.tsv", True, 635), ("wnli", "test.tsv", False, 146)])
+@pytest.mark.parametrize(
+  "name,split_file,labelled,count",
+  [
+    ("cola", "train.tsv", True, 8551),
+    ("cola", "dev.tsv", True, 1043),
+    ("cola", "test.tsv", False, 1063),
+    ("sst2", "dev.tsv", True, 872),
+    ("mrpc", "train.tsv", True, 3667),
+    ("mrpc", "test.tsv", False, 1725),
+    ("stsb", "dev.tsv", True, 1500),
+    ("rte", "dev.tsv", True, 277),
+    ("wnli", "train.tsv", True, 635),
+    ("wnli", "test.tsv", False, 146),
+  ],
+)
 def test_shared_glue_tsvs(shared_data, name, split_file, labelled, count):
   spec = SPECS[name]
-  examples, skipped = read_tsv(spec, str(shared_data / "glue" / spec.dir_name / split_file),
-                               labelled)
+  examples, skipped = read_tsv(
+    spec, str(shared_data / "glue" / spec.dir_name / split_file), labelled
+  )
   assert (len(examples), skipped) == (count, 0)
   assert all(e.text_a for e in examples)
   assert all((e.text_b is not None) == (spec.text_b is not None) for e in examples)
@@ -68,14 +80,16 @@ def test_shared_glue_tsvs(shared_data, name, split_file, labelled, count):
 def test_cola_headerless_and_mrpc_bom(shared_data):
   cola, _ = read_tsv(SPECS["cola"], str(shared_data / "glue/CoLA/train.tsv"), True)
   first = (shared_data / "glue/CoLA/train.tsv").read_text().split("\n")[0].split("\t")
-  assert (cola[0].text_a, cola[0].label) == (first[3], int(first[1]))   # no header row eaten
+  assert (cola[0].text_a, cola[0].label) == (first[3], int(first[1]))  # no header row eaten
   mrpc, _ = read_tsv(SPECS["mrpc"], str(shared_data / "glue/MRPC/train.tsv"), True)
   assert mrpc[0].label == 1 and mrpc[0].text_a.startswith("Amrozi accused")
 
 
 # --- official layouts not in the shared data (MNLI, QQP, QNLI) -------------------------------
-MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
-               "sentence1_parse\tsentence2_parse\tsentence1\tsentence2")
+MNLI_HEADER = (
+  "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+  "sentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+)
 
 
 def _write_glue(root, files):
@@ -87,31 +101,42 @@ def _write_glue(root, files):
 
 def _mnli_dir(root):
   row = lambda i, a, b: f"{i}\t1\t1a\tfiction\t( a )\t( b )\t(ROOT a)\t(ROOT b)\t{a}\t{b}"
-  _write_glue(root, {
-      "MNLI/train.tsv": f"{MNLI_HEADER}\tlabel1\tgold_label\n" + "\n".join(
-          row(i, f"premise {i}", f"hypothesis {i}") + "\t" + l + "\t" + l
-          for i, l in enumerate(["neutral", "entailment", "contradiction"])) + "\n",
+  _write_glue(
+    root,
+    {
+      "MNLI/train.tsv": f"{MNLI_HEADER}\tlabel1\tgold_label\n"
+      + "\n".join(
+        row(i, f"premise {i}", f"hypothesis {i}") + "\t" + l + "\t" + l
+        for i, l in enumerate(["neutral", "entailment", "contradiction"])
+      )
+      + "\n",
       "MNLI/dev_matched.tsv": f"{MNLI_HEADER}\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\t"
-                              "gold_label\n" + row(0, "a cat", "an animal")
-                              + "\tentailment" * 6 + "\n",
+      "gold_label\n" + row(0, "a cat", "an animal") + "\tentailment" * 6 + "\n",
       "MNLI/dev_mismatched.tsv": f"{MNLI_HEADER}\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\t"
-                                 "gold_label\n" + row(0, "a dog", "no dog")
-                                 + "\tcontradiction" * 6 + "\n",
+      "gold_label\n" + row(0, "a dog", "no dog") + "\tcontradiction" * 6 + "\n",
       "MNLI/test_matched.tsv": f"{MNLI_HEADER}\n" + row(0, "x", "y") + "\n" + row(1, "u", "v"),
       "MNLI/test_mismatched.tsv": f"{MNLI_HEADER}\n" + row(5, "x", "y") + "\n",
       "MNLI/diagnostic/diagnostic.tsv": "index\tsentence1\tsentence2\n0\tThe cat sat.\tA cat "
-                                        "sat.\n",
+      "sat.\n",
       "QQP/dev.tsv": "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
-                     "1\t1\t2\tHow are you?\tHow do you do?\t1\n2\t3\t4\tWhy?\tWhen?\t0\n",
+      "1\t1\t2\tHow are you?\tHow do you do?\t1\n2\t3\t4\tWhy?\tWhen?\t0\n",
       "QQP/test.tsv": "id\tquestion1\tquestion2\n0\tWhat?\tWho?\n",
       "QNLI/dev.tsv": "index\tquestion\tsentence\tlabel\n0\tWho?\tHe did.\tentailment\n",
-  })
+    },
+  )
 
 
 def _config(task, data_dir, **kw):
-  c = dict(task=task, data_source="tsv", data_dir=str(data_dir), tfds_data_dir="",
-           max_seq_length=32, skip_malformed_rows=False, max_train_examples=0,
-           max_eval_examples=0)
+  c = dict(
+    task=task,
+    data_source="tsv",
+    data_dir=str(data_dir),
+    tfds_data_dir="",
+    max_seq_length=32,
+    skip_malformed_rows=False,
+    max_train_examples=0,
+    max_eval_examples=0,
+  )
   c.update(kw)
   return ConfigDict(c)
 
@@ -119,6 +144,7 @@ def _config(task, data_dir, **kw):
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir):
   from bert_jax.tokenize import load_tokenizer
+
   return load_tokenizer(minilm_dir)
 
 
@@ -128,7 +154,7 @@ def test_official_layouts_mnli_qqp_qnli(tmp_path, tokenizer):
   assert mnli.eval_splits == ("dev_matched", "dev_mismatched")
   assert mnli.test_splits == ("test_matched", "test_mismatched", "ax")
   train = mnli.load_split("train")
-  assert train.arrays["label"].tolist() == [2, 1, 0]   # contradiction, entailment, neutral
+  assert train.arrays["label"].tolist() == [2, 1, 0]  # contradiction, entailment, neutral
   assert mnli.load_split("dev_mismatched").arrays["label"].tolist() == [0]
   paths = []
   for split, n in (("test_matched", 2), ("test_mismatched", 1), ("ax", 1)):
@@ -139,7 +165,8 @@ def test_official_layouts_mnli_qqp_qnli(tmp_path, tokenizer):
     paths += mnli.write_predictions(data, preds, str(tmp_path / "out"))
   assert [p.split("/")[-1] for p in paths] == ["MNLI-m.tsv", "MNLI-mm.tsv", "AX.tsv"]
   assert (tmp_path / "out/MNLI-m.tsv").read_text() == (
-      "index\tprediction\n0\tcontradiction\n1\tentailment\n")
+    "index\tprediction\n0\tcontradiction\n1\tentailment\n"
+  )
   assert (tmp_path / "out/MNLI-mm.tsv").read_text() == "index\tprediction\n5\tcontradiction\n"
   qqp = create_task(_config("qqp", tmp_path), tokenizer)
   dev = qqp.load_split("dev")
@@ -161,10 +188,10 @@ def test_stsb_regression_and_submission(shared_data, tmp_path, tokenizer):
   assert metrics["spearman"] == pytest.approx(scipy.stats.spearmanr(gold, preds)[0], abs=1e-6)
   test = task.load_split("test")
   _, p = task.evaluate(test, {"logits": np.full((test.num_rows, 1), 2.5)})
-  path, = task.write_predictions(test, p, str(tmp_path))
+  (path,) = task.write_predictions(test, p, str(tmp_path))
   lines = open(path).read().splitlines()
   assert path.endswith("STS-B.tsv") and lines[:2] == ["index\tprediction", "0\t2.500"]
-  assert len(lines) == 1 + 50   # max_eval_examples slices test splits too
+  assert len(lines) == 1 + 50  # max_eval_examples slices test splits too
 
 
 # --- packing --------------------------------------------------------------------------------
@@ -181,11 +208,20 @@ def _original_truncate(a, b, max_length):
 
 def test_pair_packing_matches_hf_and_original_truncation(minilm_dir, tokenizer):
   from transformers import BertTokenizer
+
   hf = BertTokenizer(str(minilm_dir / "vocab.txt"), do_lower_case=True)
-  a = ["The cat sat on the mat.", "Hello there!", "A much longer first sentence that goes on "
-       "and on and on for a while.", "short"]
-  b = ["A cat is sitting.", "General Kenobi, you are a bold one.", "tiny",
-       "and a second text that is clearly very much longer than the first one"]
+  a = [
+    "The cat sat on the mat.",
+    "Hello there!",
+    "A much longer first sentence that goes on and on and on for a while.",
+    "short",
+  ]
+  b = [
+    "A cat is sitting.",
+    "General Kenobi, you are a bold one.",
+    "tiny",
+    "and a second text that is clearly very much longer than the first one",
+  ]
   arrays, cut = encode_texts(tokenizer, a, b, 64)
   assert cut == 0
   for i in range(len(a)):
@@ -196,8 +232,9 @@ def test_pair_packing_matches_hf_and_original_truncation(minilm_dir, tokenizer):
   arrays, cut = encode_texts(tokenizer, a, b, 12)
   assert cut == 4
   for i in range(len(a)):
-    ta, tb = _original_truncate(hf.encode(a[i], add_special_tokens=False),
-                                hf.encode(b[i], add_special_tokens=False), 12 - 3)
+    ta, tb = _original_truncate(
+      hf.encode(a[i], add_special_tokens=False), hf.encode(b[i], add_special_tokens=False), 12 - 3
+    )
     want = [hf.cls_token_id] + ta + [hf.sep_token_id] + tb + [hf.sep_token_id]
     n = int(arrays["input_mask"][i].sum())
     assert arrays["input_ids"][i, :n].tolist() == want
@@ -205,8 +242,9 @@ def test_pair_packing_matches_hf_and_original_truncation(minilm_dir, tokenizer):
 
 
 def test_single_sentence_truncation_counted(shared_data, tokenizer):
-  task = create_task(_config("sst2", shared_data / "glue", max_seq_length=8,
-                             max_eval_examples=100), tokenizer)
+  task = create_task(
+    _config("sst2", shared_data / "glue", max_seq_length=8, max_eval_examples=100), tokenizer
+  )
   dev = task.load_split("dev")
   lengths = [len(tokenizer.encode(e.text_a)) for e in dev.examples]
   assert dev.stats["truncated"] == sum(n > 6 for n in lengths) > 0
@@ -226,8 +264,10 @@ def test_bad_tsv_errors_name_file_and_line(tmp_path, tokenizer):
   with pytest.raises(GlueInputError, match=r"bad_label\.tsv:3: unknown label 'maybe'"):
     read_tsv(spec, str(p), True)
   p = tmp_path / "short_row.tsv"
-  p.write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\tonly one\n"
-               "2\tc\td\tnot_entailment\n")
+  p.write_text(
+    "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\tonly one\n"
+    "2\tc\td\tnot_entailment\n"
+  )
   with pytest.raises(GlueInputError, match=r"short_row\.tsv:3: 2 field"):
     read_tsv(spec, str(p), True)
   examples, skipped = read_tsv(spec, str(p), True, skip_malformed_rows=True)
@@ -243,17 +283,21 @@ def test_bad_tsv_errors_name_file_and_line(tmp_path, tokenizer):
 # --- TFDS source ----------------------------------------------------------------------------
 def test_tfds_source_maps_label_names(tmp_path, tokenizer):
   tfds = pytest.importorskip("tensorflow_datasets")
-  rows = [{"premise": b"A man sleeps.", "hypothesis": b"A person rests.", "label": 0, "idx": 7},
-          {"premise": b"A dog.", "hypothesis": b"No dog.", "label": 2, "idx": 8},
-          {"premise": b"A car.", "hypothesis": b"Blue.", "label": 1, "idx": 9}]
-  with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE,
-                              as_data_source_fn=lambda self, split, **kw: rows):
+  rows = [
+    {"premise": b"A man sleeps.", "hypothesis": b"A person rests.", "label": 0, "idx": 7},
+    {"premise": b"A dog.", "hypothesis": b"No dog.", "label": 2, "idx": 8},
+    {"premise": b"A car.", "hypothesis": b"Blue.", "label": 1, "idx": 9},
+  ]
+  with tfds.testing.mock_data(
+    policy=tfds.testing.MockPolicy.USE_CODE, as_data_source_fn=lambda self, split, **kw: rows
+  ):
     examples = read_tfds(SPECS["mnli"], "dev_matched", str(tmp_path))
     # TFDS orders MNLI labels entailment, neutral, contradiction; the TSV order differs.
     assert [e.label for e in examples] == [1, 0, 2]
     assert [e.index for e in examples] == ["7", "8", "9"]
-    task = create_task(_config("mnli", "", data_source="tfds", tfds_data_dir=str(tmp_path)),
-                       tokenizer)
+    task = create_task(
+      _config("mnli", "", data_source="tfds", tfds_data_dir=str(tmp_path)), tokenizer
+    )
     data = task.load_split("dev_matched")
     assert data.arrays["label"].tolist() == [1, 0, 2] and data.has_labels
     assert not task.load_split("test_matched").has_labels

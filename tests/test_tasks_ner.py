@@ -22,6 +22,7 @@ def _perturb(sentences, rng, rate, labels):
 
 def _seqeval(gold, pred):
   from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
+
   report = classification_report(gold, pred, output_dict=True, zero_division=0)
   return (precision_score(gold, pred), recall_score(gold, pred), f1_score(gold, pred), report)
 
@@ -43,10 +44,13 @@ def test_conlleval_matches_seqeval_on_conll_dev(shared_data, rate):
 
 def test_conlleval_iob1_and_iobes_match_seqeval():
   rng = np.random.default_rng(0)
-  for labels in (["O", "I-PER", "I-LOC", "B-PER", "B-LOC"],                 # IOB1
-                 ["O", "B-X", "I-X", "E-X", "S-X", "B-Y", "E-Y", "S-Y"]):  # IOBES
-    gold = [[labels[i] for i in rng.integers(0, len(labels), rng.integers(1, 12))]
-            for _ in range(300)]
+  for labels in (
+    ["O", "I-PER", "I-LOC", "B-PER", "B-LOC"],  # IOB1
+    ["O", "B-X", "I-X", "E-X", "S-X", "B-Y", "E-Y", "S-Y"],
+  ):  # IOBES
+    gold = [
+      [labels[i] for i in rng.integers(0, len(labels), rng.integers(1, 12))] for _ in range(300)
+    ]
     pred = _perturb(gold, rng, 0.2, labels)
     ours = conlleval(gold, pred)
     p, r, f, _ = _seqeval(gold, pred)
@@ -56,7 +60,11 @@ def test_conlleval_iob1_and_iobes_match_seqeval():
 def test_chunks_by_hand():
   # IOB1: I- after O starts a chunk; a type change ends one; B- splits same-type neighbours.
   assert chunks(["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG"]) == {
-      ("PER", 0, 1), ("PER", 2, 2), ("LOC", 4, 4), ("ORG", 5, 5)}
+    ("PER", 0, 1),
+    ("PER", 2, 2),
+    ("LOC", 4, 4),
+    ("ORG", 5, 5),
+  }
   assert conlleval([["B-PER", "I-PER", "O"]], [["B-PER", "O", "O"]])["f1"] == 0.0
   perfect = conlleval([["B-PER", "I-PER", "O"]], [["B-PER", "I-PER", "O"]])
   assert perfect["f1"] == perfect["accuracy"] == 1.0
@@ -65,14 +73,16 @@ def test_chunks_by_hand():
 def test_read_conll_formats_and_errors(tmp_path, shared_data):
   path = str(shared_data / "ner_sci/bert_paper.bio")
   with pytest.raises(ConllInputError, match=r"bert_paper\.bio:8880: token 'A;' has no tag"):
-    read_conll(path)   # the real file has one line without a tag
+    read_conll(path)  # the real file has one line without a tag
   stats = {}
   sci = read_conll(path, skip_malformed=True, stats=stats)
   assert stats == {"skipped_lines": 1}
   assert len(sci) > 100 and any(t != "O" for s in sci for t in s.tags)
   p = tmp_path / "a.conll"
-  p.write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n\n"
-               "Peter B-PER\nBlackburn I-PER\n")
+  p.write_text(
+    "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n\n"
+    "Peter B-PER\nBlackburn I-PER\n"
+  )
   s = read_conll(str(p))
   assert [x.words for x in s] == [["EU", "rejects"], ["Peter", "Blackburn"]]
   assert [x.tags for x in s] == [["B-ORG", "O"], ["B-PER", "I-PER"]]
@@ -87,6 +97,7 @@ def test_read_conll_formats_and_errors(tmp_path, shared_data):
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir):
   from bert_jax.tokenize import load_tokenizer
+
   return load_tokenizer(minilm_dir)
 
 
@@ -97,7 +108,8 @@ def test_packing_first_piece_and_round_trip(shared_data, tokenizer):
   assert stats["sentences_split"] > 0 and len(rows) > len(sentences)
   # Gold label ids as "predictions" give back the gold tags of every word.
   assert unpack_predictions(arrays["label_ids"], rows, sentences, labels) == [
-      s.tags for s in sentences]
+    s.tags for s in sentences
+  ]
   assert arrays["label_weights"].sum() == sum(len(s.words) for s in sentences)
   # The labelled position of a word holds its first piece.
   s0, r0 = sentences[0], rows[0]
@@ -111,14 +123,24 @@ def test_long_word_truncated_with_count(tmp_path, tokenizer):
   p.write_text("Pneumonoultramicroscopicsilicovolcanoconiosis B-X\nis O\nlong O\n")
   arrays, rows, stats = pack_sentences(tokenizer, read_conll(str(p)), ["O", "B-X"], 6)
   assert stats["words_truncated"] == 1
-  assert [r.positions for r in rows] == [[1], [1, 2]]   # the long word alone, then the rest
+  assert [r.positions for r in rows] == [[1], [1, 2]]  # the long word alone, then the rest
   assert (arrays["input_mask"].sum(1) <= 6).all()
 
 
 def _ner_config(**kw):
-  c = dict(task="ner", train_file="", dev_file="", test_file="", dev_fraction=0.0,
-           split_seed=0, labels="", skip_malformed_lines=True, max_seq_length=32,
-           max_train_examples=0, max_eval_examples=0)
+  c = dict(
+    task="ner",
+    train_file="",
+    dev_file="",
+    test_file="",
+    dev_fraction=0.0,
+    split_seed=0,
+    labels="",
+    skip_malformed_lines=True,
+    max_seq_length=32,
+    max_train_examples=0,
+    max_eval_examples=0,
+  )
   c.update(kw)
   return ConfigDict(c)
 
@@ -135,10 +157,10 @@ def test_dev_fraction_split_and_unknown_label(tmp_path, shared_data, tokenizer):
   assert task.labels[0] == "O" and "B-MethodName" in task.labels
   bad = tmp_path / "dev.txt"
   bad.write_text("EU B-ORG\n\nParis B-CITY\n")
-  task = create_task(_ner_config(train_file=path, dev_file=str(bad), labels="O,B-X,I-X"),
-                     tokenizer)
-  with pytest.raises(ConllInputError,
-                     match=r"dev\.txt:1: tag 'B-ORG' is not among the task's labels \['O', 'B-X'"):
+  task = create_task(_ner_config(train_file=path, dev_file=str(bad), labels="O,B-X,I-X"), tokenizer)
+  with pytest.raises(
+    ConllInputError, match=r"dev\.txt:1: tag 'B-ORG' is not among the task's labels \['O', 'B-X'"
+  ):
     task.load_split("dev")
   with pytest.raises(ValueError, match="config.test_file is empty"):
     task.load_split("test")
@@ -146,8 +168,10 @@ def test_dev_fraction_split_and_unknown_label(tmp_path, shared_data, tokenizer):
 
 def test_feature_selection_modes():
   import jax.numpy as jnp
+
   from bert_jax.tasks.feature_based import select_features
-  hidden = tuple(jnp.full((1, 2, 3), float(i)) for i in range(7))   # embeddings + 6 layers
+
+  hidden = tuple(jnp.full((1, 2, 3), float(i)) for i in range(7))  # embeddings + 6 layers
   assert float(select_features(hidden, "layer", -1)[0, 0, 0]) == 6
   assert float(select_features(hidden, "layer", -2)[0, 0, 0]) == 5
   assert float(select_features(hidden, "sum_last_four")[0, 0, 0]) == 3 + 4 + 5 + 6

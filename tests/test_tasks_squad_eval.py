@@ -88,8 +88,11 @@ def ref_v2(dataset, preds, na_probs, thresh):
   def final(q, i):
     return float(not has_ans[q]) if na_probs[q] > thresh else scored[q][i]
 
-  out = {"exact": 100 * np.mean([final(q, 1) for q in scored]),
-         "f1": 100 * np.mean([final(q, 2) for q in scored]), "total": len(scored)}
+  out = {
+    "exact": 100 * np.mean([final(q, 1) for q in scored]),
+    "f1": 100 * np.mean([final(q, 2) for q in scored]),
+    "total": len(scored),
+  }
   for name, keep in (("HasAns", True), ("NoAns", False)):
     qids = [q for q, h in has_ans.items() if h == keep]
     if qids:
@@ -135,7 +138,7 @@ def perturbed_predictions(dataset, seed):
         elif choice == 5:
           continue  # no prediction for this question
         else:
-          pred = " ".join(words[i:j + 1][:6])
+          pred = " ".join(words[i : j + 1][:6])
         preds[qa["id"]] = pred
   return preds
 
@@ -149,24 +152,37 @@ def test_matches_reference_on_shared_samples(shared_data, name, seed):
   if got is not None:
     assert got == pytest.approx(ref_v1(dataset, preds))
     return
-  preds_all = {**{qa["id"]: "" for a in dataset for p in a["paragraphs"] for qa in p["qas"]},
-               **preds}  # the official v2 script needs a prediction for every HasAns question
+  preds_all = {
+    **{qa["id"]: "" for a in dataset for p in a["paragraphs"] for qa in p["qas"]},
+    **preds,
+  }  # the official v2 script needs a prediction for every HasAns question
   rng = np.random.default_rng(100 + seed)
   na_probs = {q: float(rng.normal()) for q in preds_all}
   for thresh in (1.0, 0.0, -0.5):
     assert squad_eval.evaluate_v2(dataset, preds_all, na_probs, thresh) == pytest.approx(
-        ref_v2(dataset, preds_all, na_probs, thresh))
+      ref_v2(dataset, preds_all, na_probs, thresh)
+    )
   no_probs = squad_eval.evaluate_v2(dataset, preds_all)
   ref = ref_v2(dataset, preds_all, {q: 0.0 for q in preds_all}, 1.0)
   assert no_probs == pytest.approx({k: v for k, v in ref.items() if not k.startswith("best")})
 
 
 def test_hand_computed_v1():
-  dataset = [{"paragraphs": [{"context": "", "qas": [
-      {"id": "a", "answers": [{"text": "Denver Broncos"}, {"text": "The Denver Broncos"}]},
-      {"id": "b", "answers": [{"text": "Denver Broncos"}]},
-      {"id": "c", "answers": [{"text": "Santa Clara, California"}]},
-      {"id": "d", "answers": [{"text": "1882"}]}]}]}]
+  dataset = [
+    {
+      "paragraphs": [
+        {
+          "context": "",
+          "qas": [
+            {"id": "a", "answers": [{"text": "Denver Broncos"}, {"text": "The Denver Broncos"}]},
+            {"id": "b", "answers": [{"text": "Denver Broncos"}]},
+            {"id": "c", "answers": [{"text": "Santa Clara, California"}]},
+            {"id": "d", "answers": [{"text": "1882"}]},
+          ],
+        }
+      ]
+    }
+  ]
   preds = {"a": "the denver broncos!", "b": "Broncos", "c": "Levi's Stadium, Santa Clara"}
   # a: EM 1, F1 1. b: EM 0, F1 2*(1*0.5)/1.5 = 2/3. c: pred {levis, stadium, santa, clara} vs
   # gold {santa, clara, california}: 2 common, P 2/4 R 2/3 -> F1 4/7. d: missing -> 0.
@@ -176,12 +192,22 @@ def test_hand_computed_v1():
 
 
 def test_hand_computed_v2_and_threshold_search():
-  dataset = [{"paragraphs": [{"context": "", "qas": [
-      {"id": "q1", "answers": [{"text": "Paris"}]},
-      {"id": "q2", "answers": [{"text": "the Seine river"}]},
-      {"id": "q3", "answers": []},
-      {"id": "q4", "answers": []},
-      {"id": "q5", "answers": [{"text": "a"}]}]}]}]  # gold normalising to "" counts as no gold
+  dataset = [
+    {
+      "paragraphs": [
+        {
+          "context": "",
+          "qas": [
+            {"id": "q1", "answers": [{"text": "Paris"}]},
+            {"id": "q2", "answers": [{"text": "the Seine river"}]},
+            {"id": "q3", "answers": []},
+            {"id": "q4", "answers": []},
+            {"id": "q5", "answers": [{"text": "a"}]},
+          ],
+        }
+      ]
+    }
+  ]  # gold normalising to "" counts as no gold
   preds = {"q1": "Paris", "q2": "Loire river", "q3": "x", "q4": "", "q5": ""}
   got = squad_eval.evaluate_v2(dataset, preds)
   # EM: q1 1, q2 0, q3 0, q4 1 (empty vs no answer), q5 1 (gold "a" -> [""]).
@@ -223,8 +249,13 @@ def test_tuned_threshold_is_the_best_and_reproducible():
 
 
 def test_v2_missing_prediction_is_a_clear_error():
-  dataset = [{"paragraphs": [{"context": "", "qas": [{"id": "q1", "answers": []},
-                                                     {"id": "q2", "answers": []}]}]}]
+  dataset = [
+    {
+      "paragraphs": [
+        {"context": "", "qas": [{"id": "q1", "answers": []}, {"id": "q2", "answers": []}]}
+      ]
+    }
+  ]
   with pytest.raises(ValueError, match=r"no prediction for 1 of 2 questions.*'q2'"):
     squad_eval.evaluate_v2(dataset, {"q1": ""})
 
@@ -233,20 +264,23 @@ def test_command_line_like_the_official_scripts(shared_data, tmp_path, capsys):
   data = shared_data / "squad" / "sample-v2.0.json"
   dataset = json.loads(data.read_text())["data"]
   preds = perturbed_predictions(dataset, 3)
-  preds = {qa["id"]: preds.get(qa["id"], "") for a in dataset for p in a["paragraphs"]
-           for qa in p["qas"]}
+  preds = {
+    qa["id"]: preds.get(qa["id"], "") for a in dataset for p in a["paragraphs"] for qa in p["qas"]
+  }
   na = {q: i / 10 - 0.5 for i, q in enumerate(sorted(preds))}
   (tmp_path / "p.json").write_text(json.dumps(preds))
   (tmp_path / "na.json").write_text(json.dumps(na))
-  out = squad_eval.main([str(data), str(tmp_path / "p.json"), "--na-prob-file",
-                         str(tmp_path / "na.json")])
+  out = squad_eval.main(
+    [str(data), str(tmp_path / "p.json"), "--na-prob-file", str(tmp_path / "na.json")]
+  )
   assert out == pytest.approx(ref_v2(dataset, preds, na, 1.0))
   assert json.loads(capsys.readouterr().out) == pytest.approx(out)
   v1 = shared_data / "squad" / "sample-v1.1.json"
   v1_preds = perturbed_predictions(json.loads(v1.read_text())["data"], 1)
   (tmp_path / "p1.json").write_text(json.dumps(v1_preds))
   assert squad_eval.main([str(v1), str(tmp_path / "p1.json")]) == pytest.approx(
-      ref_v1(json.loads(v1.read_text())["data"], v1_preds))
+    ref_v1(json.loads(v1.read_text())["data"], v1_preds)
+  )
   (tmp_path / "bad.json").write_text('{"q": ')
   with pytest.raises(SystemExit, match=r"bad\.json:1:\d+: the predictions file is not valid"):
     squad_eval.main([str(data), str(tmp_path / "bad.json")])

@@ -27,6 +27,7 @@ def test_task_plumbing_on_a_slice(shared_data, minilm_dir, tmp_path):
   from bert_jax.tasks import create_task
   from bert_jax.tokenize import load_tokenizer
   from configs import squad as squad_config
+
   config = squad_config.get_config("v2")
   config.predict_file = str(shared_data / "squad" / "sample-v2.0.json")
   config.max_eval_examples = 5
@@ -40,7 +41,10 @@ def test_task_plumbing_on_a_slice(shared_data, minilm_dir, tmp_path):
   assert metrics["total"] == 5 and metrics["exact"] == metrics["f1"] == 100.0
   paths = task.write_predictions(data, preds, str(tmp_path))
   assert sorted(p.rsplit("/", 1)[-1] for p in paths) == [
-      "nbest_predictions.json", "null_odds.json", "predictions.json"]
+    "nbest_predictions.json",
+    "null_odds.json",
+    "predictions.json",
+  ]
   with pytest.raises(ValueError, match="config.train_file is empty"):
     task.load_split("train")
   with pytest.raises(ValueError, match="no split 'test'"):
@@ -50,6 +54,7 @@ def test_task_plumbing_on_a_slice(shared_data, minilm_dir, tmp_path):
 def test_finetune_and_evaluate_v2_sample(shared_data, minilm_dir, tmp_path):
   from bert_jax.tasks import runner
   from configs import squad as squad_config
+
   sample = str(shared_data / "squad" / "sample-v2.0.json")
   config = squad_config.get_config("v2")
   config.train_file = config.predict_file = sample
@@ -78,8 +83,9 @@ def test_finetune_and_evaluate_v2_sample(shared_data, minilm_dir, tmp_path):
   assert "tuned_f1_thresh" in dev
   # Training lowered the loss from about log(64) (the near-zero logits of a new head: uniform
   # start/end guesses over the 64 positions).
-  losses = [loss for _, loss in json.loads((workdir / "summary.json").read_text())[
-      "train_loss_history"]]
+  losses = [
+    loss for _, loss in json.loads((workdir / "summary.json").read_text())["train_loss_history"]
+  ]
   assert losses[0] == pytest.approx(math.log(64), abs=0.3)
   assert losses[-1] < losses[0] - 0.1
   head = json.loads((workdir / "head.json").read_text())
@@ -98,17 +104,25 @@ def test_sentencepiece_vocab_recovers_gold_answers(shared_data, tmp_path, model_
   """With SentencePiece pieces (no punctuation split) gold logits give the gold answer up to
   the pieces' boundaries: the official EM (which drops punctuation) where they align."""
   from bert_jax.tokenize.vocab import build_sentencepiece_model
+
   tokenizer = build_sentencepiece_model(
-      [str(shared_data / "pretrain" / "shakespeare" / "hamlet_gut.txt")],
-      str(tmp_path / "sp"), 1500, model_type)
+    [str(shared_data / "pretrain" / "shakespeare" / "hamlet_gut.txt")],
+    str(tmp_path / "sp"),
+    1500,
+    model_type,
+  )
   for name, v2 in (("sample-v1.1.json", False), ("sample-v2.0.json", True)):
     path = shared_data / "squad" / name
     examples = read_squad_examples(str(path), False, v2)
     arrays, features = convert_examples_to_features(examples, tokenizer, 64, 16, 16)
     start, end = _gold_logits(arrays, features)
     preds = compute_predictions(examples, features, start, end, tokenizer, 20, 30, v2)
-    contexts = {qa["id"]: p["context"] for a in json.loads(path.read_text())["data"]
-                for p in a["paragraphs"] for qa in p["qas"]}
+    contexts = {
+      qa["id"]: p["context"]
+      for a in json.loads(path.read_text())["data"]
+      for p in a["paragraphs"]
+      for qa in p["qas"]
+    }
     for e in examples:
       pred = preds.predictions[e.qas_id]
       if not e.answers:
@@ -117,7 +131,8 @@ def test_sentencepiece_vocab_recovers_gold_answers(shared_data, tmp_path, model_
       assert pred in contexts[e.qas_id]
       assert squad_eval.normalize_answer(e.answers[0]) in squad_eval.normalize_answer(pred)
     exact = (squad_eval.evaluate_v2 if v2 else squad_eval.evaluate_v1)(
-        json.loads(path.read_text())["data"], preds.predictions)
+      json.loads(path.read_text())["data"], preds.predictions
+    )
     assert exact["exact" if v2 else "exact_match"] >= 80.0
 
 
@@ -125,6 +140,7 @@ def test_unlabelled_file_gets_predictions_without_metrics(shared_data, minilm_di
   from bert_jax.tasks import create_task
   from bert_jax.tokenize import load_tokenizer
   from configs import squad as squad_config
+
   data = json.loads((shared_data / "squad" / "sample-v1.1.json").read_text())
   for article in data["data"]:
     for paragraph in article["paragraphs"]:
@@ -138,8 +154,10 @@ def test_unlabelled_file_gets_predictions_without_metrics(shared_data, minilm_di
   split = task.load_split("dev")
   assert not split.has_labels
   rng = np.random.default_rng(0)
-  logits = {k: rng.normal(size=split.arrays["input_ids"].shape).astype(np.float32)
-            for k in ("start_logits", "end_logits")}
+  logits = {
+    k: rng.normal(size=split.arrays["input_ids"].shape).astype(np.float32)
+    for k in ("start_logits", "end_logits")
+  }
   metrics, preds = task.evaluate(split, logits)
   assert metrics == {} and len(preds.predictions) == 5
   assert all(p for p in preds.predictions.values())

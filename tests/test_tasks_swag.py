@@ -11,12 +11,20 @@ from bert_jax.tasks.swag import SwagInputError, read_swag
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir):
   from bert_jax.tokenize import load_tokenizer
+
   return load_tokenizer(minilm_dir)
 
 
 def _config(**kw):
-  c = dict(task="swag", train_file="", dev_file="", test_file="", max_seq_length=64,
-           max_train_examples=0, max_eval_examples=0)
+  c = dict(
+    task="swag",
+    train_file="",
+    dev_file="",
+    test_file="",
+    max_seq_length=64,
+    max_train_examples=0,
+    max_eval_examples=0,
+  )
   c.update(kw)
   return ConfigDict(c)
 
@@ -32,6 +40,7 @@ def test_read_csv_and_jsonl(shared_data):
 
 def test_packing_matches_hf(shared_data, minilm_dir, tokenizer):
   from transformers import BertTokenizer
+
   hf = BertTokenizer(str(minilm_dir / "vocab.txt"), do_lower_case=True)
   task = create_task(_config(dev_file=str(shared_data / "swag/sample.csv")), tokenizer)
   data = task.load_split("dev")
@@ -52,12 +61,13 @@ def test_bad_swag_input(tmp_path):
   p.write_text("sent1,sent2,ending0,ending1,ending2,label\na,b,c,d,e,1\n")
   with pytest.raises(SwagInputError, match=r"bad\.csv:1: missing column.*ending3"):
     read_swag(str(p), True)
-  p.write_text("sent1,sent2,ending0,ending1,ending2,ending3,label\na,b,c,d,e,f,1\n"
-               "a,b,c,d,e,f,7\n")
+  p.write_text("sent1,sent2,ending0,ending1,ending2,ending3,label\na,b,c,d,e,f,1\na,b,c,d,e,f,7\n")
   with pytest.raises(SwagInputError, match=r"bad\.csv:3: label '7' is not one of 0..3"):
     read_swag(str(p), True)
   p = tmp_path / "bad.jsonl"
-  p.write_text('{"sent1": "a", "sent2": "b", "ending0": "c", "ending1": "d", "ending2": "e", '
-               '"ending3": "f", "label": 0}\n{"sent1": "a"\n')
+  p.write_text(
+    '{"sent1": "a", "sent2": "b", "ending0": "c", "ending1": "d", "ending2": "e", '
+    '"ending3": "f", "label": 0}\n{"sent1": "a"\n'
+  )
   with pytest.raises(SwagInputError, match=r"bad\.jsonl:2: not valid JSON"):
     read_swag(str(p), True)

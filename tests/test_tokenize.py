@@ -7,8 +7,12 @@ import sys
 
 import pytest
 
-from bert_jax.tokenize import (SPECIAL_TOKENS, WordPieceTokenizer, decode_line, iter_text_lines,
-                               load_tokenizer)
+from bert_jax.tokenize import (
+  SPECIAL_TOKENS,
+  decode_line,
+  iter_text_lines,
+  load_tokenizer,
+)
 from bert_jax.tokenize.vocab import build_wordpiece_vocab, corpus_stats
 
 transformers = pytest.importorskip("transformers")
@@ -86,8 +90,9 @@ def test_vocab_missing_special_token(tmp_path, missing):
 
 def test_vocab_duplicate_names_lines(tmp_path):
   path = write_vocab(tmp_path / "vocab.txt", GOOD + ["world"])
-  with pytest.raises(ValueError,
-                     match=rf"{path}:13: duplicate token 'world' \(already on line 7\)"):
+  with pytest.raises(
+    ValueError, match=rf"{path}:13: duplicate token 'world' \(already on line 7\)"
+  ):
     load_tokenizer(path)
 
 
@@ -171,8 +176,9 @@ def test_save_round_trip(tmp_path, minilm_dir):
   assert sorted(pathlib.Path(p).name for p in written) == ["tokenizer_config.json", "vocab.txt"]
   # The vocabulary file is the original, byte for byte.
   assert (tmp_path / "workdir/vocab.txt").read_bytes() == (minilm_dir / "vocab.txt").read_bytes()
-  assert json.loads((tmp_path / "workdir/tokenizer_config.json").read_text())[
-      "do_lower_case"] is False
+  assert (
+    json.loads((tmp_path / "workdir/tokenizer_config.json").read_text())["do_lower_case"] is False
+  )
   again = load_tokenizer(tmp_path / "workdir")
   assert again.do_lower_case is False and again.get_vocab() == cased.get_vocab()
   text = "Hello Ångström, [MASK] 中文!"
@@ -191,8 +197,10 @@ def test_decode(minilm_dir):
 
 @pytest.fixture(scope="module")
 def corpus(shared_data):
-  return [str(shared_data / "pretrain/bert_sample_text.txt"),
-          str(shared_data / "glue/CoLA/train.tsv")]
+  return [
+    str(shared_data / "pretrain/bert_sample_text.txt"),
+    str(shared_data / "glue/CoLA/train.tsv"),
+  ]
 
 
 def test_build_wordpiece_layout(corpus, tmp_path):
@@ -230,8 +238,9 @@ def test_build_bad_inputs(tmp_path):
   with pytest.raises(ValueError, match=rf"{bad}:3: not valid UTF-8"):
     build_wordpiece_vocab([bad], tmp_path / "v1", vocab_size=100)
   assert not (tmp_path / "v1" / "vocab.txt").exists()  # nothing half-written
-  tok = build_wordpiece_vocab([bad], tmp_path / "v2", vocab_size=100, decode_errors="replace",
-                              min_frequency=1)
+  tok = build_wordpiece_vocab(
+    [bad], tmp_path / "v2", vocab_size=100, decode_errors="replace", min_frequency=1
+  )
   assert tok.tokenize("bad line") == ["bad", "line"]
   with pytest.raises(ValueError, match="leaves no room"):
     build_wordpiece_vocab([bad], tmp_path / "v3", vocab_size=5)
@@ -239,9 +248,16 @@ def test_build_bad_inputs(tmp_path):
 
 def test_build_vocab_command(shared_data, tmp_path):
   out = tmp_path / "vocab_cased"
-  cmd = [sys.executable, "-m", "bert_jax.build_vocab",
-         f"--input={shared_data / 'pretrain/bert_sample_text.txt'}", f"--output={out}",
-         "--kind=wordpiece", "--vocab_size=400", "--cased"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "bert_jax.build_vocab",
+    f"--input={shared_data / 'pretrain/bert_sample_text.txt'}",
+    f"--output={out}",
+    "--kind=wordpiece",
+    "--vocab_size=400",
+    "--cased",
+  ]
   run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
   assert run.returncode == 0, run.stderr
   summary = json.loads(run.stdout)
@@ -257,11 +273,16 @@ def test_build_vocab_command(shared_data, tmp_path):
 def test_hugging_face_config_keys(tmp_path, minilm_dir):
   """strip_accents and tokenize_chinese_chars from a Hugging Face tokenizer_config.json."""
   (tmp_path / "vocab.txt").write_bytes((minilm_dir / "vocab.txt").read_bytes())
-  (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-      {"do_lower_case": True, "strip_accents": False, "tokenize_chinese_chars": False}))
+  (tmp_path / "tokenizer_config.json").write_text(
+    json.dumps({"do_lower_case": True, "strip_accents": False, "tokenize_chinese_chars": False})
+  )
   ours = load_tokenizer(tmp_path)
-  ref = transformers.BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=True,
-                                   strip_accents=False, tokenize_chinese_chars=False)
+  ref = transformers.BertTokenizer(
+    str(tmp_path / "vocab.txt"),
+    do_lower_case=True,
+    strip_accents=False,
+    tokenize_chinese_chars=False,
+  )
   texts = ["Naïve CAFÉ résumé", "中文字符 and 日本語", "Ångström e\u0301"]
   assert [ours.tokenize(t) for t in texts] == [ref.tokenize(t) for t in texts]
   assert ours.tokenize("café") != load_tokenizer(minilm_dir).tokenize("café")

@@ -25,8 +25,13 @@ def corpus_lines(corpus_files):
 @pytest.fixture(scope="module", params=["unigram", "bpe"])
 def model(request, corpus_files, tmp_path_factory):
   out = tmp_path_factory.mktemp(f"sp_{request.param}")
-  tok = build_sentencepiece_model(corpus_files, out / "sentencepiece", vocab_size=1000,
-                                  model_type=request.param, character_coverage=1.0)
+  tok = build_sentencepiece_model(
+    corpus_files,
+    out / "sentencepiece",
+    vocab_size=1000,
+    model_type=request.param,
+    character_coverage=1.0,
+  )
   return tok, out
 
 
@@ -47,8 +52,9 @@ def test_encode_is_sentencepiece_and_round_trips(model, corpus_lines):
   ids = tok.encode_batch(corpus_lines)
   assert ids == [sp.encode(line) for line in corpus_lines]
   assert [tok.encode(l) for l in corpus_lines[:50]] == ids[:50]
-  assert tok.tokenize_batch(corpus_lines[:50]) == [sp.encode(l, out_type=str)
-                                                   for l in corpus_lines[:50]]
+  assert tok.tokenize_batch(corpus_lines[:50]) == [
+    sp.encode(l, out_type=str) for l in corpus_lines[:50]
+  ]
   for line, row in zip(corpus_lines, ids):
     assert tok.decode(row) == " ".join(line.split())  # NFKC-stable text, spaces collapsed
   assert tok.encode("") == [] and tok.tokenize("") == [] and tok.encode_batch([]) == []
@@ -59,7 +65,8 @@ def test_special_strings_in_text_stay_text(model):
   ids = tok.encode("[PAD] [UNK] [CLS] [SEP] [MASK]")
   assert not set(ids) & {0, 2, 3, 4}
   assert tok.decode([2] + tok.encode("To be") + [3], skip_special_tokens=False) == (
-      "[CLS] To be [SEP]")
+    "[CLS] To be [SEP]"
+  )
   assert tok.decode([2] + tok.encode("To be") + [3]) == "To be"
 
 
@@ -76,8 +83,7 @@ def test_save_and_load(model, tmp_path):
   tok, out = model
   assert load_tokenizer(out).encode("Something is rotten") == tok.encode("Something is rotten")
   written = tok.save(tmp_path / "workdir")
-  assert {p.rsplit("/", 1)[1] for p in written} == {"sentencepiece.model",
-                                                      "tokenizer_config.json"}
+  assert {p.rsplit("/", 1)[1] for p in written} == {"sentencepiece.model", "tokenizer_config.json"}
   again = load_tokenizer(tmp_path / "workdir")
   assert isinstance(again, SentencePieceTokenizer) and again.do_lower_case is False
   # A model under another name is recognised by its content.
@@ -87,8 +93,9 @@ def test_save_and_load(model, tmp_path):
 
 
 def test_lower_case(corpus_files, tmp_path):
-  tok = build_sentencepiece_model(corpus_files, tmp_path / "sp", vocab_size=600,
-                                  model_type="bpe", do_lower_case=True)
+  tok = build_sentencepiece_model(
+    corpus_files, tmp_path / "sp", vocab_size=600, model_type="bpe", do_lower_case=True
+  )
   assert tok.do_lower_case and load_tokenizer(tmp_path).do_lower_case
   assert tok.encode("HAMLET Speaks") == tok.encode("hamlet speaks")
 
@@ -99,10 +106,14 @@ def test_bad_models(corpus_files, tmp_path):
   with pytest.raises(ValueError, match=rf"{bad}: not a SentencePiece model"):
     load_tokenizer(bad)
   # A model trained without BERT's tokens (SentencePiece's defaults: <unk>, <s>, </s>).
-  spm.SentencePieceTrainer.train(input=corpus_files[0], model_prefix=str(tmp_path / "plain"),
-                                 vocab_size=300, minloglevel=2)
-  with pytest.raises(ValueError, match=r"plain\.model: vocabulary lacks BERT special token\(s\) "
-                     r"\[PAD\], \[CLS\], \[SEP\], \[MASK\]"):
+  spm.SentencePieceTrainer.train(
+    input=corpus_files[0], model_prefix=str(tmp_path / "plain"), vocab_size=300, minloglevel=2
+  )
+  with pytest.raises(
+    ValueError,
+    match=r"plain\.model: vocabulary lacks BERT special token\(s\) "
+    r"\[PAD\], \[CLS\], \[SEP\], \[MASK\]",
+  ):
     load_tokenizer(tmp_path / "plain.model")
   with pytest.raises(ValueError, match="model_type must be one of"):
     build_sentencepiece_model(corpus_files, tmp_path / "x", 500, model_type="char")

@@ -17,11 +17,19 @@ from bert_jax.tokenize import WordPieceTokenizer
 
 transformers = pytest.importorskip("transformers")
 
-_BIG_BLOCKS = ("CJK UNIFIED IDEOGRAPH-", "CJK COMPATIBILITY IDEOGRAPH-", "HANGUL SYLLABLE ",
-               "TANGUT ", "KHITAN ", "NUSHU ", "YI SYLLABLE ", "EGYPTIAN HIEROGLYPH ")
+_BIG_BLOCKS = (
+  "CJK UNIFIED IDEOGRAPH-",
+  "CJK COMPATIBILITY IDEOGRAPH-",
+  "HANGUL SYLLABLE ",
+  "TANGUT ",
+  "KHITAN ",
+  "NUSHU ",
+  "YI SYLLABLE ",
+  "EGYPTIAN HIEROGLYPH ",
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_points(sample: bool) -> list[int]:
   out = []
   for cp in range(0x110000):
@@ -42,7 +50,7 @@ def code_points(sample: bool) -> list[int]:
   return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pipelines(vocab_path: str, do_lower_case: bool):
   ours = WordPieceTokenizer.from_file(vocab_path, do_lower_case=do_lower_case)
   ref = transformers.BertTokenizer(vocab_path, do_lower_case=do_lower_case)
@@ -58,8 +66,10 @@ def check(minilm_dir, do_lower_case, sample):
   for cp, text, tokens in zip(cps, texts, got):
     want = ref.tokenize(text)
     if tokens != want:
-      bad.append(f"U+{cp:04X} {unicodedata.category(chr(cp))} "
-                 f"{unicodedata.name(chr(cp), '?')}: ours {tokens} reference {want}")
+      bad.append(
+        f"U+{cp:04X} {unicodedata.category(chr(cp))} "
+        f"{unicodedata.name(chr(cp), '?')}: ours {tokens} reference {want}"
+      )
   assert not bad, f"{len(bad)} of {len(cps)} code points differ:\n" + "\n".join(bad[:20])
 
 

@@ -16,8 +16,11 @@ from bert_jax import parallel
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers
-from bert_jax.train.pretraining_loss import (make_pretraining_eval, make_pretraining_loss,
-                                             summarize_eval)
+from bert_jax.train.pretraining_loss import (
+  make_pretraining_eval,
+  make_pretraining_loss,
+  summarize_eval,
+)
 from bert_jax.train.state import init_train_state
 from bert_jax.train.synthetic_input import SyntheticPretrainInput
 from bert_jax.train.train_step import jit_train_step, make_train_step
@@ -37,8 +40,9 @@ def _google_bert_lr(step, init_lr, num_train_steps, num_warmup_steps):
 def test_schedule_matches_google_bert():
   schedule = optimizers.warmup_linear_decay(1e-4, 10, 100)
   for step in [0, 1, 5, 9, 10, 11, 50, 99, 100, 120]:
-    np.testing.assert_allclose(float(schedule(step)), _google_bert_lr(step, 1e-4, 100, 10),
-                               rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(
+      float(schedule(step)), _google_bert_lr(step, 1e-4, 100, 10), rtol=1e-6, atol=1e-12
+    )
   constant = optimizers.warmup_linear_decay(1e-3, 4, 100, kind="constant")
   assert float(constant(2)) == pytest.approx(5e-4) and float(constant(90)) == pytest.approx(1e-3)
   with pytest.raises(ValueError, match="config.optimizer.schedule"):
@@ -48,24 +52,38 @@ def test_schedule_matches_google_bert():
 def test_linear_after_warmup_matches_hugging_face():
   import torch
   import transformers
+
   ours = optimizers.warmup_linear_decay(1e-4, 10, 100, kind="linear_after_warmup")
   opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-4)
   ref = transformers.get_linear_schedule_with_warmup(opt, 10, 100)
   for step in range(0, 121):
-    np.testing.assert_allclose(float(ours(step)), 1e-4 * ref.lr_lambdas[0](step), rtol=1e-6,
-                               atol=1e-12, err_msg=f"step {step}")
+    np.testing.assert_allclose(
+      float(ours(step)),
+      1e-4 * ref.lr_lambdas[0](step),
+      rtol=1e-6,
+      atol=1e-12,
+      err_msg=f"step {step}",
+    )
 
 
 def _model(**overrides):
-  bert = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=64, max_position_embeddings=32, **overrides)
+  bert = BertConfig(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=32,
+    **overrides,
+  )
   return BertForPreTraining(bert)
 
 
 def _init(model):
   ids = jnp.zeros((1, L), jnp.int32)
-  return nn.meta.unbox(model.init(jax.random.PRNGKey(0), ids, ids, ids,
-                                  jnp.zeros((1, P), jnp.int32)))
+  return nn.meta.unbox(
+    model.init(jax.random.PRNGKey(0), ids, ids, ids, jnp.zeros((1, P), jnp.int32))
+  )
 
 
 def test_weight_decay_mask_matches_google_bert_exclusions():
@@ -86,11 +104,14 @@ def test_weight_decay_mask_matches_google_bert_exclusions():
 
 def test_adamw_with_clipping_matches_torch():
   rs = np.random.RandomState(0)
-  params = {"dense": {"kernel": rs.randn(4, 3).astype(np.float32),
-                      "bias": rs.randn(3).astype(np.float32)},
-            "LayerNorm": {"scale": rs.randn(3).astype(np.float32)}}
-  grads = [jax.tree_util.tree_map(lambda p: (rs.randn(*p.shape) * 3).astype(np.float32), params)
-           for _ in range(4)]
+  params = {
+    "dense": {"kernel": rs.randn(4, 3).astype(np.float32), "bias": rs.randn(3).astype(np.float32)},
+    "LayerNorm": {"scale": rs.randn(3).astype(np.float32)},
+  }
+  grads = [
+    jax.tree_util.tree_map(lambda p: (rs.randn(*p.shape) * 3).astype(np.float32), params)
+    for _ in range(4)
+  ]
   cfg = common.optimizer_config()
   tx = optimizers.create_optimizer(cfg, 1e-2)
   p_jax = jax.tree_util.tree_map(jnp.asarray, params)
@@ -99,14 +120,25 @@ def test_adamw_with_clipping_matches_torch():
     updates, opt_state = tx.update(g, opt_state, p_jax)
     p_jax = jax.tree_util.tree_map(jnp.add, p_jax, updates)
 
-  t = {k: torch.tensor(v) for k, v in [("kernel", params["dense"]["kernel"]),
-                                        ("bias", params["dense"]["bias"]),
-                                        ("scale", params["LayerNorm"]["scale"])]}
+  t = {
+    k: torch.tensor(v)
+    for k, v in [
+      ("kernel", params["dense"]["kernel"]),
+      ("bias", params["dense"]["bias"]),
+      ("scale", params["LayerNorm"]["scale"]),
+    ]
+  }
   for v in t.values():
     v.requires_grad_(True)
-  opt = torch.optim.AdamW([{"params": [t["kernel"]], "weight_decay": 0.01},
-                           {"params": [t["bias"], t["scale"]], "weight_decay": 0.0}],
-                          lr=1e-2, betas=(0.9, 0.999), eps=1e-6)
+  opt = torch.optim.AdamW(
+    [
+      {"params": [t["kernel"]], "weight_decay": 0.01},
+      {"params": [t["bias"], t["scale"]], "weight_decay": 0.0},
+    ],
+    lr=1e-2,
+    betas=(0.9, 0.999),
+    eps=1e-6,
+  )
   for g in grads:
     t["kernel"].grad = torch.tensor(g["dense"]["kernel"])
     t["bias"].grad = torch.tensor(g["dense"]["bias"])
@@ -115,13 +147,12 @@ def test_adamw_with_clipping_matches_torch():
     opt.step()
   np.testing.assert_allclose(p_jax["dense"]["kernel"], t["kernel"].detach().numpy(), atol=1e-6)
   np.testing.assert_allclose(p_jax["dense"]["bias"], t["bias"].detach().numpy(), atol=1e-6)
-  np.testing.assert_allclose(p_jax["LayerNorm"]["scale"], t["scale"].detach().numpy(),
-                             atol=1e-6)
+  np.testing.assert_allclose(p_jax["LayerNorm"]["scale"], t["scale"].detach().numpy(), atol=1e-6)
 
 
 def _batch(b=4, seed=0):
   batch = next(SyntheticPretrainInput(b, L, P, VOCAB, seed=seed))
-  batch["masked_lm_weights"][0, -1] = 0.0   # a padding prediction must not count
+  batch["masked_lm_weights"][0, -1] = 0.0  # a padding prediction must not count
   return batch
 
 
@@ -130,8 +161,14 @@ def test_pretraining_loss_matches_numpy_reference_over_full_logits():
   params = _init(model)["params"]
   batch = _batch()
   loss, metrics = make_pretraining_loss(model)(params, batch, None, True)
-  full = model.apply({"params": params}, batch["input_ids"],
-                     batch["input_mask"], batch["segment_ids"], None, deterministic=True)
+  full = model.apply(
+    {"params": params},
+    batch["input_ids"],
+    batch["input_mask"],
+    batch["segment_ids"],
+    None,
+    deterministic=True,
+  )
   logits_BxLxV = np.asarray(full["mlm_logits"], np.float64)
   logp = scipy.special.log_softmax(logits_BxLxV, axis=-1)
   pos, ids, w = batch["masked_lm_positions"], batch["masked_lm_ids"], batch["masked_lm_weights"]
@@ -146,8 +183,9 @@ def test_pretraining_loss_matches_numpy_reference_over_full_logits():
   sums = jax.device_get(make_pretraining_eval(model)(params, batch))
   ev = summarize_eval(sums)
   np.testing.assert_allclose(ev["mlm_loss"], mlm, rtol=1e-4)
-  pred = np.array([[logits_BxLxV[b, pos[b, j]].argmax() for j in range(P)]
-                   for b in range(len(pos))])
+  pred = np.array(
+    [[logits_BxLxV[b, pos[b, j]].argmax() for j in range(P)] for b in range(len(pos))]
+  )
   np.testing.assert_allclose(ev["mlm_accuracy"], ((pred == ids) * w).sum() / w.sum(), rtol=1e-4)
   np.testing.assert_allclose(ev["mlm_perplexity"], np.exp(mlm), rtol=1e-3)
 
@@ -158,11 +196,16 @@ def _one_step(model, batch, grad_accum=1, optimizer="adamw"):
   cfg = common.optimizer_config()
   cfg.name = optimizer
   tx = optimizers.create_optimizer(cfg, 1e-3)
-  init = lambda rng: model.init(rng, *[jnp.zeros((1, L), jnp.int32)] * 3,
-                                jnp.zeros((1, P), jnp.int32))["params"]
+  init = lambda rng: model.init(
+    rng, *[jnp.zeros((1, L), jnp.int32)] * 3, jnp.zeros((1, P), jnp.int32)
+  )["params"]
   state = init_train_state(init, tx, mesh, rules, seed=0)
-  step = jit_train_step(make_train_step(make_pretraining_loss(model), tx, None, grad_accum, mesh),
-                        jax.tree_util.tree_map(lambda x: x.sharding, state), mesh, rules)
+  step = jit_train_step(
+    make_train_step(make_pretraining_loss(model), tx, None, grad_accum, mesh),
+    jax.tree_util.tree_map(lambda x: x.sharding, state),
+    mesh,
+    rules,
+  )
   state, metrics = step(state, parallel.make_global_batch(batch, mesh, rules))
   return state, {k: float(v) for k, v in metrics.items()}
 
@@ -170,13 +213,14 @@ def _one_step(model, batch, grad_accum=1, optimizer="adamw"):
 def test_grad_accumulation_equals_full_batch_without_dropout():
   model = _model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   batch = next(SyntheticPretrainInput(8, L, P, VOCAB, seed=3, min_length=L))
-  batch["masked_lm_weights"][:] = 1.0   # equal weight per micro-batch: the means agree exactly
+  batch["masked_lm_weights"][:] = 1.0  # equal weight per micro-batch: the means agree exactly
   s1, m1 = _one_step(model, batch, 1)
   s2, m2 = _one_step(model, batch, 4)
   assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
   assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-4)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6),
-                         s1.params, s2.params)
+  jax.tree_util.tree_map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6), s1.params, s2.params
+  )
   assert int(s2.step) == 1
 
 
@@ -184,12 +228,14 @@ def test_remat_and_bf16_options():
   batch = _batch(4, seed=5)
   base = _model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   s0, m0 = _one_step(base, batch)
-  s1, m1 = _one_step(_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                            remat=True), batch)
+  s1, m1 = _one_step(
+    _model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, remat=True), batch
+  )
   assert m1["loss"] == pytest.approx(m0["loss"], abs=1e-6)
   assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-5)
-  s2, m2 = _one_step(_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                            dtype="bfloat16"), batch)
+  s2, m2 = _one_step(
+    _model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, dtype="bfloat16"), batch
+  )
   assert m2["loss"] == pytest.approx(m0["loss"], abs=0.05)
   # Mixed precision: float32 master params and optimizer state.
   assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(s2.params))
@@ -210,7 +256,8 @@ def test_flops_formula_counts_matmuls():
   assert flops_lib.forward_flops_per_example(bert, l, p) == manual
   # Over every position (as Hugging Face's head runs), every layer is full.
   assert flops_lib.forward_flops_per_example(bert, l, l) == n * (
-      8 * l * d * d + 4 * l * d * f + 4 * l * l * d) + 2 * d * d + 4 * d + 2 * l * (d * d + d * v)
+    8 * l * d * d + 4 * l * d * f + 4 * l * l * d
+  ) + 2 * d * d + 4 * d + 2 * l * (d * d + d * v)
   assert flops_lib.train_flops_per_example(bert, l, p) == 3 * manual
   assert flops_lib.peak_flops_per_device("TPU v4") == 275e12
   assert flops_lib.peak_flops_per_device("cpu", cpu_peak=1e11) == 1e11

@@ -15,6 +15,7 @@ class _State:
 
 class _Manager:
   """The CheckpointManager calls the loop makes, doing nothing."""
+
   directory = "nowhere"
 
   def save(self, *args, **kwargs):
@@ -39,10 +40,11 @@ def test_tokens_per_sec_counts_each_batch_at_its_own_length():
   from bert_jax import parallel
   from bert_jax.train.loop import LoopOptions, Phase, train_loop
   from configs.common import logical_axis_rules
+
   mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   rules = parallel.normalize_rules(logical_axis_rules())
   batch, max_len = 8, 128
-  lengths = [32, 128, 64, 32, 96, 32, 64, 128]            # a bucketed epoch: one per step
+  lengths = [32, 128, 64, 32, 96, 32, 64, 128]  # a bucketed epoch: one per step
 
   def inputs():
     for length in lengths:
@@ -52,8 +54,9 @@ def test_tokens_per_sec_counts_each_batch_at_its_own_length():
   writer = _Writer()
   phase = Phase("finetune", len(lengths), inputs, step_fn, batch, max_len)
   options = LoopOptions(save_every_steps=100, log_every_steps=4)
-  summary = train_loop(_State(jnp.zeros((), jnp.int32)), [phase], _Manager(), options, writer,
-                       mesh, rules)
+  summary = train_loop(
+    _State(jnp.zeros((), jnp.int32)), [phase], _Manager(), options, writer, mesh, rules
+  )
   assert summary["step"] == len(lengths) and summary["status"] == "completed"
   logged = {step: values for step, values in writer.logged}
   # Step 1 is timed alone (compilation); steps 2-4 and 5-8 are the two logged intervals.
@@ -61,5 +64,6 @@ def test_tokens_per_sec_counts_each_batch_at_its_own_length():
   for step, rows in ((4, lengths[1:4]), (8, lengths[4:8])):
     m = logged[step]
     # Both rates share the interval's seconds, so their ratio is the tokens per example fed.
-    np.testing.assert_allclose(m["train/tokens_per_sec"] / m["train/examples_per_sec"],
-                               np.mean(rows), rtol=1e-9)
+    np.testing.assert_allclose(
+      m["train/tokens_per_sec"] / m["train/examples_per_sec"], np.mean(rows), rtol=1e-9
+    )

@@ -17,30 +17,40 @@ import json
 import math
 import os
 import pathlib
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from bert_jax.model.config import BertConfig
 
-TASKS = ("encoder", "pretraining", "sequence_classification", "token_classification",
-         "question_answering", "multiple_choice")
+TASKS = (
+  "encoder",
+  "pretraining",
+  "sequence_classification",
+  "token_classification",
+  "question_answering",
+  "multiple_choice",
+)
 ARCHITECTURES = {
-    "encoder": "BertModel",
-    "pretraining": "BertForPreTraining",
-    "sequence_classification": "BertForSequenceClassification",
-    "token_classification": "BertForTokenClassification",
-    "question_answering": "BertForQuestionAnswering",
-    "multiple_choice": "BertForMultipleChoice",
+  "encoder": "BertModel",
+  "pretraining": "BertForPreTraining",
+  "sequence_classification": "BertForSequenceClassification",
+  "token_classification": "BertForTokenClassification",
+  "question_answering": "BertForQuestionAnswering",
+  "multiple_choice": "BertForMultipleChoice",
 }
 # Heads with a "classifier" tensor.
 CLASSIFIER_TASKS = ("sequence_classification", "token_classification", "multiple_choice")
 # Hugging Face classes whose encoder has no pooler (add_pooling_layer=False).
 NO_POOLER = ("token_classification", "question_answering")
 # Architectures found in the wild that import onto one of our tasks.
-IMPORT_ARCHITECTURES = {**{v: k for k, v in ARCHITECTURES.items()},
-                        "BertForMaskedLM": "pretraining", "BertForNextSentencePrediction":
-                        "pretraining", "BertLMHeadModel": "pretraining"}
+IMPORT_ARCHITECTURES = {
+  **{v: k for k, v in ARCHITECTURES.items()},
+  "BertForMaskedLM": "pretraining",
+  "BertForNextSentencePrediction": "pretraining",
+  "BertLMHeadModel": "pretraining",
+}
 # Parameter groups that a checkpoint may lack (named in Pretrained.absent).
 OPTIONAL_GROUPS = ("bert/pooler", "mlm", "nsp")
 # Buffers, not parameters, that Hugging Face checkpoints may carry.
@@ -64,21 +74,28 @@ class Entry:
 
 
 def _linear(path, name, n_in, group):
-  return [Entry(path + ("kernel",), name + ".weight", n_in, group),
-          Entry(path + ("bias",), name + ".bias", "vector", group)]
+  return [
+    Entry(path + ("kernel",), name + ".weight", n_in, group),
+    Entry(path + ("bias",), name + ".bias", "vector", group),
+  ]
 
 
 def _layer_norm(path, name, group):
-  return [Entry(path + ("scale",), name + ".weight", "same", group),
-          Entry(path + ("bias",), name + ".bias", "same", group)]
+  return [
+    Entry(path + ("scale",), name + ".weight", "same", group),
+    Entry(path + ("bias",), name + ".bias", "same", group),
+  ]
 
 
-def entries(config: BertConfig, task: str, num_labels: int = 2, prefix: str = "bert."
-            ) -> list[Entry]:
+def entries(
+  config: BertConfig, task: str, num_labels: int = 2, prefix: str = "bert."
+) -> list[Entry]:
   """Every parameter of ``task``'s model with its Hugging Face name (encoder under ``prefix``)."""
   b, p = ("bert",), prefix
-  out = [Entry(b + ("embeddings", n, "embedding"), f"{p}embeddings.{n}.weight", "same", "bert")
-         for n in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
+  out = [
+    Entry(b + ("embeddings", n, "embedding"), f"{p}embeddings.{n}.weight", "same", "bert")
+    for n in ("word_embeddings", "position_embeddings", "token_type_embeddings")
+  ]
   out += _layer_norm(b + ("embeddings", "LayerNorm"), f"{p}embeddings.LayerNorm", "bert")
   for i in range(config.num_hidden_layers):
     jl, hl = b + (f"layer_{i}",), f"{p}encoder.layer.{i}."
@@ -129,12 +146,13 @@ def to_hf_layout(x: np.ndarray, layout: Layout) -> np.ndarray:
 
 def param_shapes(config: BertConfig, task: str, num_labels: int) -> dict[tuple[str, ...], tuple]:
   """The shapes of the unboxed ``model.init(...)["params"]`` of ``task``'s model (no compute)."""
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from flax import traverse_util  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn  # noqa: PLC0415
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  from flax import traverse_util  # noqa: PLC0415
 
-  from bert_jax import model as models  # pylint: disable=import-outside-toplevel
+  from bert_jax import model as models  # noqa: PLC0415
+
   ids = jnp.zeros((1, 2), jnp.int32)
   kwargs = {}
   if task in ("encoder", "pretraining"):
@@ -172,10 +190,15 @@ def _init_like(shape, config: BertConfig, seed: int) -> np.ndarray:
   return (np.clip(rng.standard_normal(shape), -2, 2) * config.initializer_range).astype(np.float32)
 
 
-def tensors_to_params(tensors: Mapping[str, np.ndarray], config: BertConfig, task: str,
-                      num_labels: int, source: str, original: Mapping[str, str] | None = None,
-                      config_source: str = "the config"
-                      ) -> tuple[dict[str, Any], tuple[str, ...]]:
+def tensors_to_params(
+  tensors: Mapping[str, np.ndarray],
+  config: BertConfig,
+  task: str,
+  num_labels: int,
+  source: str,
+  original: Mapping[str, str] | None = None,
+  config_source: str = "the config",
+) -> tuple[dict[str, Any], tuple[str, ...]]:
   """Hugging Face-named tensors (prefix already normalised to "bert.") -> nested params.
 
   Returns ``(params, absent)``: ``absent`` lists the optional groups the checkpoint lacked
@@ -191,47 +214,68 @@ def tensors_to_params(tensors: Mapping[str, np.ndarray], config: BertConfig, tas
   present_groups = {e.group for e in all_entries if e.name in tensors}
   if any(n.startswith("cls.predictions.") for n in tensors):
     present_groups.add("mlm")  # a decoder alone is a partial MLM head: reported missing below
-  absent = tuple(g for g in OPTIONAL_GROUPS if g not in present_groups and
-                 any(e.group == g for e in all_entries))
+  absent = tuple(
+    g for g in OPTIONAL_GROUPS if g not in present_groups and any(e.group == g for e in all_entries)
+  )
   wanted = [e for e in all_entries if e.group not in absent]
   known = {e.name for e in all_entries} | set(BUFFERS)
   if task == "pretraining":
     known |= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
   unknown = [n for n in tensors if n not in known]
   if unknown:
-    layers = sorted({n.split(".")[3] for n in unknown if n.startswith("bert.encoder.layer.")},
-                    key=int)
-    hint = (f" ({config_source} says num_hidden_layers={config.num_hidden_layers} but the weights "
-            f"have layer(s) {', '.join(layers)})" if layers else "")
-    raise CheckpointError(f"{source}: unknown tensor(s) for a {ARCHITECTURES[task]}{hint}: "
-                          + _listing([describe(n) for n in unknown]))
+    layers = sorted(
+      {n.split(".")[3] for n in unknown if n.startswith("bert.encoder.layer.")}, key=int
+    )
+    hint = (
+      f" ({config_source} says num_hidden_layers={config.num_hidden_layers} but the weights "
+      f"have layer(s) {', '.join(layers)})"
+      if layers
+      else ""
+    )
+    raise CheckpointError(
+      f"{source}: unknown tensor(s) for a {ARCHITECTURES[task]}{hint}: "
+      + _listing([describe(n) for n in unknown])
+    )
   missing = [e.name for e in wanted if e.name not in tensors]
   if missing:
-    raise CheckpointError(f"{source}: missing tensor(s) for a {ARCHITECTURES[task]}: "
-                          + _listing([describe(n) for n in missing]))
+    raise CheckpointError(
+      f"{source}: missing tensor(s) for a {ARCHITECTURES[task]}: "
+      + _listing([describe(n) for n in missing])
+    )
   flat = {}
   for e in wanted:
     shape = shapes[e.path]
     x = np.asarray(tensors[e.name])
     if tuple(x.shape) != hf_shape(shape, e.layout):
       raise CheckpointError(
-          f"{source}: tensor {describe(e.name)} has shape {list(x.shape)} but {config_source} "
-          f"(vocab_size={config.vocab_size}, hidden_size={config.hidden_size}, "
-          f"intermediate_size={config.intermediate_size}, num_attention_heads="
-          f"{config.num_attention_heads}, max_position_embeddings="
-          f"{config.max_position_embeddings}, type_vocab_size={config.type_vocab_size}"
-          f"{', num_labels=%d' % num_labels if e.group == 'classifier' else ''}) implies "
-          f"{list(hf_shape(shape, e.layout))}")
+        f"{source}: tensor {describe(e.name)} has shape {list(x.shape)} but {config_source} "
+        f"(vocab_size={config.vocab_size}, hidden_size={config.hidden_size}, "
+        f"intermediate_size={config.intermediate_size}, num_attention_heads="
+        f"{config.num_attention_heads}, max_position_embeddings="
+        f"{config.max_position_embeddings}, type_vocab_size={config.type_vocab_size}"
+        f"{f', num_labels={num_labels}' if e.group == 'classifier' else ''}) implies "
+        f"{list(hf_shape(shape, e.layout))}"
+      )
     if not (np.issubdtype(x.dtype, np.floating) or x.dtype.name == "bfloat16"):
-      raise CheckpointError(f"{source}: tensor {describe(e.name)} has dtype {x.dtype}, not "
-                            "floating point")
+      raise CheckpointError(
+        f"{source}: tensor {describe(e.name)} has dtype {x.dtype}, not floating point"
+      )
     flat[e.path] = to_params_layout(x.astype(np.float32), e.layout, shape)
-  for name, tied in (("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
-                     ("cls.predictions.decoder.bias", "cls.predictions.bias")):
-    if name in tensors and "mlm" not in absent and not np.array_equal(
-        np.asarray(tensors[name], np.float32), np.asarray(tensors[tied], np.float32)):
-      raise CheckpointError(f"{source}: tensor {describe(name)} differs from {describe(tied)}; "
-                            "BERT ties them and bert_jax does not support an untied MLM decoder")
+  for name, tied in (
+    ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
+    ("cls.predictions.decoder.bias", "cls.predictions.bias"),
+  ):
+    if (
+      name in tensors
+      and "mlm" not in absent
+      and not np.array_equal(
+        np.asarray(tensors[name], np.float32), np.asarray(tensors[tied], np.float32)
+      )
+    ):
+      raise CheckpointError(
+        f"{source}: tensor {describe(name)} differs from {describe(tied)}; "
+        "BERT ties them and bert_jax does not support an untied MLM decoder"
+      )
   if "bert/pooler" in absent:
     for i, e in enumerate(x for x in all_entries if x.group == "bert/pooler"):
       flat[e.path] = _init_like(shapes[e.path], config, seed=i)
@@ -244,10 +288,12 @@ def tensors_to_params(tensors: Mapping[str, np.ndarray], config: BertConfig, tas
   return params, absent
 
 
-def params_to_tensors(params: Mapping[str, Any], config: BertConfig, task: str,
-                      num_labels: int) -> dict[str, np.ndarray]:
+def params_to_tensors(
+  params: Mapping[str, Any], config: BertConfig, task: str, num_labels: int
+) -> dict[str, np.ndarray]:
   """Nested params -> the state dict of the Hugging Face class for ``task``."""
-  from flax import traverse_util  # pylint: disable=import-outside-toplevel
+  from flax import traverse_util  # noqa: PLC0415
+
   flat = traverse_util.flatten_dict(dict(params))
   prefix = "" if task == "encoder" else "bert."
   wanted = entries(config, task, num_labels, prefix)
@@ -259,25 +305,34 @@ def params_to_tensors(params: Mapping[str, Any], config: BertConfig, task: str,
     raise CheckpointError(f"params lack what a {ARCHITECTURES[task]} needs: {_listing(missing)}")
   known = {e.path for e in entries(config, task, num_labels)}
   # "encoder" exports the encoder of any model: its head is left out on purpose.
-  extra = ["/".join(k) for k in flat if k not in known and not (
-      task == "encoder" and k[0] != "bert")]
+  extra = [
+    "/".join(k) for k in flat if k not in known and not (task == "encoder" and k[0] != "bert")
+  ]
   if extra:
-    raise CheckpointError(f"params have entries a {ARCHITECTURES[task]} has no place for: "
-                          f"{_listing(extra)}; pass the right head (and num_labels)")
+    raise CheckpointError(
+      f"params have entries a {ARCHITECTURES[task]} has no place for: "
+      f"{_listing(extra)}; pass the right head (and num_labels)"
+    )
   out = {}
   for e in wanted:
     x = np.asarray(flat[e.path], np.float32)
     if x.shape != shapes[e.path]:
-      raise CheckpointError(f"param {'/'.join(e.path)} has shape {list(x.shape)}, the config "
-                            f"implies {list(shapes[e.path])}")
+      raise CheckpointError(
+        f"param {'/'.join(e.path)} has shape {list(x.shape)}, the config "
+        f"implies {list(shapes[e.path])}"
+      )
     out[e.name] = to_hf_layout(x, e.layout)
   return out
 
 
 # --- reading a directory -------------------------------------------------------------------
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+  "model.safetensors",
+  "model.safetensors.index.json",
+  "pytorch_model.bin",
+  "pytorch_model.bin.index.json",
+)
 
 
 def is_hf_directory(path: pathlib.Path) -> bool:
@@ -285,21 +340,25 @@ def is_hf_directory(path: pathlib.Path) -> bool:
 
 
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-  from safetensors import SafetensorError  # pylint: disable=import-outside-toplevel
-  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  from safetensors import SafetensorError  # noqa: PLC0415
+  from safetensors.numpy import load_file  # noqa: PLC0415
+
   try:
     return load_file(str(path))
   except (SafetensorError, OSError, ValueError, TypeError) as e:
-    raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): "
-                          f"{e}") from e
+    raise CheckpointError(
+      f"{path}: not a readable safetensors file (truncated or corrupt?): {e}"
+    ) from e
 
 
 def _read_torch(path: pathlib.Path) -> dict[str, np.ndarray]:
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch  # noqa: PLC0415
   except ImportError as e:
-    raise CheckpointError(f"{path}: reading a pytorch_model.bin needs torch installed; or "
-                          "convert it to model.safetensors") from e
+    raise CheckpointError(
+      f"{path}: reading a pytorch_model.bin needs torch installed; or "
+      "convert it to model.safetensors"
+    ) from e
   try:
     state = torch.load(str(path), map_location="cpu", weights_only=True)
   except Exception as e:  # pylint: disable=broad-except  # torch raises many kinds
@@ -332,8 +391,9 @@ def read_hf_tensors(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str
   raise CheckpointError(f"{directory}: no weights found (looked for {', '.join(WEIGHT_FILES)})")
 
 
-def normalise_names(tensors: Mapping[str, np.ndarray], source: str
-                    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def normalise_names(
+  tensors: Mapping[str, np.ndarray], source: str
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
   """Put the encoder under "bert." (BertModel saves it bare) and rename gamma/beta.
 
   Returns the renamed tensors and, for messages, each new name's name in the file.
@@ -341,17 +401,19 @@ def normalise_names(tensors: Mapping[str, np.ndarray], source: str
   bare = any(k.startswith(("embeddings.", "encoder.", "pooler.")) for k in tensors)
   prefixed = any(k.startswith("bert.") for k in tensors)
   if bare and prefixed:
-    raise CheckpointError(f"{source}: tensors both with and without "
-                          "the 'bert.' prefix; cannot tell which encoder to use")
+    raise CheckpointError(
+      f"{source}: tensors both with and without "
+      "the 'bert.' prefix; cannot tell which encoder to use"
+    )
   out, described = {}, {}
   for k, v in tensors.items():
     new = k
     if bare and k.startswith(("embeddings.", "encoder.", "pooler.")):
       new = "bert." + k
     if new.endswith(".gamma"):
-      new = new[:-len(".gamma")] + ".weight"
+      new = new[: -len(".gamma")] + ".weight"
     elif new.endswith(".beta"):
-      new = new[:-len(".beta")] + ".bias"
+      new = new[: -len(".beta")] + ".bias"
     out[new] = v
     described[new] = k
   for b in BUFFERS:
@@ -369,9 +431,10 @@ def infer_task(tensors: Mapping[str, Any], hf_config: Mapping[str, Any], source:
       if IMPORT_ARCHITECTURES.get(a) in CLASSIFIER_TASKS:
         return IMPORT_ARCHITECTURES[a]
     raise CheckpointError(
-        f"{source}: the weights have a 'classifier' but 'architectures' ({archs}) does not say "
-        "whether it is BertForSequenceClassification, BertForTokenClassification or "
-        "BertForMultipleChoice; pass task=...")
+      f"{source}: the weights have a 'classifier' but 'architectures' ({archs}) does not say "
+      "whether it is BertForSequenceClassification, BertForTokenClassification or "
+      "BertForMultipleChoice; pass task=..."
+    )
   if any(k.startswith("cls.") for k in tensors):
     return "pretraining"
   return "encoder"
@@ -380,11 +443,18 @@ def infer_task(tensors: Mapping[str, Any], hf_config: Mapping[str, Any], source:
 # --- writing a directory -------------------------------------------------------------------
 
 
-def hf_config_dict(config: BertConfig, task: str, num_labels: int,
-                   labels: Sequence[str] | None, pad_id: int = 0) -> dict[str, Any]:
-  d = {"architectures": [ARCHITECTURES[task]], "model_type": "bert", **config.to_dict(),
-       "position_embedding_type": "absolute", "pad_token_id": pad_id, "torch_dtype": "float32",
-       "use_cache": True}
+def hf_config_dict(
+  config: BertConfig, task: str, num_labels: int, labels: Sequence[str] | None, pad_id: int = 0
+) -> dict[str, Any]:
+  d = {
+    "architectures": [ARCHITECTURES[task]],
+    "model_type": "bert",
+    **config.to_dict(),
+    "position_embedding_type": "absolute",
+    "pad_token_id": pad_id,
+    "torch_dtype": "float32",
+    "use_cache": True,
+  }
   if task in ("sequence_classification", "token_classification"):
     names = list(labels) if labels else [f"LABEL_{i}" for i in range(num_labels)]
     if len(names) != num_labels:
@@ -392,8 +462,7 @@ def hf_config_dict(config: BertConfig, task: str, num_labels: int,
     d["id2label"] = {str(i): n for i, n in enumerate(names)}
     d["label2id"] = {n: i for i, n in enumerate(names)}
     if task == "sequence_classification":
-      d["problem_type"] = ("regression" if num_labels == 1 else
-                           "single_label_classification")
+      d["problem_type"] = "regression" if num_labels == 1 else "single_label_classification"
   return d
 
 
@@ -408,9 +477,16 @@ def _atomic_write(path: pathlib.Path, write: Callable[[str], None]) -> None:
     raise
 
 
-def save_hf(directory, params: Mapping[str, Any], config: BertConfig, tokenizer=None,
-            head: str = "pretraining", num_labels: int | None = None,
-            labels: Sequence[str] | None = None, overwrite: bool = False) -> pathlib.Path:
+def save_hf(
+  directory,
+  params: Mapping[str, Any],
+  config: BertConfig,
+  tokenizer=None,
+  head: str = "pretraining",
+  num_labels: int | None = None,
+  labels: Sequence[str] | None = None,
+  overwrite: bool = False,
+) -> pathlib.Path:
   """Write a Hugging Face directory: model.safetensors, config.json and the tokenizer files.
 
   ``head`` is one of TASKS ("encoder" writes a BertModel). ``num_labels`` defaults to
@@ -420,8 +496,9 @@ def save_hf(directory, params: Mapping[str, Any], config: BertConfig, tokenizer=
   Call it on one process (e.g. ``jax.process_index() == 0``) with params it can read in full
   (numpy, or arrays gathered with ``jax.experimental.multihost_utils.process_allgather``).
   """
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn  # noqa: PLC0415
+  from safetensors.numpy import save_file  # noqa: PLC0415
+
   if head not in TASKS:
     raise CheckpointError(f"unknown head {head!r}; choose one of {TASKS}")
   params = nn.meta.unbox(dict(params))
@@ -445,8 +522,10 @@ def save_hf(directory, params: Mapping[str, Any], config: BertConfig, tokenizer=
     if clash:
       raise CheckpointError(f"refusing to overwrite {', '.join(clash)} (pass overwrite=True)")
   _atomic_write(targets[0], lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-  _atomic_write(targets[1], lambda p: pathlib.Path(p).write_text(
-      json.dumps(hf_config, indent=2, sort_keys=True) + "\n"))
+  _atomic_write(
+    targets[1],
+    lambda p: pathlib.Path(p).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n"),
+  )
   if tokenizer is not None:
     tokenizer.save(str(directory))
     tok_config_path = directory / "tokenizer_config.json"

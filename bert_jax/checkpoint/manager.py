@@ -27,13 +27,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+
 
 def _path_str(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
@@ -49,10 +51,14 @@ class CheckpointManager:
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
     workdir = workdir if "://" in str(workdir) else os.path.abspath(workdir)
     self.directory = str(epath.Path(workdir) / "checkpoints")
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=async_save)
-    handlers = dict(state=ocp.PyTreeCheckpointHandler(), input=ocp.JsonCheckpointHandler(),
-                    meta=ocp.JsonCheckpointHandler())
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, create=True, enable_async_checkpointing=async_save
+    )
+    handlers = dict(
+      state=ocp.PyTreeCheckpointHandler(),
+      input=ocp.JsonCheckpointHandler(),
+      meta=ocp.JsonCheckpointHandler(),
+    )
     self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
   def latest_step(self) -> int | None:
@@ -61,15 +67,21 @@ class CheckpointManager:
   def all_steps(self) -> list[int]:
     return list(self._mngr.all_steps())
 
-  def save(self, step: int, state: Any, input_state: dict | None = None,
-           meta: dict | None = None) -> None:
+  def save(
+    self, step: int, state: Any, input_state: dict | None = None, meta: dict | None = None
+  ) -> None:
     """Saves (asynchronously when configured); a step already saved is skipped."""
     if step in self._mngr.all_steps():
       return
-    self._mngr.save(step, args=ocp.args.Composite(
+    self._mngr.save(
+      step,
+      args=ocp.args.Composite(
         state=ocp.args.PyTreeSave(state),
         input=ocp.args.JsonSave(input_state or {}),
-        meta=ocp.args.JsonSave(meta or {})), force=True)
+        meta=ocp.args.JsonSave(meta or {}),
+      ),
+      force=True,
+    )
 
   def check_compatible(self, step: int, abstract_state: Any) -> None:
     """ValueError (naming the arrays) when checkpoint ``step`` does not fit ``abstract_state``."""
@@ -82,23 +94,30 @@ class CheckpointManager:
         problems.append(f"{name}: missing from the checkpoint")
       elif tuple(m.shape) != tuple(x.shape):
         problems.append(f"{name}: checkpoint {tuple(m.shape)} vs model {tuple(x.shape)}")
-    problems += [f"{name}: in the checkpoint, not in the model" for name in saved
-                 if name not in wanted]
+    problems += [
+      f"{name}: in the checkpoint, not in the model" for name in saved if name not in wanted
+    ]
     if problems:
       shown = "\n  ".join(problems[:10]) + ("\n  ..." if len(problems) > 10 else "")
       raise ValueError(
-          f"{self.directory}/{step} holds a checkpoint of another model or optimizer "
-          f"({len(problems)} array(s) differ):\n  {shown}\nUse another --workdir, or move "
-          "the old checkpoints away; nothing was changed.")
+        f"{self.directory}/{step} holds a checkpoint of another model or optimizer "
+        f"({len(problems)} array(s) differ):\n  {shown}\nUse another --workdir, or move "
+        "the old checkpoints away; nothing was changed."
+      )
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
     """(state placed as in ``abstract_state``'s shardings, input position, meta)."""
     self.check_compatible(step, abstract_state)
-    out = self._mngr.restore(step, args=ocp.args.Composite(
+    out = self._mngr.restore(
+      step,
+      args=ocp.args.Composite(
         state=ocp.args.PyTreeRestore(
-            abstract_state, restore_args=ocp.checkpoint_utils.construct_restore_args(
-                abstract_state)),
-        input=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+          abstract_state, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state)
+        ),
+        input=ocp.args.JsonRestore(),
+        meta=ocp.args.JsonRestore(),
+      ),
+    )
     return out["state"], dict(out["input"] or {}), dict(out["meta"] or {})
 
   def restore_params(self, step: int | None = None) -> Any:
@@ -108,11 +127,18 @@ class CheckpointManager:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     meta = self._mngr.item_metadata(step)["state"]
     params_meta = meta["params"]
-    restore_args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                          params_meta)
+    restore_args = jax.tree_util.tree_map(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params_meta
+    )
     item = jax.tree_util.tree_map(lambda m: np.zeros(m.shape, m.dtype), params_meta)
-    out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item={"params": item}, restore_args={"params": restore_args}, partial_restore=True)))
+    out = self._mngr.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(
+          item={"params": item}, restore_args={"params": restore_args}, partial_restore=True
+        )
+      ),
+    )
     return out["state"]["params"]
 
   def wait(self) -> None:
@@ -126,11 +152,12 @@ class CheckpointManager:
 @dataclasses.dataclass
 class InitReport:
   """How a run's parameters were obtained."""
-  source: str                     # "resumed" | "pretrained" | "scratch"
+
+  source: str  # "resumed" | "pretrained" | "scratch"
   step: int = 0
   path: str = ""
   loaded: list[str] = dataclasses.field(default_factory=list)
-  not_loaded: list[str] = dataclasses.field(default_factory=list)       # in checkpoint, unused
+  not_loaded: list[str] = dataclasses.field(default_factory=list)  # in checkpoint, unused
   newly_initialized: list[str] = dataclasses.field(default_factory=list)  # in model, not loaded
 
   def describe(self) -> str:
@@ -138,38 +165,52 @@ class InitReport:
       return f"resumed from {self.path} at step {self.step}"
     if self.source == "scratch":
       return "initialised from scratch"
-    return (f"initialised from {self.path}: {len(self.loaded)} tensors loaded; not loaded "
-            f"(in the checkpoint, unused): {self.not_loaded or 'none'}; newly initialised: "
-            f"{self.newly_initialized or 'none'}")
+    return (
+      f"initialised from {self.path}: {len(self.loaded)} tensors loaded; not loaded "
+      f"(in the checkpoint, unused): {self.not_loaded or 'none'}; newly initialised: "
+      f"{self.newly_initialized or 'none'}"
+    )
 
 
-def merge_pretrained_params(params: Any, pretrained: Any, path: str = "pretrained"
-                            ) -> tuple[Any, InitReport]:
+def merge_pretrained_params(
+  params: Any, pretrained: Any, path: str = "pretrained"
+) -> tuple[Any, InitReport]:
   """``params`` (a nested dict of arrays) with every tensor of ``pretrained`` that the model
   has, by name. Shape mismatches raise ValueError; the report lists the rest."""
   target = _flat(params)
   source = _flat(pretrained)
-  mismatched = [f"{k}: checkpoint {tuple(np.shape(source[k]))} vs model {tuple(target[k].shape)}"
-                for k in target if k in source and
-                tuple(np.shape(source[k])) != tuple(target[k].shape)]
+  mismatched = [
+    f"{k}: checkpoint {tuple(np.shape(source[k]))} vs model {tuple(target[k].shape)}"
+    for k in target
+    if k in source and tuple(np.shape(source[k])) != tuple(target[k].shape)
+  ]
   if mismatched:
-    raise ValueError(f"{path}: tensors whose shapes differ from the model's:\n  "
-                     + "\n  ".join(mismatched))
-  report = InitReport("pretrained", path=path,
-                      loaded=sorted(k for k in target if k in source),
-                      not_loaded=sorted(k for k in source if k not in target),
-                      newly_initialized=sorted(k for k in target if k not in source))
+    raise ValueError(
+      f"{path}: tensors whose shapes differ from the model's:\n  " + "\n  ".join(mismatched)
+    )
+  report = InitReport(
+    "pretrained",
+    path=path,
+    loaded=sorted(k for k in target if k in source),
+    not_loaded=sorted(k for k in source if k not in target),
+    newly_initialized=sorted(k for k in target if k not in source),
+  )
 
   def pick(p, x):
     name = _path_str(p)
     return np.asarray(source[name]) if name in source else x
+
   return jax.tree_util.tree_map_with_path(pick, params), report
 
 
-def restore_or_initialize(manager: CheckpointManager, abstract_state: Any,
-                          init_fn: Callable[[], Any], *, init_checkpoint: str = "",
-                          with_params: Callable[[Any, Any], Any] | None = None,
-                          ) -> tuple[Any, dict, dict, InitReport]:
+def restore_or_initialize(
+  manager: CheckpointManager,
+  abstract_state: Any,
+  init_fn: Callable[[], Any],
+  *,
+  init_checkpoint: str = "",
+  with_params: Callable[[Any, Any], Any] | None = None,
+) -> tuple[Any, dict, dict, InitReport]:
   """(state, input position, meta, report) by the order in the module docstring.
 
   ``init_fn()`` makes a fresh sharded state; ``with_params(state, host_params)`` returns it
@@ -187,9 +228,13 @@ def restore_or_initialize(manager: CheckpointManager, abstract_state: Any,
     logging.info("Checkpoint: %s", report.describe())
     return state, {}, {}, report
   from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415 (optional helper)
+
   pretrained = load_pretrained(init_checkpoint)
-  host_params = jax.tree_util.tree_map(np.asarray, jax.device_get(state.params)) \
-      if jax.process_count() == 1 else _host_params_multi(state.params)
+  host_params = (
+    jax.tree_util.tree_map(np.asarray, jax.device_get(state.params))
+    if jax.process_count() == 1
+    else _host_params_multi(state.params)
+  )
   merged, report = merge_pretrained_params(host_params, pretrained.params, init_checkpoint)
   state = with_params(state, merged)
   logging.info("Checkpoint: %s", report.describe())
@@ -198,6 +243,7 @@ def restore_or_initialize(manager: CheckpointManager, abstract_state: Any,
 
 def _host_params_multi(params: Any) -> Any:
   from jax.experimental import multihost_utils  # noqa: PLC0415
+
   return multihost_utils.process_allgather(params, tiled=True)
 
 
@@ -219,6 +265,7 @@ def load_params(workdir: str, step: int | None = None):
   The tokenizer is None when the workdir holds no tokenizer files.
   """
   from bert_jax.model import BertConfig  # noqa: PLC0415
+
   config_path = epath.Path(workdir) / "model_config.json"
   if not config_path.exists():
     raise FileNotFoundError(f"{workdir} is not a bert_jax workdir: no model_config.json")
@@ -231,5 +278,6 @@ def load_params(workdir: str, step: int | None = None):
   tokenizer = None
   if any((epath.Path(workdir) / n).exists() for n in ("vocab.txt", "sentencepiece.model")):
     from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+
     tokenizer = load_tokenizer(workdir)
   return params, config, tokenizer

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -28,8 +29,14 @@ from bert_jax.model.config import BertConfig
 PARAMS_DIR = "params"
 
 
-def export_params_only(out_dir: str, params: Mapping[str, Any], config: BertConfig,
-                       head: Mapping[str, Any], tokenizer=None, overwrite: bool = False) -> str:
+def export_params_only(
+  out_dir: str,
+  params: Mapping[str, Any],
+  config: BertConfig,
+  head: Mapping[str, Any],
+  tokenizer=None,
+  overwrite: bool = False,
+) -> str:
   """Writes the layout above to ``out_dir`` (via a temporary directory, moved when complete)."""
   import orbax.checkpoint as ocp  # noqa: PLC0415
 
@@ -49,8 +56,9 @@ def restore_params_only(out_dir: str) -> tuple[dict[str, Any], BertConfig, dict[
 
   config_path = os.path.join(out_dir, "model_config.json")
   if not os.path.isfile(config_path) or not os.path.isdir(os.path.join(out_dir, PARAMS_DIR)):
-    raise FileNotFoundError(f"{out_dir} is not a parameters-only export (expected "
-                            f"model_config.json and {PARAMS_DIR}/)")
+    raise FileNotFoundError(
+      f"{out_dir} is not a parameters-only export (expected model_config.json and {PARAMS_DIR}/)"
+    )
   with open(config_path) as f:
     config = BertConfig.from_dict(json.load(f), source=config_path)
   with open(os.path.join(out_dir, "head.json")) as f:
@@ -61,5 +69,6 @@ def restore_params_only(out_dir: str) -> tuple[dict[str, Any], BertConfig, dict[
   tokenizer = None
   if any(os.path.exists(os.path.join(out_dir, n)) for n in ("vocab.txt", "sentencepiece.model")):
     from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+
     tokenizer = load_tokenizer(out_dir)
   return jax.tree_util.tree_map(np.asarray, params), config, head, tokenizer

@@ -31,7 +31,8 @@ files go to ``<out>/assets.extra/`` for the serving side's pre-processing.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -46,12 +47,12 @@ MASKED_LM_SIGNATURE = "masked_lm"  # pre-training exports only
 MASKED_LM_POSITIONS = "masked_lm_positions"
 # What each head's serving signature returns (besides sequence_output and pooled_output).
 HEAD_OUTPUTS = {
-    "encoder": (),
-    "pretraining": ("mlm_logits", "nsp_logits"),
-    "sequence_classification": ("logits",),
-    "token_classification": ("logits",),
-    "question_answering": ("start_logits", "end_logits"),
-    "multiple_choice": ("logits",),
+  "encoder": (),
+  "pretraining": ("mlm_logits", "nsp_logits"),
+  "sequence_classification": ("logits",),
+  "token_classification": ("logits",),
+  "question_answering": ("start_logits", "end_logits"),
+  "multiple_choice": ("logits",),
 }
 
 
@@ -72,8 +73,9 @@ def model_for_task(config: BertConfig, task: str, num_labels: int | None = None)
   raise ValueError(f"unknown task {task!r}; choose one of {sorted(HEAD_OUTPUTS)}")
 
 
-def serving_fn(config: BertConfig, task: str,
-               num_labels: int | None = None) -> Callable[..., dict[str, jax.Array]]:
+def serving_fn(
+  config: BertConfig, task: str, num_labels: int | None = None
+) -> Callable[..., dict[str, jax.Array]]:
   """``f(params, input_ids, input_mask, segment_ids) -> dict`` in inference mode (no dropout).
 
   ``params`` are those of the task's model (for "encoder": with the encoder under "bert").
@@ -95,8 +97,14 @@ def masked_lm_fn(config: BertConfig) -> Callable[..., dict[str, jax.Array]]:
   module = models.BertForPreTraining(config)
 
   def f(params, input_ids, input_mask, segment_ids, masked_lm_positions):
-    out = module.apply({"params": params}, input_ids, input_mask, segment_ids,
-                       masked_lm_positions=masked_lm_positions, deterministic=True)
+    out = module.apply(
+      {"params": params},
+      input_ids,
+      input_mask,
+      segment_ids,
+      masked_lm_positions=masked_lm_positions,
+      deterministic=True,
+    )
     return {"mlm_logits": out["mlm_logits"], "nsp_logits": out["nsp_logits"]}
 
   return f
@@ -106,16 +114,23 @@ def polymorphic_spec(task: str) -> str:
   return "(b, c, l)" if task == "multiple_choice" else "(b, l)"
 
 
-def export_saved_model(out_dir: str, params: Mapping[str, Any], config: BertConfig, task: str,
-                       num_labels: int | None = None, tokenizer=None,
-                       head: Mapping[str, Any] | None = None, overwrite: bool = False) -> str:
+def export_saved_model(
+  out_dir: str,
+  params: Mapping[str, Any],
+  config: BertConfig,
+  task: str,
+  num_labels: int | None = None,
+  tokenizer=None,
+  head: Mapping[str, Any] | None = None,
+  overwrite: bool = False,
+) -> str:
   """Writes a SavedModel of ``task``'s model with ``params`` to ``out_dir``; returns it.
 
   The model is written to a temporary directory beside ``out_dir`` and moved into place only
   when complete, so a failure leaves no half-written export (and an existing ``out_dir`` is
   kept unless ``overwrite``).
   """
-  import tensorflow as tf  # noqa: PLC0415  (heavy; only here)
+  import tensorflow as tf  # noqa: PLC0415 (heavy; only here)
   from jax.experimental import jax2tf  # noqa: PLC0415
 
   if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
@@ -125,8 +140,11 @@ def export_saved_model(out_dir: str, params: Mapping[str, Any], config: BertConf
   fn = serving_fn(config, task, num_labels)
   spec = polymorphic_spec(task)
   tf_fn = jax2tf.convert(
-      fn, with_gradient=False, polymorphic_shapes=[None, spec, spec, spec],
-      polymorphic_constraints=[f"l <= {config.max_position_embeddings}"])
+    fn,
+    with_gradient=False,
+    polymorphic_shapes=[None, spec, spec, spec],
+    polymorphic_constraints=[f"l <= {config.max_position_embeddings}"],
+  )
   module = tf.Module()
   module.params = tf.nest.map_structure(lambda x: tf.Variable(x, trainable=False), params)
   rank = 3 if task == "multiple_choice" else 2
@@ -140,9 +158,11 @@ def export_saved_model(out_dir: str, params: Mapping[str, Any], config: BertConf
   signatures = {SIGNATURE: serve}
   if task == "pretraining":
     mlm_fn = jax2tf.convert(
-        masked_lm_fn(config), with_gradient=False,
-        polymorphic_shapes=[None, spec, spec, spec, "(b, p)"],
-        polymorphic_constraints=[f"l <= {config.max_position_embeddings}"])
+      masked_lm_fn(config),
+      with_gradient=False,
+      polymorphic_shapes=[None, spec, spec, spec, "(b, p)"],
+      polymorphic_constraints=[f"l <= {config.max_position_embeddings}"],
+    )
     positions = tf.TensorSpec([None, None], tf.int32, name=MASKED_LM_POSITIONS)
 
     @tf.function(autograph=False, input_signature=specs + [positions])
@@ -153,6 +173,10 @@ def export_saved_model(out_dir: str, params: Mapping[str, Any], config: BertConf
     signatures[MASKED_LM_SIGNATURE] = serve_masked_lm
   with staged_dir(out_dir, overwrite, prefix=".saved_model_") as tmp:
     tf.saved_model.save(module, tmp, signatures=signatures)
-    write_model_files(os.path.join(tmp, "assets.extra"), config,
-                      head or {"task": task, "num_labels": num_labels, "labels": []}, tokenizer)
+    write_model_files(
+      os.path.join(tmp, "assets.extra"),
+      config,
+      head or {"task": task, "num_labels": num_labels, "labels": []},
+      tokenizer,
+    )
   return out_dir

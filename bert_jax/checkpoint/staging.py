@@ -1,9 +1,9 @@
 """Writing an export directory whole or not at all, with the model files every export carries.
 
-  with staged_dir(out_dir, overwrite, prefix=".saved_model_") as tmp:
-    ...write into tmp...
-    write_model_files(tmp, config, head, tokenizer)
-  # out_dir now holds exactly what was written; on any error it is left as it was.
+with staged_dir(out_dir, overwrite, prefix=".saved_model_") as tmp:
+  ...write into tmp...
+  write_model_files(tmp, config, head, tokenizer)
+# out_dir now holds exactly what was written; on any error it is left as it was.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from bert_jax.model.config import BertConfig
 
@@ -39,8 +40,9 @@ def staged_dir(out_dir: str, overwrite: bool, prefix: str) -> Iterator[str]:
     raise
 
 
-def write_model_files(directory: str, config: BertConfig, head: Mapping[str, Any],
-                      tokenizer=None) -> None:
+def write_model_files(
+  directory: str, config: BertConfig, head: Mapping[str, Any], tokenizer=None
+) -> None:
   """``model_config.json``, ``head.json`` and the tokenizer's files (when there is one)."""
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, "model_config.json"), "w") as f:

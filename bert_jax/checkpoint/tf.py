@@ -19,23 +19,27 @@ import numpy as np
 
 from bert_jax.checkpoint.hf import CheckpointError
 
-SKIPPED = re.compile(r"(^global_step$|/adam_[mv]$|^_CHECKPOINTABLE_OBJECT_GRAPH$|"
-                     r"^beta[12]_power$|/(Adam|Adam_1|Momentum)$)")
+SKIPPED = re.compile(
+  r"(^global_step$|/adam_[mv]$|^_CHECKPOINTABLE_OBJECT_GRAPH$|"
+  r"^beta[12]_power$|/(Adam|Adam_1|Momentum)$)"
+)
 _RENAMES = [
-    # (TF pattern, HF replacement); applied in order, first match wins.
-    (r"^bert/embeddings/(word|position|token_type)_embeddings$",
-     r"bert.embeddings.\1_embeddings.weight"),
-    (r"^bert/embeddings/LayerNorm/(gamma|beta)$", r"bert.embeddings.LayerNorm.\1"),
-    (r"^bert/encoder/layer_(\d+)/(.*)$", r"bert.encoder.layer.\1.\2"),
-    (r"^bert/pooler/dense/(.*)$", r"bert.pooler.dense.\1"),
-    (r"^cls/predictions/transform/(.*)$", r"cls.predictions.transform.\1"),
-    (r"^cls/predictions/output_bias$", r"cls.predictions.bias"),
-    (r"^cls/seq_relationship/output_weights$", r"cls.seq_relationship.weight"),
-    (r"^cls/seq_relationship/output_bias$", r"cls.seq_relationship.bias"),
-    (r"^cls/squad/output_weights$", r"qa_outputs.weight"),
-    (r"^cls/squad/output_bias$", r"qa_outputs.bias"),
-    (r"^output_weights$", r"classifier.weight"),
-    (r"^output_bias$", r"classifier.bias"),
+  # (TF pattern, HF replacement); applied in order, first match wins.
+  (
+    r"^bert/embeddings/(word|position|token_type)_embeddings$",
+    r"bert.embeddings.\1_embeddings.weight",
+  ),
+  (r"^bert/embeddings/LayerNorm/(gamma|beta)$", r"bert.embeddings.LayerNorm.\1"),
+  (r"^bert/encoder/layer_(\d+)/(.*)$", r"bert.encoder.layer.\1.\2"),
+  (r"^bert/pooler/dense/(.*)$", r"bert.pooler.dense.\1"),
+  (r"^cls/predictions/transform/(.*)$", r"cls.predictions.transform.\1"),
+  (r"^cls/predictions/output_bias$", r"cls.predictions.bias"),
+  (r"^cls/seq_relationship/output_weights$", r"cls.seq_relationship.weight"),
+  (r"^cls/seq_relationship/output_bias$", r"cls.seq_relationship.bias"),
+  (r"^cls/squad/output_weights$", r"qa_outputs.weight"),
+  (r"^cls/squad/output_bias$", r"qa_outputs.bias"),
+  (r"^output_weights$", r"classifier.weight"),
+  (r"^output_bias$", r"classifier.bias"),
 ]
 
 
@@ -43,18 +47,18 @@ def find_checkpoint(path: pathlib.Path) -> str | None:
   """The checkpoint prefix of a directory or prefix path, or None if there is none."""
   if path.is_dir():
     try:
-      import tensorflow as tf  # pylint: disable=import-outside-toplevel
+      import tensorflow as tf  # noqa: PLC0415
     except ImportError:
       return None
     latest = tf.train.latest_checkpoint(str(path))
     if latest:
       return latest
     indexes = sorted(path.glob("*.ckpt*.index")) or sorted(path.glob("*.index"))
-    return str(indexes[-1])[:-len(".index")] if indexes else None
+    return str(indexes[-1])[: -len(".index")] if indexes else None
   if pathlib.Path(str(path) + ".index").is_file():
     return str(path)
   if str(path).endswith(".index") and path.is_file():
-    return str(path)[:-len(".index")]
+    return str(path)[: -len(".index")]
   return None
 
 
@@ -72,13 +76,15 @@ def read_tf_checkpoint(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, st
 
   Returns ``(tensors, original)``; ``original[hf_name]`` is the variable's name in the checkpoint.
   """
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # noqa: PLC0415
+
   try:
     reader = tf.train.load_checkpoint(prefix)
     shapes = reader.get_variable_to_shape_map()
   except (tf.errors.OpError, ValueError) as e:
-    raise CheckpointError(f"{prefix}: not a readable TensorFlow checkpoint: "
-                          f"{str(e).splitlines()[0]}") from e
+    raise CheckpointError(
+      f"{prefix}: not a readable TensorFlow checkpoint: {str(e).splitlines()[0]}"
+    ) from e
   tensors, original, unknown = {}, {}, []
   for name in sorted(shapes):
     if SKIPPED.search(name):
@@ -90,15 +96,18 @@ def read_tf_checkpoint(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, st
     try:
       x = np.asarray(reader.get_tensor(name))
     except tf.errors.OpError as e:
-      raise CheckpointError(f"{prefix}: cannot read variable '{name}' (truncated data file?): "
-                            f"{str(e).splitlines()[0]}") from e
+      raise CheckpointError(
+        f"{prefix}: cannot read variable '{name}' (truncated data file?): {str(e).splitlines()[0]}"
+      ) from e
     # TF dense kernels are [in, out]; output_weights of the heads are already [out, in].
     if name.endswith("/kernel"):
       x = x.T
     tensors[hf_name], original[hf_name] = x, name
   if unknown:
-    shown = ", ".join(unknown[:8]) + (f" ... and {len(unknown) - 8} more" if len(unknown) > 8
-                                       else "")
-    raise CheckpointError(f"{prefix}: unknown variable(s) for a google-research/bert "
-                          f"checkpoint: {shown}")
+    shown = ", ".join(unknown[:8]) + (
+      f" ... and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+    )
+    raise CheckpointError(
+      f"{prefix}: unknown variable(s) for a google-research/bert checkpoint: {shown}"
+    )
   return tensors, original

@@ -29,6 +29,7 @@ INPUT_FORMATS = ("original", "text", "wiki", "tfds")
 @dataclasses.dataclass(frozen=True)
 class InputShard:
   """One unit of generation work: a group of files, or one slice of a TFDS split."""
+
   index: int
   num_shards: int
   files: tuple[str, ...] = ()
@@ -55,7 +56,8 @@ def expand_patterns(patterns: str | list[str] | tuple[str, ...]) -> list[str]:
   for pattern in patterns:
     pattern = str(pattern).strip()
     if "://" in pattern:  # gs://, s3://: only tf.io.gfile knows those.
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      import tensorflow as tf  # noqa: PLC0415
+
       matched = tf.io.gfile.glob(pattern)
     else:
       matched = pyglob.glob(pattern)
@@ -65,9 +67,14 @@ def expand_patterns(patterns: str | list[str] | tuple[str, ...]) -> list[str]:
   return sorted(set(files))
 
 
-def make_input_shards(inputs: str | list[str], input_format: str = "original",
-                      num_shards: int = 0, tfds_split: str = "train",
-                      tfds_data_dir: str = "", tfds_text_key: str = "text") -> list[InputShard]:
+def make_input_shards(
+  inputs: str | list[str],
+  input_format: str = "original",
+  num_shards: int = 0,
+  tfds_split: str = "train",
+  tfds_data_dir: str = "",
+  tfds_text_key: str = "text",
+) -> list[InputShard]:
   """Groups the inputs into generation shards (the unit of parallelism, memory and seeding).
 
   Files: one shard per file by default (`num_shards=0`); with `num_shards` < files, file k goes
@@ -80,9 +87,17 @@ def make_input_shards(inputs: str | list[str], input_format: str = "original",
     name = inputs if isinstance(inputs, str) else ",".join(inputs)
     name = name.removeprefix("tfds:")
     n = num_shards or 16
-    return [InputShard(index=i, num_shards=n, tfds_name=name, tfds_split=tfds_split,
-                       tfds_data_dir=tfds_data_dir, tfds_text_key=tfds_text_key)
-            for i in range(n)]
+    return [
+      InputShard(
+        index=i,
+        num_shards=n,
+        tfds_name=name,
+        tfds_split=tfds_split,
+        tfds_data_dir=tfds_data_dir,
+        tfds_text_key=tfds_text_key,
+      )
+      for i in range(n)
+    ]
   files = expand_patterns(inputs)
   n = min(num_shards, len(files)) if num_shards else len(files)
   groups = [tuple(files[i::n]) for i in range(n)]
@@ -92,7 +107,8 @@ def make_input_shards(inputs: str | list[str], input_format: str = "original",
 def _decode_lines(path: str, stats: dict) -> Iterator[str]:
   """Yields the decoded, stripped lines of a text file; skips (and counts) non-UTF-8 lines."""
   if "://" in path:  # gs://, s3://: only tf.io.gfile knows those.
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # noqa: PLC0415
+
     opened = tf.io.gfile.GFile(path, "rb")
   else:  # Local files without TensorFlow: generation workers then start in a second.
     opened = open(path, "rb")
@@ -100,8 +116,9 @@ def _decode_lines(path: str, stats: dict) -> Iterator[str]:
     for line_number, raw in enumerate(f, start=1):
       if b"\x00" in raw:
         raise ValueError(
-            f"{path}:{line_number}: NUL byte in a text input; the file looks binary "
-            "(use --input_format=wiki for MediaWiki .xml.bz2 dumps)")
+          f"{path}:{line_number}: NUL byte in a text input; the file looks binary "
+          "(use --input_format=wiki for MediaWiki .xml.bz2 dumps)"
+        )
       try:
         line = raw.decode("utf-8")
       except UnicodeDecodeError:
@@ -167,18 +184,24 @@ def read_wiki_dump(path: str, stats: dict) -> Iterator[list[str]]:
 
 def read_tfds_shard(shard: InputShard, stats: dict) -> Iterator[list[str]]:
   """One even slice of a TFDS split, read from the local data_dir (never downloads)."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # noqa: PLC0415
+
   try:
     builder = tfds.builder(shard.tfds_name, data_dir=shard.tfds_data_dir or None)
   except Exception as e:  # tfds raises several types for unknown/absent datasets.
-    raise ValueError(f"TFDS dataset {shard.tfds_name!r} not found under data_dir "
-                     f"{shard.tfds_data_dir!r}: {e}") from e
+    raise ValueError(
+      f"TFDS dataset {shard.tfds_name!r} not found under data_dir {shard.tfds_data_dir!r}: {e}"
+    ) from e
   if not builder.info.splits:
-    raise ValueError(f"TFDS dataset {shard.tfds_name!r} has no prepared data under "
-                     f"{shard.tfds_data_dir!r} (prepare it there first; nothing is downloaded)")
+    raise ValueError(
+      f"TFDS dataset {shard.tfds_name!r} has no prepared data under "
+      f"{shard.tfds_data_dir!r} (prepare it there first; nothing is downloaded)"
+    )
   if shard.tfds_text_key not in builder.info.features:
-    raise ValueError(f"TFDS dataset {shard.tfds_name!r} has no feature {shard.tfds_text_key!r}; "
-                     f"features: {sorted(builder.info.features.keys())}")
+    raise ValueError(
+      f"TFDS dataset {shard.tfds_name!r} has no feature {shard.tfds_text_key!r}; "
+      f"features: {sorted(builder.info.features.keys())}"
+    )
   split = tfds.even_splits(shard.tfds_split, n=shard.num_shards)[shard.index]
   ds = builder.as_dataset(split=split, shuffle_files=False)
   for example in ds.as_numpy_iterator():
@@ -194,8 +217,9 @@ def read_tfds_shard(shard: InputShard, stats: dict) -> Iterator[list[str]]:
       yield document
 
 
-def read_shard_documents(shard: InputShard, input_format: str, stats: dict,
-                         doc_boundary: int = 2) -> Iterator[list[str]]:
+def read_shard_documents(
+  shard: InputShard, input_format: str, stats: dict, doc_boundary: int = 2
+) -> Iterator[list[str]]:
   """All documents of one input shard, in file order."""
   if input_format == "tfds":
     yield from read_tfds_shard(shard, stats)

@@ -21,9 +21,23 @@ import sysconfig
 from bert_jax.data import generate as generate_lib
 from bert_jax.data import sentences as sentences_lib
 
-_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3",
-                        "turtledemo", "ensurepip", "__pycache__", "tkinter", "pydoc_data",
-                        "config-3", "encodings"})
+_SKIP_DIRS = frozenset(
+  {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "turtledemo",
+    "ensurepip",
+    "__pycache__",
+    "tkinter",
+    "pydoc_data",
+    "config-3",
+    "encodings",
+  }
+)
 _PUNCT_LINE_RE = re.compile(r"^[\s*=\-~^#+`'\"|.:_]*$")
 _MANIFEST = "default_data.json"
 
@@ -66,8 +80,9 @@ def _stdlib_sources() -> list[str]:
   root = sysconfig.get_paths()["stdlib"]
   paths = []
   for directory, subdirs, files in os.walk(root):
-    subdirs[:] = sorted(d for d in subdirs
-                        if d not in _SKIP_DIRS and not d.startswith(("config-", "lib-")))
+    subdirs[:] = sorted(
+      d for d in subdirs if d not in _SKIP_DIRS and not d.startswith(("config-", "lib-"))
+    )
     paths.extend(os.path.join(directory, f) for f in sorted(files) if f.endswith(".py"))
   return sorted(paths)
 
@@ -89,7 +104,8 @@ def _module_docstrings(path: str) -> str:
 
 def iter_default_documents():
   """Yields (name, sentences) of every document of the built-in corpus, in a fixed order."""
-  from pydoc_data import topics  # pylint: disable=g-import-not-at-top
+  from pydoc_data import topics  # noqa: PLC0415
+
   for name in sorted(topics.topics):
     sentences = text_to_sentences(topics.topics[name])
     if sentences:
@@ -100,13 +116,16 @@ def iter_default_documents():
       yield f"stdlib:{os.path.basename(path)}", sentences
 
 
-def write_default_corpus(corpus_dir: str, num_files: int = 8,
-                         max_documents: int | None = None) -> list[str]:
+def write_default_corpus(
+  corpus_dir: str, num_files: int = 8, max_documents: int | None = None
+) -> list[str]:
   """Writes the corpus in the original format (a sentence per line, blank line between
   documents), document k into file k % num_files. Returns the file paths."""
   os.makedirs(corpus_dir, exist_ok=True)
-  paths = [os.path.join(corpus_dir, f"cpython-docs-{i:02d}-of-{num_files:02d}.txt")
-           for i in range(num_files)]
+  paths = [
+    os.path.join(corpus_dir, f"cpython-docs-{i:02d}-of-{num_files:02d}.txt")
+    for i in range(num_files)
+  ]
   handles = [open(p + ".tmp", "w", encoding="utf-8") for p in paths]
   try:
     for k, (_, sentences) in enumerate(iter_default_documents()):
@@ -124,6 +143,7 @@ def write_default_corpus(corpus_dir: str, num_files: int = 8,
 @dataclasses.dataclass(frozen=True)
 class DefaultData:
   """Paths of the prepared default data. train_files/eval_files: {max_seq_length: glob}."""
+
   corpus_files: tuple[str, ...]
   vocab_file: str
   tokenizer_dir: str
@@ -133,22 +153,35 @@ class DefaultData:
   stats: dict
 
 
-def prepare_default_data(out_dir: str, *, vocab_size: int = 8000,
-                         max_seq_lengths: tuple[int, ...] = (128, 512),
-                         max_predictions_per_seq: tuple[int, ...] = (20, 80),
-                         dupe_factor: int = 3, eval_fraction: float = 0.05,
-                         max_documents: int | None = None, random_seed: int = 12345,
-                         num_workers: int = 0, overwrite: bool = False,
-                         progress: bool = False) -> DefaultData:
+def prepare_default_data(
+  out_dir: str,
+  *,
+  vocab_size: int = 8000,
+  max_seq_lengths: tuple[int, ...] = (128, 512),
+  max_predictions_per_seq: tuple[int, ...] = (20, 80),
+  dupe_factor: int = 3,
+  eval_fraction: float = 0.05,
+  max_documents: int | None = None,
+  random_seed: int = 12345,
+  num_workers: int = 0,
+  overwrite: bool = False,
+  progress: bool = False,
+) -> DefaultData:
   """Prepares the built-in corpus for pre-training under `out_dir` (idempotent: when a previous
   call with the same arguments completed there, returns its paths without redoing anything).
 
   Writes `out_dir/corpus/*.txt`, `out_dir/vocab.txt` (+ tokenizer_config.json, uncased WordPiece
   of `vocab_size`), and `out_dir/seq_{L}/{train,eval}-*.tfrecord` for each L in max_seq_lengths.
   """
-  args = dict(vocab_size=vocab_size, max_seq_lengths=list(max_seq_lengths),
-              max_predictions_per_seq=list(max_predictions_per_seq), dupe_factor=dupe_factor,
-              eval_fraction=eval_fraction, max_documents=max_documents, random_seed=random_seed)
+  args = dict(
+    vocab_size=vocab_size,
+    max_seq_lengths=list(max_seq_lengths),
+    max_predictions_per_seq=list(max_predictions_per_seq),
+    dupe_factor=dupe_factor,
+    eval_fraction=eval_fraction,
+    max_documents=max_documents,
+    random_seed=random_seed,
+  )
   manifest_path = os.path.join(out_dir, _MANIFEST)
   if not overwrite and os.path.exists(manifest_path):
     with open(manifest_path) as f:
@@ -156,32 +189,43 @@ def prepare_default_data(out_dir: str, *, vocab_size: int = 8000,
     if manifest.get("args") == args:
       data = manifest["data"]
       return DefaultData(
-          corpus_files=tuple(data["corpus_files"]), vocab_file=data["vocab_file"],
-          tokenizer_dir=data["tokenizer_dir"],
-          train_files={int(k): v for k, v in data["train_files"].items()},
-          eval_files={int(k): v for k, v in data["eval_files"].items()},
-          max_predictions_per_seq={int(k): v for k, v in data["max_predictions_per_seq"].items()},
-          stats=data["stats"])
+        corpus_files=tuple(data["corpus_files"]),
+        vocab_file=data["vocab_file"],
+        tokenizer_dir=data["tokenizer_dir"],
+        train_files={int(k): v for k, v in data["train_files"].items()},
+        eval_files={int(k): v for k, v in data["eval_files"].items()},
+        max_predictions_per_seq={int(k): v for k, v in data["max_predictions_per_seq"].items()},
+        stats=data["stats"],
+      )
     logging.info("%s: made with other arguments; regenerating", manifest_path)
     overwrite = True
-  from bert_jax.tokenize import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-  corpus_files = write_default_corpus(os.path.join(out_dir, "corpus"),
-                                      max_documents=max_documents)
+  from bert_jax.tokenize import vocab as vocab_lib  # noqa: PLC0415
+
+  corpus_files = write_default_corpus(os.path.join(out_dir, "corpus"), max_documents=max_documents)
   vocab_file = os.path.join(out_dir, "vocab.txt")
   vocab_lib.build_wordpiece_vocab(corpus_files, vocab_file, vocab_size, do_lower_case=True)
   config = generate_lib.GenerationConfig(
-      tokenizer_path=vocab_file, do_lower_case=True, input_format="original",
-      max_seq_lengths=tuple(max_seq_lengths),
-      max_predictions_per_seq=tuple(max_predictions_per_seq), dupe_factor=dupe_factor,
-      random_seed=random_seed, eval_fraction=eval_fraction)
-  result = generate_lib.generate(corpus_files, out_dir, config, num_workers=num_workers,
-                                 overwrite=True, progress=progress)
+    tokenizer_path=vocab_file,
+    do_lower_case=True,
+    input_format="original",
+    max_seq_lengths=tuple(max_seq_lengths),
+    max_predictions_per_seq=tuple(max_predictions_per_seq),
+    dupe_factor=dupe_factor,
+    random_seed=random_seed,
+    eval_fraction=eval_fraction,
+  )
+  result = generate_lib.generate(
+    corpus_files, out_dir, config, num_workers=num_workers, overwrite=True, progress=progress
+  )
   data = DefaultData(
-      corpus_files=tuple(corpus_files), vocab_file=vocab_file, tokenizer_dir=out_dir,
-      train_files={L: result["files"][L]["train"] for L in max_seq_lengths},
-      eval_files={L: result["files"][L]["eval"] for L in max_seq_lengths},
-      max_predictions_per_seq=dict(zip(max_seq_lengths, max_predictions_per_seq)),
-      stats=result["stats"])
+    corpus_files=tuple(corpus_files),
+    vocab_file=vocab_file,
+    tokenizer_dir=out_dir,
+    train_files={L: result["files"][L]["train"] for L in max_seq_lengths},
+    eval_files={L: result["files"][L]["eval"] for L in max_seq_lengths},
+    max_predictions_per_seq=dict(zip(max_seq_lengths, max_predictions_per_seq)),
+    stats=result["stats"],
+  )
   tmp = manifest_path + ".tmp"
   with open(tmp, "w") as f:
     json.dump({"args": args, "data": dataclasses.asdict(data)}, f, indent=2)

@@ -34,15 +34,21 @@ def _greedy_take(length_W, budget):
     return remaining, decided_W | take_W, taken_W | take_W
 
   _, _, taken_W = tf.while_loop(
-      cond, body, (budget, tf.zeros([num_words], tf.bool), tf.zeros([num_words], tf.bool)))
+    cond, body, (budget, tf.zeros([num_words], tf.bool), tf.zeros([num_words], tf.bool))
+  )
   return taken_W
 
 
 class DynamicMasker:
   """Callable on one parsed example (int32/float32 tensors, unbatched) plus a seed pair."""
 
-  def __init__(self, spec: masking.MaskingSpec, masked_lm_prob: float,
-               max_predictions_per_seq: int, whole_word_mask: bool):
+  def __init__(
+    self,
+    spec: masking.MaskingSpec,
+    masked_lm_prob: float,
+    max_predictions_per_seq: int,
+    whole_word_mask: bool,
+  ):
     self.spec = spec
     self.masked_lm_prob = masked_lm_prob
     self.max_predictions_per_seq = max_predictions_per_seq
@@ -62,11 +68,13 @@ class DynamicMasker:
     word_start_L = valid_L & (~continuation_L | ~prev_valid_L)
     word_L = tf.where(valid_L, tf.cumsum(tf.cast(word_start_L, tf.int32)) - 1, length)
     num_words = tf.reduce_sum(tf.cast(word_start_L, tf.int32))
-    word_len_W = tf.math.unsorted_segment_sum(tf.cast(valid_L, tf.int32), word_L,
-                                              length + 1)[:num_words]
+    word_len_W = tf.math.unsorted_segment_sum(tf.cast(valid_L, tf.int32), word_L, length + 1)[
+      :num_words
+    ]
     order_W = tf.argsort(tf.random.stateless_uniform([num_words], seed))
-    take_W = tf.scatter_nd(order_W[:, None], _greedy_take(tf.gather(word_len_W, order_W), budget),
-                           [num_words])
+    take_W = tf.scatter_nd(
+      order_W[:, None], _greedy_take(tf.gather(word_len_W, order_W), budget), [num_words]
+    )
     take_W = tf.concat([take_W, [False]], axis=0)  # The slot of invalid positions.
     return valid_L & tf.gather(take_W, tf.minimum(word_L, num_words))
 
@@ -89,12 +97,19 @@ class DynamicMasker:
     selected_L = self._select_tokens(ids_L, valid_L, budget, seeds[0])
     r1_L = tf.random.stateless_uniform([length], seeds[1])
     r2_L = tf.random.stateless_uniform([length], seeds[2])
-    random_L = tf.gather(self._replacement_R, tf.random.stateless_uniform(
-        [length], seeds[3], minval=0, maxval=tf.shape(self._replacement_R)[0], dtype=tf.int32))
-    masked_L = tf.where(selected_L & (r1_L < 0.8), spec.mask_id,
-                        tf.where(selected_L & (r1_L >= 0.8) & (r2_L >= 0.5), random_L, ids_L))
+    random_L = tf.gather(
+      self._replacement_R,
+      tf.random.stateless_uniform(
+        [length], seeds[3], minval=0, maxval=tf.shape(self._replacement_R)[0], dtype=tf.int32
+      ),
+    )
+    masked_L = tf.where(
+      selected_L & (r1_L < 0.8),
+      spec.mask_id,
+      tf.where(selected_L & (r1_L >= 0.8) & (r2_L >= 0.5), random_L, ids_L),
+    )
 
-    positions = tf.cast(tf.where(selected_L)[:, 0], tf.int32)[:self.max_predictions_per_seq]
+    positions = tf.cast(tf.where(selected_L)[:, 0], tf.int32)[: self.max_predictions_per_seq]
     labels = tf.gather(ids_L, positions)
     pad = self.max_predictions_per_seq - tf.shape(positions)[0]
     out = dict(features)

@@ -31,8 +31,9 @@ class Instance:
   chunk_sentences: int  # Sentences in the chunk A (and a real B) came from (statistics).
 
 
-def _truncate_pair(a: list[int], b: list[int], max_num_tokens: int,
-                   rng: random.Random) -> tuple[list[int], list[int]]:
+def _truncate_pair(
+  a: list[int], b: list[int], max_num_tokens: int, rng: random.Random
+) -> tuple[list[int], list[int]]:
   """The original's truncate_seq_pair, O(n) (index bookkeeping instead of list deletion)."""
   a_lo, a_hi, b_lo, b_hi = 0, len(a), 0, len(b)
   while (a_hi - a_lo) + (b_hi - b_lo) > max_num_tokens:
@@ -49,10 +50,17 @@ def _truncate_pair(a: list[int], b: list[int], max_num_tokens: int,
   return a[a_lo:a_hi], b[b_lo:b_hi]
 
 
-def instances_from_document(documents: list[list[list[int]]], document_index: int,
-                            max_seq_length: int, short_seq_prob: float, masked_lm_prob: float,
-                            max_predictions_per_seq: int, spec: masking.MaskingSpec,
-                            whole_word_mask: bool, rng: random.Random) -> list[Instance]:
+def instances_from_document(
+  documents: list[list[list[int]]],
+  document_index: int,
+  max_seq_length: int,
+  short_seq_prob: float,
+  masked_lm_prob: float,
+  max_predictions_per_seq: int,
+  spec: masking.MaskingSpec,
+  whole_word_mask: bool,
+  rng: random.Random,
+) -> list[Instance]:
   """All instances of one document (a list of tokenized sentences) of a shard."""
   document = documents[document_index]
   max_num_tokens = max_seq_length - 3
@@ -100,31 +108,53 @@ def instances_from_document(documents: list[list[list[int]]], document_index: in
           ids = [spec.cls_id] + tokens_a + [spec.sep_id] + tokens_b + [spec.sep_id]
           segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
           masked, positions, labels = masking.mask_tokens(
-              ids, spec, masked_lm_prob, max_predictions_per_seq, whole_word_mask, rng)
-          instances.append(Instance(masked, segment_ids, positions, labels, is_random_next,
-                                    short_target, len(chunk)))
+            ids, spec, masked_lm_prob, max_predictions_per_seq, whole_word_mask, rng
+          )
+          instances.append(
+            Instance(
+              masked, segment_ids, positions, labels, is_random_next, short_target, len(chunk)
+            )
+          )
       chunk = []
       chunk_length = 0
     i += 1
   return instances
 
 
-def instances_from_documents(documents: list[list[list[int]]], max_seq_length: int,
-                             dupe_factor: int, short_seq_prob: float, masked_lm_prob: float,
-                             max_predictions_per_seq: int, spec: masking.MaskingSpec,
-                             whole_word_mask: bool, rng: random.Random) -> list[Instance]:
+def instances_from_documents(
+  documents: list[list[list[int]]],
+  max_seq_length: int,
+  dupe_factor: int,
+  short_seq_prob: float,
+  masked_lm_prob: float,
+  max_predictions_per_seq: int,
+  spec: masking.MaskingSpec,
+  whole_word_mask: bool,
+  rng: random.Random,
+) -> list[Instance]:
   """The original's create_training_instances after reading: shuffle the documents, make
   `dupe_factor` passes (fresh masks and pairings each), shuffle the instances."""
   if max_seq_length < 5:
-    raise ValueError(f"max_seq_length must be >= 5 (room for [CLS] A [SEP] B [SEP]), got "
-                     f"{max_seq_length}")
+    raise ValueError(
+      f"max_seq_length must be >= 5 (room for [CLS] A [SEP] B [SEP]), got {max_seq_length}"
+    )
   documents = [d for d in documents if d]
   rng.shuffle(documents)
   instances = []
   for _ in range(dupe_factor):
     for index in range(len(documents)):
-      instances.extend(instances_from_document(
-          documents, index, max_seq_length, short_seq_prob, masked_lm_prob,
-          max_predictions_per_seq, spec, whole_word_mask, rng))
+      instances.extend(
+        instances_from_document(
+          documents,
+          index,
+          max_seq_length,
+          short_seq_prob,
+          masked_lm_prob,
+          max_predictions_per_seq,
+          spec,
+          whole_word_mask,
+          rng,
+        )
+      )
   rng.shuffle(instances)
   return instances

@@ -24,10 +24,8 @@ import os
 import random
 import time
 
-from bert_jax.data import corpus
-from bert_jax.data import example_proto
+from bert_jax.data import corpus, example_proto, masking
 from bert_jax.data import examples as examples_lib
-from bert_jax.data import masking
 
 SPLITS = ("train", "eval")
 AUTO_PARALLEL_MIN_BYTES = 4 << 20
@@ -36,6 +34,7 @@ AUTO_PARALLEL_MIN_BYTES = 4 << 20
 @dataclasses.dataclass(frozen=True)
 class GenerationConfig:
   """Every knob of generation (names as in google-research/bert's script)."""
+
   tokenizer_path: str
   do_lower_case: bool | None = None
   input_format: str = "original"
@@ -51,8 +50,10 @@ class GenerationConfig:
 
   def __post_init__(self):
     if len(self.max_seq_lengths) != len(self.max_predictions_per_seq):
-      raise ValueError(f"max_seq_lengths {self.max_seq_lengths} and max_predictions_per_seq "
-                       f"{self.max_predictions_per_seq} must have the same number of entries")
+      raise ValueError(
+        f"max_seq_lengths {self.max_seq_lengths} and max_predictions_per_seq "
+        f"{self.max_predictions_per_seq} must have the same number of entries"
+      )
     for length in self.max_seq_lengths:
       if length < 5:
         raise ValueError(f"max_seq_length must be >= 5, got {length}")
@@ -61,16 +62,20 @@ class GenerationConfig:
     if self.dupe_factor < 1:
       raise ValueError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
     if not 0.0 < self.masked_lm_prob < 1.0 or not 0.0 <= self.short_seq_prob <= 1.0:
-      raise ValueError(f"masked_lm_prob must be in (0, 1) and short_seq_prob in [0, 1], got "
-                       f"{self.masked_lm_prob}, {self.short_seq_prob}")
+      raise ValueError(
+        f"masked_lm_prob must be in (0, 1) and short_seq_prob in [0, 1], got "
+        f"{self.masked_lm_prob}, {self.short_seq_prob}"
+      )
     if min(self.max_predictions_per_seq, default=1) < 1:
       raise ValueError(f"max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
 
 
-def output_path(output_dir: str, max_seq_length: int, split: str, index: int,
-                num_shards: int) -> str:
-  return os.path.join(output_dir, f"seq_{max_seq_length}",
-                      f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord")
+def output_path(
+  output_dir: str, max_seq_length: int, split: str, index: int, num_shards: int
+) -> str:
+  return os.path.join(
+    output_dir, f"seq_{max_seq_length}", f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
+  )
 
 
 def output_pattern(output_dir: str, max_seq_length: int, split: str) -> str:
@@ -84,30 +89,53 @@ def _seed(*parts) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer_and_spec(tokenizer_path: str, do_lower_case: bool | None):
-  from bert_jax.tokenize import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+
   tokenizer = load_tokenizer(tokenizer_path, do_lower_case=do_lower_case)
   return tokenizer, masking.MaskingSpec.from_tokenizer(tokenizer)
 
 
 def _new_stats() -> dict:
-  return {"shards": 0, "shards_skipped_existing": 0, "documents": 0, "sentences": 0,
-          "one_sentence_documents": 0, "single_document_shards": 0, "lines_skipped_non_utf8": 0,
-          "documents_skipped_non_utf8": 0, "per_length": {}}
+  return {
+    "shards": 0,
+    "shards_skipped_existing": 0,
+    "documents": 0,
+    "sentences": 0,
+    "one_sentence_documents": 0,
+    "single_document_shards": 0,
+    "lines_skipped_non_utf8": 0,
+    "documents_skipped_non_utf8": 0,
+    "per_length": {},
+  }
 
 
 def _new_length_stats() -> dict:
-  return {"examples": 0, "train_examples": 0, "eval_examples": 0, "tokens": 0, "maskable": 0,
-          "masked": 0, "random_next": 0, "short_targets": 0, "mask_token": 0, "kept": 0,
-          "replaced": 0}
+  return {
+    "examples": 0,
+    "train_examples": 0,
+    "eval_examples": 0,
+    "tokens": 0,
+    "maskable": 0,
+    "masked": 0,
+    "random_next": 0,
+    "short_targets": 0,
+    "mask_token": 0,
+    "kept": 0,
+    "replaced": 0,
+  }
 
 
 def _shard_outputs(shard: corpus.InputShard, config: GenerationConfig, output_dir: str):
-  return [output_path(output_dir, length, split, shard.index, shard.num_shards)
-          for length in config.max_seq_lengths for split in SPLITS]
+  return [
+    output_path(output_dir, length, split, shard.index, shard.num_shards)
+    for length in config.max_seq_lengths
+    for split in SPLITS
+  ]
 
 
-def make_shard_records(shard: corpus.InputShard, config: GenerationConfig,
-                       output_dir: str) -> tuple[dict, dict[str, list[bytes]]]:
+def make_shard_records(
+  shard: corpus.InputShard, config: GenerationConfig, output_dir: str
+) -> tuple[dict, dict[str, list[bytes]]]:
   """Reads, tokenizes and makes the records of one input shard for every sequence length.
 
   Returns (stats, {output path: serialized records}). Runs in worker processes, which never
@@ -118,8 +146,9 @@ def make_shard_records(shard: corpus.InputShard, config: GenerationConfig,
   read_stats: dict = {}
   documents: dict[str, list[list[list[int]]]] = {"train": [], "eval": []}
   split_rng = random.Random(_seed(config.random_seed, shard.index, "eval_split"))
-  for sentences in corpus.read_shard_documents(shard, config.input_format, read_stats,
-                                               doc_boundary=config.doc_boundary):
+  for sentences in corpus.read_shard_documents(
+    shard, config.input_format, read_stats, doc_boundary=config.doc_boundary
+  ):
     tokenized = [ids for ids in tokenizer.encode_batch(sentences) if ids]
     is_eval = split_rng.random() < config.eval_fraction
     if not tokenized:
@@ -139,13 +168,30 @@ def make_shard_records(shard: corpus.InputShard, config: GenerationConfig,
     for split in SPLITS:
       rng = random.Random(_seed(config.random_seed, shard.index, length, split))
       instances = examples_lib.instances_from_documents(
-          documents[split], length, config.dupe_factor, config.short_seq_prob,
-          config.masked_lm_prob, max_predictions, spec, config.whole_word_mask, rng)
+        documents[split],
+        length,
+        config.dupe_factor,
+        config.short_seq_prob,
+        config.masked_lm_prob,
+        max_predictions,
+        spec,
+        config.whole_word_mask,
+        rng,
+      )
       records = []
       for inst in instances:
-        records.append(example_proto.serialize_example(
-            inst.input_ids, inst.segment_ids, inst.masked_positions, inst.masked_ids,
-            inst.is_random_next, length, max_predictions, pad_id=spec.pad_id))
+        records.append(
+          example_proto.serialize_example(
+            inst.input_ids,
+            inst.segment_ids,
+            inst.masked_positions,
+            inst.masked_ids,
+            inst.is_random_next,
+            length,
+            max_predictions,
+            pad_id=spec.pad_id,
+          )
+        )
         length_stats["tokens"] += len(inst.input_ids)
         length_stats["maskable"] += len(inst.input_ids) - 3
         length_stats["masked"] += len(inst.masked_positions)
@@ -153,8 +199,13 @@ def make_shard_records(shard: corpus.InputShard, config: GenerationConfig,
         length_stats["short_targets"] += inst.short_target
         for position, label in zip(inst.masked_positions, inst.masked_ids):
           token_id = inst.input_ids[position]
-          kind = ("mask_token" if token_id == spec.mask_id else
-                  "kept" if token_id == label else "replaced")
+          kind = (
+            "mask_token"
+            if token_id == spec.mask_id
+            else "kept"
+            if token_id == label
+            else "replaced"
+          )
           length_stats[kind] += 1
       length_stats["examples"] += len(instances)
       length_stats[f"{split}_examples"] += len(instances)
@@ -182,26 +233,35 @@ def _worker(args):
 
 def summary_line(stats: dict) -> str:
   """The closing statistics line."""
-  parts = [f"shards {stats['shards']} (+{stats['shards_skipped_existing']} already done)",
-           f"documents {stats['documents']}", f"sentences {stats['sentences']}"]
+  parts = [
+    f"shards {stats['shards']} (+{stats['shards_skipped_existing']} already done)",
+    f"documents {stats['documents']}",
+    f"sentences {stats['sentences']}",
+  ]
   for length, s in sorted(stats["per_length"].items(), key=lambda kv: int(kv[0])):
     n = max(s["examples"], 1)
     parts.append(
-        f"seq {length}: examples {s['examples']} (train {s['train_examples']}, eval "
-        f"{s['eval_examples']}), tokens {s['tokens']}, masked {s['masked'] / max(s['maskable'], 1):.4f}"
-        f" of maskable, NSP random-next {s['random_next'] / n:.4f}")
+      f"seq {length}: examples {s['examples']} (train {s['train_examples']}, eval "
+      f"{s['eval_examples']}), tokens {s['tokens']}, masked {s['masked'] / max(s['maskable'], 1):.4f}"
+      f" of maskable, NSP random-next {s['random_next'] / n:.4f}"
+    )
   if stats["single_document_shards"]:
-    parts.append(f"WARNING {stats['single_document_shards']} shard(s) hold a single training "
-                 "document, so their random-next B comes from that same document: put several "
-                 "documents in each shard (--num_shards, --doc_boundary)")
+    parts.append(
+      f"WARNING {stats['single_document_shards']} shard(s) hold a single training "
+      "document, so their random-next B comes from that same document: put several "
+      "documents in each shard (--num_shards, --doc_boundary)"
+    )
   if stats["lines_skipped_non_utf8"] or stats["documents_skipped_non_utf8"]:
-    parts.append(f"skipped non-UTF-8: {stats['lines_skipped_non_utf8']} lines, "
-                 f"{stats['documents_skipped_non_utf8']} documents")
+    parts.append(
+      f"skipped non-UTF-8: {stats['lines_skipped_non_utf8']} lines, "
+      f"{stats['documents_skipped_non_utf8']} documents"
+    )
   return "; ".join(parts)
 
 
-def _check_or_write_config(output_dir: str, config: GenerationConfig, num_shards: int,
-                           overwrite: bool) -> None:
+def _check_or_write_config(
+  output_dir: str, config: GenerationConfig, num_shards: int, overwrite: bool
+) -> None:
   """Stores the generation settings; refuses to mix files made with different ones."""
   path = os.path.join(output_dir, "generation_config.json")
   wanted = dict(dataclasses.asdict(config), num_shards=num_shards)
@@ -211,8 +271,10 @@ def _check_or_write_config(output_dir: str, config: GenerationConfig, num_shards
       existing = json.load(f)
     if existing != wanted:
       diff = sorted(k for k in set(existing) | set(wanted) if existing.get(k) != wanted.get(k))
-      raise ValueError(f"{path}: {output_dir} holds data generated with different settings "
-                       f"({', '.join(diff)}); use another output_dir or overwrite=True")
+      raise ValueError(
+        f"{path}: {output_dir} holds data generated with different settings "
+        f"({', '.join(diff)}); use another output_dir or overwrite=True"
+      )
     return
   os.makedirs(output_dir, exist_ok=True)
   tmp = f"{path}.tmp-{os.getpid()}"
@@ -221,10 +283,20 @@ def _check_or_write_config(output_dir: str, config: GenerationConfig, num_shards
   os.replace(tmp, path)
 
 
-def generate(inputs, output_dir: str, config: GenerationConfig, num_shards: int = 0,
-             num_workers: int = 0, process_index: int = 0, process_count: int = 1,
-             overwrite: bool = False, tfds_split: str = "train", tfds_data_dir: str = "",
-             tfds_text_key: str = "text", progress: bool = True) -> dict:
+def generate(
+  inputs,
+  output_dir: str,
+  config: GenerationConfig,
+  num_shards: int = 0,
+  num_workers: int = 0,
+  process_index: int = 0,
+  process_count: int = 1,
+  overwrite: bool = False,
+  tfds_split: str = "train",
+  tfds_data_dir: str = "",
+  tfds_text_key: str = "text",
+  progress: bool = True,
+) -> dict:
   """Generates this host's shards. Returns {"stats", "files": {L: {split: pattern}}}.
 
   `num_workers`: 1 runs in this process; 0 means all cores (`os.cpu_count()`), except for inputs
@@ -233,27 +305,37 @@ def generate(inputs, output_dir: str, config: GenerationConfig, num_shards: int 
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in [0, process_count={process_count})")
-  shards = corpus.make_input_shards(inputs, config.input_format, num_shards=num_shards,
-                                    tfds_split=tfds_split, tfds_data_dir=tfds_data_dir,
-                                    tfds_text_key=tfds_text_key)
+  shards = corpus.make_input_shards(
+    inputs,
+    config.input_format,
+    num_shards=num_shards,
+    tfds_split=tfds_split,
+    tfds_data_dir=tfds_data_dir,
+    tfds_text_key=tfds_text_key,
+  )
   _check_or_write_config(output_dir, config, len(shards), overwrite)
-  from bert_jax.data import tfrecord  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from bert_jax.data import tfrecord  # noqa: PLC0415
+
   mine = [s for s in shards if s.index % process_count == process_index]
   stats = _new_stats()
   if not overwrite:
-    done = [s for s in mine
-            if all(os.path.exists(p) for p in _shard_outputs(s, config, output_dir))]
+    done = [
+      s for s in mine if all(os.path.exists(p) for p in _shard_outputs(s, config, output_dir))
+    ]
     stats["shards_skipped_existing"] = len(done)
     mine = [s for s in mine if s not in done]
   if not num_workers:
-    small = config.input_format != "tfds" and sum(
-        os.path.getsize(f) for s in mine for f in s.files
-        if os.path.exists(f)) < AUTO_PARALLEL_MIN_BYTES
+    small = (
+      config.input_format != "tfds"
+      and sum(os.path.getsize(f) for s in mine for f in s.files if os.path.exists(f))
+      < AUTO_PARALLEL_MIN_BYTES
+    )
     num_workers = 1 if small else (os.cpu_count() or 1)
   workers = min(num_workers, max(len(mine), 1))
   start = time.time()
   tasks = [(s, config, output_dir) for s in mine]
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  from tqdm import tqdm  # noqa: PLC0415
+
   bar = tqdm(total=len(tasks), desc="generating shards", unit="shard", disable=not progress)
   if workers <= 1:
     results = map(_worker, tasks)
@@ -282,6 +364,8 @@ def generate(inputs, output_dir: str, config: GenerationConfig, num_shards: int 
       pool.join()
   stats["seconds"] = round(time.time() - start, 2)
   logging.info("create_pretraining_data: %s", summary_line(stats))
-  files = {length: {split: output_pattern(output_dir, length, split) for split in SPLITS}
-           for length in config.max_seq_lengths}
+  files = {
+    length: {split: output_pattern(output_dir, length, split) for split in SPLITS}
+    for length in config.max_seq_lengths
+  }
   return {"stats": stats, "files": files}

@@ -24,6 +24,7 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class MaskingSpec:
   """What masking needs from the tokenizer (picklable; no tokenizer object in workers)."""
+
   cls_id: int
   sep_id: int
   mask_id: int
@@ -35,19 +36,32 @@ class MaskingSpec:
   @classmethod
   def from_tokenizer(cls, tokenizer) -> "MaskingSpec":
     tokens = tokenizer.convert_ids_to_tokens(list(range(tokenizer.vocab_size)))
-    continuation = np.array([tok is not None and not tokenizer.is_word_start(tok)
-                             for tok in tokens], dtype=bool)
-    special = {tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id,
-               tokenizer.mask_id}
+    continuation = np.array(
+      [tok is not None and not tokenizer.is_word_start(tok) for tok in tokens], dtype=bool
+    )
+    special = {
+      tokenizer.pad_id,
+      tokenizer.unk_id,
+      tokenizer.cls_id,
+      tokenizer.sep_id,
+      tokenizer.mask_id,
+    }
     # Special tokens are never continuations.
     for i in special:
       if i is not None and 0 <= i < len(continuation):
         continuation[i] = False
-    replacement = np.array([i for i in range(tokenizer.vocab_size) if i not in special],
-                           dtype=np.int32)
-    return cls(cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, mask_id=tokenizer.mask_id,
-               pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
-               continuation_V=continuation, replacement_ids=replacement)
+    replacement = np.array(
+      [i for i in range(tokenizer.vocab_size) if i not in special], dtype=np.int32
+    )
+    return cls(
+      cls_id=tokenizer.cls_id,
+      sep_id=tokenizer.sep_id,
+      mask_id=tokenizer.mask_id,
+      pad_id=tokenizer.pad_id,
+      vocab_size=tokenizer.vocab_size,
+      continuation_V=continuation,
+      replacement_ids=replacement,
+    )
 
 
 def num_to_predict(num_tokens: int, masked_lm_prob: float, max_predictions_per_seq: int) -> int:
@@ -70,9 +84,14 @@ def candidate_groups(ids: list[int], spec: MaskingSpec, whole_word: bool) -> lis
   return groups
 
 
-def mask_tokens(ids: list[int], spec: MaskingSpec, masked_lm_prob: float,
-                max_predictions_per_seq: int, whole_word: bool,
-                rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+def mask_tokens(
+  ids: list[int],
+  spec: MaskingSpec,
+  masked_lm_prob: float,
+  max_predictions_per_seq: int,
+  whole_word: bool,
+  rng: random.Random,
+) -> tuple[list[int], list[int], list[int]]:
   """Static masking of one instance. Returns (masked ids, positions ascending, original ids)."""
   groups = candidate_groups(ids, spec, whole_word)
   rng.shuffle(groups)

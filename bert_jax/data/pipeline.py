@@ -18,17 +18,16 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from bert_jax.data import corpus
+from bert_jax.data import corpus, masking, tfrecord
 from bert_jax.data import dynamic_masking as dynamic_masking_lib
-from bert_jax.data import masking
-from bert_jax.data import tfrecord
 
 _META_KEYS = ("_epoch", "_position")
 
 
 def _host(process_index, process_count):
   if process_index is None or process_count is None:
-    import jax  # pylint: disable=g-import-not-at-top
+    import jax  # noqa: PLC0415
+
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
   if not 0 <= process_index < process_count:
@@ -44,8 +43,9 @@ def host_files(file_patterns, process_index: int, process_count: int) -> tuple[l
   return files, True
 
 
-def _check_nonempty(files: list[str], by_record: bool, process_index: int,
-                    process_count: int) -> None:
+def _check_nonempty(
+  files: list[str], by_record: bool, process_index: int, process_count: int
+) -> None:
   """A host with no record would make the repeated stream spin forever: refuse it upfront."""
   if by_record:
     available = 0
@@ -53,8 +53,9 @@ def _check_nonempty(files: list[str], by_record: bool, process_index: int,
       available += tfrecord.check_record_framing(path, max_records=process_count - available)
       if available >= process_count:
         return
-    raise ValueError(f"{files}: {available} records for {process_count} hosts; host "
-                     f"{process_index} would get none")
+    raise ValueError(
+      f"{files}: {available} records for {process_count} hosts; host {process_index} would get none"
+    )
   if not any(tf.io.gfile.stat(p).length > 0 for p in files):
     raise ValueError(f"host {process_index}'s input files are all empty: {files}")
 
@@ -67,26 +68,38 @@ class PretrainInput:
   next_sentence_labels (int32 [b]).
   """
 
-  def __init__(self, file_patterns, batch_size: int, max_seq_length: int,
-               max_predictions_per_seq: int, *, seed: int = 0, shuffle: bool = True,
-               shuffle_buffer_size: int = 10_000, process_index: int | None = None,
-               process_count: int | None = None, dynamic_masking: bool = False,
-               tokenizer=None, masked_lm_prob: float = 0.15, whole_word_mask: bool = False,
-               cycle_length: int = 8, prefetch: int = 2):
+  def __init__(
+    self,
+    file_patterns,
+    batch_size: int,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    shuffle_buffer_size: int = 10_000,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    dynamic_masking: bool = False,
+    tokenizer=None,
+    masked_lm_prob: float = 0.15,
+    whole_word_mask: bool = False,
+    cycle_length: int = 8,
+    prefetch: int = 2,
+  ):
     """Args:
-      file_patterns: comma-separated globs or a list (TFRecords of the original schema).
-      batch_size: this host's batch (global batch / process_count).
-      max_seq_length, max_predictions_per_seq: the files' shapes.
-      seed: shuffling (and dynamic masking) seed; the same seed gives the same stream.
-      dynamic_masking: draw a fresh mask per read (needs `tokenizer`, the data's vocabulary);
-        masked_lm_prob, whole_word_mask apply to it. Static masks in the files are undone first.
-      process_index, process_count: this host; None asks jax.
+    file_patterns: comma-separated globs or a list (TFRecords of the original schema).
+    batch_size: this host's batch (global batch / process_count).
+    max_seq_length, max_predictions_per_seq: the files' shapes.
+    seed: shuffling (and dynamic masking) seed; the same seed gives the same stream.
+    dynamic_masking: draw a fresh mask per read (needs `tokenizer`, the data's vocabulary);
+      masked_lm_prob, whole_word_mask apply to it. Static masks in the files are undone first.
+    process_index, process_count: this host; None asks jax.
     """
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     self.process_index, self.process_count = _host(process_index, process_count)
-    self.files, self.by_record = host_files(file_patterns, self.process_index,
-                                            self.process_count)
+    self.files, self.by_record = host_files(file_patterns, self.process_index, self.process_count)
     _check_nonempty(self.files, self.by_record, self.process_index, self.process_count)
     self.batch_size = batch_size
     self.max_seq_length = max_seq_length
@@ -99,11 +112,16 @@ class PretrainInput:
     self.masker = None
     if dynamic_masking:
       if tokenizer is None:
-        raise ValueError("dynamic_masking=True needs the tokenizer of the data (its special ids, "
-                         "vocabulary and word starts)")
+        raise ValueError(
+          "dynamic_masking=True needs the tokenizer of the data (its special ids, "
+          "vocabulary and word starts)"
+        )
       self.masker = dynamic_masking_lib.DynamicMasker(
-          masking.MaskingSpec.from_tokenizer(tokenizer), masked_lm_prob, max_predictions_per_seq,
-          whole_word_mask)
+        masking.MaskingSpec.from_tokenizer(tokenizer),
+        masked_lm_prob,
+        max_predictions_per_seq,
+        whole_word_mask,
+      )
     self._state = {"epoch": 0, "position": 0}
     self._iterator = None
 
@@ -117,8 +135,9 @@ class PretrainInput:
     try:
       epoch, position = int(state["epoch"]), int(state["position"])
     except (KeyError, TypeError, ValueError) as e:
-      raise ValueError(f"input state must be {{'epoch': int, 'position': int}}, got {state!r}"
-                       ) from e
+      raise ValueError(
+        f"input state must be {{'epoch': int, 'position': int}}, got {state!r}"
+      ) from e
     if epoch < 0 or position < 0:
       raise ValueError(f"input state must be non-negative, got {state!r}")
     self._state = {"epoch": epoch, "position": position}
@@ -129,27 +148,34 @@ class PretrainInput:
     files = tf.constant(self.files)
     if self.shuffle:
       files = tf.random.experimental.stateless_shuffle(
-          files, seed=tf.stack([tf.constant(self.seed, tf.int64), epoch]))
+        files, seed=tf.stack([tf.constant(self.seed, tf.int64), epoch])
+      )
     ds = tf.data.Dataset.from_tensor_slices(files).interleave(
-        tf.data.TFRecordDataset, cycle_length=min(self.cycle_length, len(self.files)),
-        block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+      tf.data.TFRecordDataset,
+      cycle_length=min(self.cycle_length, len(self.files)),
+      block_length=1,
+      num_parallel_calls=tf.data.AUTOTUNE,
+      deterministic=True,
+    )
     if self.by_record:
       ds = ds.shard(self.process_count, self.process_index)
     if self.shuffle:
-      ds = ds.shuffle(self.shuffle_buffer_size, seed=epoch * 1_000_003 + self.seed,
-                      reshuffle_each_iteration=False)
+      ds = ds.shuffle(
+        self.shuffle_buffer_size, seed=epoch * 1_000_003 + self.seed, reshuffle_each_iteration=False
+      )
     ds = ds.enumerate().skip(skip)
     return ds.map(lambda position, record: (epoch, position, record))
 
   def _parse(self, epoch, position, record):
     features = tf.io.parse_single_example(
-        record, tfrecord.feature_spec(self.max_seq_length, self.max_predictions_per_seq))
-    features = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v
-                for k, v in features.items()}
+      record, tfrecord.feature_spec(self.max_seq_length, self.max_predictions_per_seq)
+    )
+    features = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in features.items()}
     features["next_sentence_labels"] = tf.reshape(features["next_sentence_labels"], [])
     if self.masker is not None:
-      seed = tf.stack([tf.cast(self.seed * 4099 + self.process_index, tf.int64) * 7919 + epoch,
-                       position])
+      seed = tf.stack(
+        [tf.cast(self.seed * 4099 + self.process_index, tf.int64) * 7919 + epoch, position]
+      )
       features = self.masker(features, seed)
     features["_epoch"] = epoch
     features["_position"] = position
@@ -159,7 +185,8 @@ class PretrainInput:
     start_epoch = tf.constant(self._state["epoch"], tf.int64)
     start_position = tf.constant(self._state["position"], tf.int64)
     ds = tf.data.Dataset.counter(start=self._state["epoch"]).flat_map(
-        lambda e: self._epoch_records(e, tf.where(e == start_epoch, start_position, 0)))
+      lambda e: self._epoch_records(e, tf.where(e == start_epoch, start_position, 0))
+    )
     ds = ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.batch(self.batch_size, drop_remainder=True).prefetch(self.prefetch)
     options = tf.data.Options()
@@ -175,23 +202,35 @@ class PretrainInput:
     try:
       batch = next(self._iterator)
     except tf.errors.DataLossError as e:
-      raise ValueError(tfrecord.find_broken_file(self.files) or
-                       f"corrupt TFRecord data in {self.files}: {e.message}") from None
+      raise ValueError(
+        tfrecord.find_broken_file(self.files)
+        or f"corrupt TFRecord data in {self.files}: {e.message}"
+      ) from None
     except tf.errors.InvalidArgumentError as e:
       broken = tfrecord.find_broken_file(self.files)
-      raise ValueError(broken or (
+      raise ValueError(
+        broken
+        or (
           f"records of {self.files} do not match the pre-training schema with max_seq_length="
           f"{self.max_seq_length}, max_predictions_per_seq={self.max_predictions_per_seq}: "
-          f"{e.message}")) from None
+          f"{e.message}"
+        )
+      ) from None
     epoch = int(batch["_epoch"][-1])
     position = int(batch["_position"][-1])
     self._state = {"epoch": epoch, "position": position + 1}
     return {k: v.numpy() for k, v in batch.items() if k not in _META_KEYS}
 
 
-def eval_batches(file_patterns, batch_size: int, max_seq_length: int,
-                 max_predictions_per_seq: int, *, process_index: int | None = None,
-                 process_count: int | None = None):
+def eval_batches(
+  file_patterns,
+  batch_size: int,
+  max_seq_length: int,
+  max_predictions_per_seq: int,
+  *,
+  process_index: int | None = None,
+  process_count: int | None = None,
+):
   """Held-out data: one pass in a fixed order, the last batch padded to `batch_size`.
 
   Hosts split the records (record i goes to host i % process_count), so their batch counts
@@ -202,7 +241,8 @@ def eval_batches(file_patterns, batch_size: int, max_seq_length: int,
   files = corpus.expand_patterns(file_patterns)
   ds = tf.data.TFRecordDataset(files).shard(process_count, process_index)
   ds = ds.batch(batch_size).map(
-      lambda r: tfrecord.parse_batch(r, max_seq_length, max_predictions_per_seq))
+    lambda r: tfrecord.parse_batch(r, max_seq_length, max_predictions_per_seq)
+  )
   iterator = iter(ds.prefetch(2))
   while True:
     try:
@@ -210,21 +250,30 @@ def eval_batches(file_patterns, batch_size: int, max_seq_length: int,
     except StopIteration:
       return
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-      raise ValueError(tfrecord.find_broken_file(files) or
-                       f"{files}: unreadable pre-training records: {e.message}") from None
+      raise ValueError(
+        tfrecord.find_broken_file(files) or f"{files}: unreadable pre-training records: {e.message}"
+      ) from None
     batch = {k: v.numpy() for k, v in batch.items()}
     n = batch["input_ids"].shape[0]
     weights = np.ones([batch_size], np.float32)
     if n < batch_size:
       weights[n:] = 0
-      batch = {k: np.concatenate([v, np.zeros((batch_size - n,) + v.shape[1:], v.dtype)])
-               for k, v in batch.items()}
+      batch = {
+        k: np.concatenate([v, np.zeros((batch_size - n,) + v.shape[1:], v.dtype)])
+        for k, v in batch.items()
+      }
     batch["example_weights"] = weights
     yield batch
 
 
 def log_input(inp: PretrainInput) -> None:
-  logging.info("pre-training input: host %d/%d reads %d files (%s split), batch %d, seed %d%s",
-               inp.process_index, inp.process_count, len(inp.files),
-               "record" if inp.by_record else "file", inp.batch_size, inp.seed,
-               ", dynamic masking" if inp.masker is not None else "")
+  logging.info(
+    "pre-training input: host %d/%d reads %d files (%s split), batch %d, seed %d%s",
+    inp.process_index,
+    inp.process_count,
+    len(inp.files),
+    "record" if inp.by_record else "file",
+    inp.batch_size,
+    inp.seed,
+    ", dynamic masking" if inp.masker is not None else "",
+  )

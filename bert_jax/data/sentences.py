@@ -16,13 +16,17 @@ with. Text that needs a better splitter can be split beforehand and fed in the o
 import re
 
 # Lower-cased, without the final period.
-_ABBREVIATIONS = frozenset("""
+_ABBREVIATIONS = frozenset(
+  """
 mr mrs ms dr prof sr jr st mt rev gen col lt sgt capt cmdr gov sen rep pres hon messrs mme mlle
 e.g i.e etc vs cf al approx fig figs eq eqs no nos vol vols ch sec secs pp pg ed eds repr trans
 jan feb mar apr jun jul aug sep sept oct nov dec inc ltd co corp dept univ est ca viz resp
-""".split())
+""".split()
+)
 
-_END_RE = re.compile(r"""[.!?]+["'\u201d\u2019)\]]*(?=\s+["'\u201c\u2018(\[]*[A-Z0-9\u00C0-\u024F])""")
+_END_RE = re.compile(
+  r"""[.!?]+["'\u201d\u2019)\]]*(?=\s+["'\u201c\u2018(\[]*[A-Z0-9\u00C0-\u024F])"""
+)
 
 
 def _is_false_end(text: str, end: int) -> bool:
@@ -32,7 +36,7 @@ def _is_false_end(text: str, end: int) -> bool:
     return False  # "!" and "?" always end a sentence.
   # The word before the final period.
   start = max(match_text.rfind(" ", 0, len(match_text) - 1), match_text.rfind("\n"))
-  word = match_text[start + 1:-1].lstrip("\"'\u201c\u2018([")
+  word = match_text[start + 1 : -1].lstrip("\"'\u201c\u2018([")
   if not word:
     return False
   if len(word) == 1 and word.isalpha():
@@ -50,7 +54,7 @@ def split_sentences(paragraph: str) -> list[str]:
   for match in _END_RE.finditer(text):
     if _is_false_end(text, match.end()):
       continue
-    sentence = text[start:match.end()].strip()
+    sentence = text[start : match.end()].strip()
     if sentence:
       sentences.append(sentence)
     start = match.end()

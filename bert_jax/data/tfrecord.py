@@ -13,28 +13,33 @@ import struct
 
 import tensorflow as tf
 
-FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                 "masked_lm_weights", "next_sentence_labels")
+FEATURE_NAMES = (
+  "input_ids",
+  "input_mask",
+  "segment_ids",
+  "masked_lm_positions",
+  "masked_lm_ids",
+  "masked_lm_weights",
+  "next_sentence_labels",
+)
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
   """The `tf.io.parse_single_example` spec of the original create_pretraining_data.py files."""
   return {
-      "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
-      "input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64),
-      "segment_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
-      "masked_lm_positions": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
-      "masked_lm_ids": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
-      "masked_lm_weights": tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32),
-      "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+    "input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+    "segment_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+    "masked_lm_positions": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+    "masked_lm_ids": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+    "masked_lm_weights": tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32),
+    "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
   }
 
 
-def parse_batch(serialized_B: tf.Tensor, max_seq_length: int,
-                max_predictions_per_seq: int) -> dict:
+def parse_batch(serialized_B: tf.Tensor, max_seq_length: int, max_predictions_per_seq: int) -> dict:
   """A batch of serialized Examples -> dict of int32/float32 tensors (labels squeezed to [B])."""
-  parsed = tf.io.parse_example(serialized_B, feature_spec(max_seq_length,
-                                                          max_predictions_per_seq))
+  parsed = tf.io.parse_example(serialized_B, feature_spec(max_seq_length, max_predictions_per_seq))
   out = {}
   for name, value in parsed.items():
     if value.dtype == tf.int64:
@@ -60,14 +65,18 @@ def check_record_framing(path: str, max_records: int | None = None) -> int:
         break
       header = f.read(12)
       if len(header) < 12:
-        raise ValueError(f"{path}: TFRecord file truncated inside the header of record {count} "
-                         f"(byte {offset} of {size}); the shard is incomplete, regenerate it")
+        raise ValueError(
+          f"{path}: TFRecord file truncated inside the header of record {count} "
+          f"(byte {offset} of {size}); the shard is incomplete, regenerate it"
+        )
       (length,) = struct.unpack("<Q", header[:8])
       end = offset + 12 + length + 4
       if end > size:
-        raise ValueError(f"{path}: TFRecord file truncated inside record {count} (starts at byte "
-                         f"{offset}, needs {end} bytes, file has {size}); the shard is "
-                         "incomplete, regenerate it")
+        raise ValueError(
+          f"{path}: TFRecord file truncated inside record {count} (starts at byte "
+          f"{offset}, needs {end} bytes, file has {size}); the shard is "
+          "incomplete, regenerate it"
+        )
       f.seek(end)
       offset = end
       count += 1

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 _COMMENT_RE = re.compile(r"<!--.*?-->", re.S)
 _REF_RE = re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.S | re.I)
 _BLOCK_TAG_RE = re.compile(
-    r"<(math|gallery|timeline|syntaxhighlight|source|pre|code|score|imagemap|table)[^>]*>.*?</\1>",
-    re.S | re.I)
+  r"<(math|gallery|timeline|syntaxhighlight|source|pre|code|score|imagemap|table)[^>]*>.*?</\1>",
+  re.S | re.I,
+)
 _TAG_RE = re.compile(r"</?[a-zA-Z][^>]*>")
 _EXTERNAL_LINK_RE = re.compile(r"\[(?:https?|ftp)://[^\s\]]+\s*([^\]]*)\]")
 _BOLD_ITALIC_RE = re.compile(r"'{2,}")
@@ -31,7 +32,7 @@ def _strip_nested(text: str, open_tok: str, close_tok: str) -> str:
   for match in re.finditer(f"{re.escape(open_tok)}|{re.escape(close_tok)}", text):
     if match.group() == open_tok:
       if not depth:
-        out.append(text[kept_from:match.start()])
+        out.append(text[kept_from : match.start()])
       depth += 1
     elif depth:
       depth -= 1
@@ -64,7 +65,7 @@ def _replace_links(text: str) -> str:
           break
       else:
         j += 1
-    inner = text[start + 2:j - 2]
+    inner = text[start + 2 : j - 2]
     if not inner.lower().lstrip(":").startswith(_FILE_PREFIXES):
       out.append(_replace_links(inner.split("|")[-1]) if "[[" in inner else inner.split("|")[-1])
     i = j
@@ -126,8 +127,12 @@ def iter_wiki_articles(path: str) -> Iterator[tuple[str, str]]:
         elif tag == "text":
           text = elem.text or ""
         elif tag == "page":
-          if ns == "0" and not redirect and text and not text.lstrip().upper().startswith(
-              "#REDIRECT"):
+          if (
+            ns == "0"
+            and not redirect
+            and text
+            and not text.lstrip().upper().startswith("#REDIRECT")
+          ):
             yield title, text
           title, ns, redirect, text = None, None, False, None
           root.clear()  # Drop finished pages: memory stays at one page however long the dump.

@@ -34,7 +34,8 @@ def activation(name: str):
 def kernel_init(config: BertConfig, axes: tuple[str | None, ...], initializer=None):
   """BERT's truncated normal (std ``initializer_range`` before truncation), or ``initializer``."""
   return nn.with_logical_partitioning(
-      initializer or nn.initializers.truncated_normal(config.initializer_range), axes)
+    initializer or nn.initializers.truncated_normal(config.initializer_range), axes
+  )
 
 
 def bias_init(axes: tuple[str | None, ...]):
@@ -45,46 +46,64 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
   # Variance as mean((x - mean)^2), as BERT and PyTorch compute it: Flax's default
   # E[x^2] - E[x]^2 loses float32 precision on hidden states whose mean is large.
   return nn.LayerNorm(
-      epsilon=config.layer_norm_eps, dtype=config.dtype, param_dtype=config.param_dtype,
-      use_fast_variance=False,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-      bias_init=bias_init(("embed",)), name=name)
+    epsilon=config.layer_norm_eps,
+    dtype=config.dtype,
+    param_dtype=config.param_dtype,
+    use_fast_variance=False,
+    scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+    bias_init=bias_init(("embed",)),
+    name=name,
+  )
 
 
-def dense(config: BertConfig, features, axes, name: str, axis=-1,
-          initializer=None) -> nn.DenseGeneral:
+def dense(
+  config: BertConfig, features, axes, name: str, axis=-1, initializer=None
+) -> nn.DenseGeneral:
   """A DenseGeneral whose kernel has logical ``axes`` and whose bias has the output axes."""
   n_out = 1 if isinstance(features, int) else len(features)
   return nn.DenseGeneral(
-      features=features, axis=axis, dtype=config.dtype, param_dtype=config.param_dtype,
-      kernel_init=kernel_init(config, axes, initializer), bias_init=bias_init(axes[-n_out:]),
-      name=name)
+    features=features,
+    axis=axis,
+    dtype=config.dtype,
+    param_dtype=config.param_dtype,
+    kernel_init=kernel_init(config, axes, initializer),
+    bias_init=bias_init(axes[-n_out:]),
+    name=name,
+  )
 
 
 class Embeddings(nn.Module):
   """Word + learned position + token-type embeddings, then LayerNorm and dropout."""
+
   config: BertConfig
 
   def setup(self):
     c = self.config
-    embed = functools.partial(nn.Embed, features=c.hidden_size, dtype=c.dtype,
-                              param_dtype=c.param_dtype)
+    embed = functools.partial(
+      nn.Embed, features=c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype
+    )
     self.word_embeddings = embed(c.vocab_size, embedding_init=kernel_init(c, ("vocab", "embed")))
-    self.position_embeddings = embed(c.max_position_embeddings,
-                                     embedding_init=kernel_init(c, (None, "embed")))
-    self.token_type_embeddings = embed(c.type_vocab_size,
-                                       embedding_init=kernel_init(c, (None, "embed")))
+    self.position_embeddings = embed(
+      c.max_position_embeddings, embedding_init=kernel_init(c, (None, "embed"))
+    )
+    self.token_type_embeddings = embed(
+      c.type_vocab_size, embedding_init=kernel_init(c, (None, "embed"))
+    )
     self.LayerNorm = layer_norm(c, "LayerNorm")
     self.dropout = Dropout(c.hidden_dropout_prob)
 
   def __call__(self, input_ids_BxL, segment_ids_BxL, deterministic: bool) -> Array:
     length = input_ids_BxL.shape[-1]
     if length > self.config.max_position_embeddings:
-      raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
-                       f"{self.config.max_position_embeddings}")
-    x_BxLxD = (self.word_embeddings(input_ids_BxL)
-               + self.position_embeddings(jnp.arange(length)[None, :])
-               + self.token_type_embeddings(segment_ids_BxL))
+      raise ValueError(
+        f"sequence length {length} exceeds max_position_embeddings "
+        f"{self.config.max_position_embeddings}"
+      )
+    x_BxLxD = (
+      self.word_embeddings(input_ids_BxL)
+      + self.position_embeddings(jnp.arange(length)[None, :])
+      + self.token_type_embeddings(segment_ids_BxL)
+    )
     x_BxLxD = self.LayerNorm(x_BxLxD)
     x_BxLxD = self.dropout(x_BxLxD, deterministic=deterministic)
     return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
@@ -101,6 +120,7 @@ class Projection(nn.Module):
   global mesh; the attention projections (D -> HxK and HxK -> D) are written out instead, with
   the same parameter names and shapes (``kernel``, ``bias``).
   """
+
   config: BertConfig
   equation: str
   kernel_shape: tuple[int, ...]
@@ -110,10 +130,15 @@ class Projection(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     c = self.config
-    kernel = self.param("kernel", kernel_init(c, self.kernel_axes), self.kernel_shape,
-                        c.param_dtype)
-    bias = self.param("bias", bias_init(self.kernel_axes[-self.bias_ndim:]),
-                      self.kernel_shape[-self.bias_ndim:], c.param_dtype)
+    kernel = self.param(
+      "kernel", kernel_init(c, self.kernel_axes), self.kernel_shape, c.param_dtype
+    )
+    bias = self.param(
+      "bias",
+      bias_init(self.kernel_axes[-self.bias_ndim :]),
+      self.kernel_shape[-self.bias_ndim :],
+      c.param_dtype,
+    )
     y = jnp.einsum(self.equation, x.astype(c.dtype), kernel.astype(c.dtype))
     return y + bias.astype(c.dtype)
 
@@ -124,28 +149,32 @@ class SelfAttention(nn.Module):
   Queries come from ``xq_BxQxD`` and keys/values from ``x_BxLxD``: the same array in a normal
   layer, or only the rows at a few positions (Q < L) when only those rows' outputs are needed.
   """
+
   config: BertConfig
 
   @nn.compact
   def __call__(self, xq_BxQxD, x_BxLxD, mask_Bx1x1xL, deterministic: bool) -> Array:
     c = self.config
     h, k = c.num_attention_heads, c.head_dim
-    qkv = functools.partial(Projection, c, "bld,dhk->blhk", (c.hidden_size, h, k),
-                            ("embed", "heads", "kv"), 2)
+    qkv = functools.partial(
+      Projection, c, "bld,dhk->blhk", (c.hidden_size, h, k), ("embed", "heads", "kv"), 2
+    )
     q_BxQxHxK = qkv(name="query")(xq_BxQxD)
     k_BxLxHxK = qkv(name="key")(x_BxLxD)
     v_BxLxHxK = qkv(name="value")(x_BxLxD)
     q_BxQxHxK = nn.with_logical_constraint(q_BxQxHxK, ("batch", "length", "heads", "kv"))
     q_BxQxHxK = q_BxQxHxK / jnp.sqrt(k).astype(q_BxQxHxK.dtype)
-    s_BxHxQxL = jnp.einsum("bqhk,bshk->bhqs", q_BxQxHxK, k_BxLxHxK,
-                           preferred_element_type=jnp.float32)
+    s_BxHxQxL = jnp.einsum(
+      "bqhk,bshk->bhqs", q_BxQxHxK, k_BxLxHxK, preferred_element_type=jnp.float32
+    )
     s_BxHxQxL = jnp.where(mask_Bx1x1xL, s_BxHxQxL, jnp.finfo(jnp.float32).min)
     p_BxHxQxL = jax.nn.softmax(s_BxHxQxL, axis=-1).astype(c.dtype)
     p_BxHxQxL = Dropout(c.attention_probs_dropout_prob)(p_BxHxQxL, deterministic=deterministic)
     ctx_BxQxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxQxL, v_BxLxHxK)
     ctx_BxQxHxK = nn.with_logical_constraint(ctx_BxQxHxK, ("batch", "length", "heads", "kv"))
-    return Projection(c, "blhk,hkd->bld", (h, k, c.hidden_size), ("heads", "kv", "embed"), 1,
-                      name="output")(ctx_BxQxHxK)
+    return Projection(
+      c, "blhk,hkd->bld", (h, k, c.hidden_size), ("heads", "kv", "embed"), 1, name="output"
+    )(ctx_BxQxHxK)
 
 
 def gather_positions(x_BxLxD: Array, positions_BxP: Array) -> Array:
@@ -159,6 +188,7 @@ class TransformerLayer(nn.Module):
   With ``positions_BxP`` the layer computes its output only at those positions (BxPxD): keys
   and values still come from every position, so those rows equal the full layer's rows.
   """
+
   config: BertConfig
 
   @nn.compact
@@ -168,13 +198,16 @@ class TransformerLayer(nn.Module):
     xq_BxQxD = x_BxLxD if positions_BxP is None else gather_positions(x_BxLxD, positions_BxP)
     a_BxQxD = SelfAttention(c, name="attention")(xq_BxQxD, x_BxLxD, mask_Bx1x1xL, deterministic)
     y_BxQxD = layer_norm(c, "attention_LayerNorm")(
-        xq_BxQxD + drop(a_BxQxD, deterministic=deterministic))
+      xq_BxQxD + drop(a_BxQxD, deterministic=deterministic)
+    )
     h_BxQxF = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(y_BxQxD)
-    h_BxQxF = nn.with_logical_constraint(activation(c.hidden_act)(h_BxQxF),
-                                         ("batch", "length", "mlp"))
+    h_BxQxF = nn.with_logical_constraint(
+      activation(c.hidden_act)(h_BxQxF), ("batch", "length", "mlp")
+    )
     o_BxQxD = dense(c, c.hidden_size, ("mlp", "embed"), "output")(h_BxQxF)
     y_BxQxD = layer_norm(c, "output_LayerNorm")(
-        y_BxQxD + drop(o_BxQxD, deterministic=deterministic))
+      y_BxQxD + drop(o_BxQxD, deterministic=deterministic)
+    )
     return nn.with_logical_constraint(y_BxQxD, ("batch", "length", "embed"))
 
 
@@ -191,6 +224,7 @@ class BertEncoder(nn.Module):
   BERT-base and seq 128 with 20 predictions this skips ~6% of the encoder's FLOPs. Not
   combinable with ``output_hidden_states``.
   """
+
   config: BertConfig
 
   def setup(self):
@@ -200,12 +234,20 @@ class BertEncoder(nn.Module):
     self.layers = [layer_cls(c, name=f"layer_{i}") for i in range(c.num_hidden_layers)]
     self.pooler = dense(c, c.hidden_size, ("embed", None), "pooler")
 
-  def __call__(self, input_ids_BxL, input_mask_BxL=None, segment_ids_BxL=None,
-               deterministic: bool = True, output_hidden_states: bool = False,
-               output_positions_BxP=None) -> dict[str, Any]:
+  def __call__(
+    self,
+    input_ids_BxL,
+    input_mask_BxL=None,
+    segment_ids_BxL=None,
+    deterministic: bool = True,
+    output_hidden_states: bool = False,
+    output_positions_BxP=None,
+  ) -> dict[str, Any]:
     if output_positions_BxP is not None and output_hidden_states:
-      raise ValueError("output_positions_BxP and output_hidden_states are exclusive: hidden "
-                       "states need the last layer at every position")
+      raise ValueError(
+        "output_positions_BxP and output_hidden_states are exclusive: hidden "
+        "states need the last layer at every position"
+      )
     if input_mask_BxL is None:
       input_mask_BxL = jnp.ones_like(input_ids_BxL)
     if segment_ids_BxL is None:
@@ -220,11 +262,11 @@ class BertEncoder(nn.Module):
       x_BxLxD = self.layers[-1](x_BxLxD, mask_Bx1x1xL, deterministic)
       hidden.append(x_BxLxD)
       out = {"sequence_output": x_BxLxD}
-    else:   # [CLS] first, for the pooler
+    else:  # [CLS] first, for the pooler
       cls_Bx1 = jnp.zeros(output_positions_BxP.shape[:1] + (1,), jnp.int32)
       positions_Bx1pP = jnp.concatenate([cls_Bx1, output_positions_BxP.astype(jnp.int32)], 1)
       x_Bx1pPxD = self.layers[-1](x_BxLxD, mask_Bx1x1xL, deterministic, positions_Bx1pP)
-      x_BxLxD = x_Bx1pPxD     # row 0 is [CLS]
+      x_BxLxD = x_Bx1pPxD  # row 0 is [CLS]
       out = {"gathered_output": x_Bx1pPxD[:, 1:]}
     out["pooled_output"] = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
     if output_hidden_states:

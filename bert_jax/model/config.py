@@ -7,17 +7,18 @@ Field names follow google-research/bert's ``bert_config.json`` (which Hugging Fa
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # Size presets from the paper and google-research/bert's compact models (intermediate = 4H).
 PRESETS: dict[str, tuple[int, int, int]] = {
-    # name: (num_hidden_layers, hidden_size, num_attention_heads)
-    "tiny": (2, 128, 2),
-    "mini": (4, 256, 4),
-    "small": (4, 512, 8),
-    "medium": (8, 512, 8),
-    "base": (12, 768, 12),
-    "large": (24, 1024, 16),
+  # name: (num_hidden_layers, hidden_size, num_attention_heads)
+  "tiny": (2, 128, 2),
+  "mini": (4, 256, 4),
+  "small": (4, 512, 8),
+  "medium": (8, 512, 8),
+  "base": (12, 768, 12),
+  "large": (24, 1024, 16),
 }
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
@@ -48,15 +49,23 @@ class BertConfig:
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
-          f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
-          f"{self.num_attention_heads}")
+        f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+        f"{self.num_attention_heads}"
+      )
     if self.hidden_act not in ACTIVATIONS:
       raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {ACTIVATIONS}")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in DTYPES:
         raise ValueError(f"{name} {getattr(self, name)!r} is not one of {DTYPES}")
-    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                 "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+    for name in (
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "max_position_embeddings",
+      "type_vocab_size",
+    ):
       if int(getattr(self, name)) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -64,22 +73,26 @@ class BertConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
 
-  def replace(self, **changes: Any) -> "BertConfig":
+  def replace(self, **changes: Any) -> BertConfig:
     return dataclasses.replace(self, **changes)
 
   @classmethod
-  def from_preset(cls, name: str, **overrides: Any) -> "BertConfig":
+  def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
     """A preset by name ('tiny' ... 'large'); overrides set any other field."""
     if name not in PRESETS:
       raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
     layers, hidden, heads = PRESETS[name]
-    fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                  intermediate_size=4 * hidden)
+    fields = dict(
+      num_hidden_layers=layers,
+      hidden_size=hidden,
+      num_attention_heads=heads,
+      intermediate_size=4 * hidden,
+    )
     fields.update(overrides)
     return cls(**fields)
 
   @classmethod
-  def from_dict(cls, d: Mapping[str, Any], source: str = "config") -> "BertConfig":
+  def from_dict(cls, d: Mapping[str, Any], source: str = "config") -> BertConfig:
     """From a bert_config.json / Hugging Face config.json dict; unknown keys are ignored.
 
     Raises ValueError naming ``source`` when a required size is missing or invalid.
@@ -90,8 +103,17 @@ class BertConfig:
       kwargs["layer_norm_eps"] = d["layer_norm_epsilon"]
     if kwargs.get("hidden_act") == "gelu_python":
       kwargs["hidden_act"] = "gelu"
-    missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers",
-                           "num_attention_heads", "intermediate_size") if k not in kwargs]
+    missing = [
+      k
+      for k in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+      )
+      if k not in kwargs
+    ]
     if missing:
       raise ValueError(f"{source}: missing required key(s) {missing}")
     try:

@@ -39,6 +39,7 @@ def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
 
 class Dropout(nn.Module):
   """Inverted dropout (``rate`` is the probability of zeroing an element)."""
+
   rate: float
 
   @nn.compact
@@ -48,7 +49,7 @@ class Dropout(nn.Module):
     if not 0.0 <= self.rate < 1.0:
       raise ValueError(f"dropout rate must be in [0, 1), got {self.rate}")
     threshold = keep_threshold(self.rate)
-    if threshold == _ONE:       # a rate below 2^-17 rounds to keeping everything
+    if threshold == _ONE:  # a rate below 2^-17 rounds to keeping everything
       return x
     keep = keep_mask(self.make_rng("dropout"), x.shape, self.rate)
     scale = jnp.asarray(_ONE / threshold, x.dtype)

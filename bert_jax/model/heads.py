@@ -12,7 +12,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from bert_jax.model.bert import BertEncoder, activation, dense, gather_positions, layer_norm
 from bert_jax.model.config import BertConfig
@@ -43,16 +42,30 @@ class BertForPreTraining(nn.Module):
   NSP; the output then has ``gathered_output`` instead of ``sequence_output``, unless hidden
   states are asked for); otherwise MLM logits are computed at every position (BxLxV).
   """
+
   config: BertConfig
 
   @nn.compact
-  def __call__(self, input_ids, input_mask=None, segment_ids=None, masked_lm_positions=None,
-               deterministic: bool = True, output_hidden_states: bool = False) -> dict[str, Any]:
+  def __call__(
+    self,
+    input_ids,
+    input_mask=None,
+    segment_ids=None,
+    masked_lm_positions=None,
+    deterministic: bool = True,
+    output_hidden_states: bool = False,
+  ) -> dict[str, Any]:
     c = self.config
     encoder = BertEncoder(c, name="bert")
     sparse = masked_lm_positions is not None and not output_hidden_states
-    out = encoder(input_ids, input_mask, segment_ids, deterministic, output_hidden_states,
-                  output_positions_BxP=masked_lm_positions if sparse else None)
+    out = encoder(
+      input_ids,
+      input_mask,
+      segment_ids,
+      deterministic,
+      output_hidden_states,
+      output_positions_BxP=masked_lm_positions if sparse else None,
+    )
     if sparse:
       h_BxPxD = out["gathered_output"]
     elif masked_lm_positions is not None:
@@ -61,9 +74,12 @@ class BertForPreTraining(nn.Module):
       h_BxPxD = out["sequence_output"]
     h_BxPxD = dense(c, c.hidden_size, ("embed", None), "mlm_transform")(h_BxPxD)
     h_BxPxD = layer_norm(c, "mlm_LayerNorm")(activation(c.hidden_act)(h_BxPxD))
-    bias_V = self.param("mlm_output_bias",
-                        nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
-                        (c.vocab_size,), c.param_dtype)
+    bias_V = self.param(
+      "mlm_output_bias",
+      nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
+      (c.vocab_size,),
+      c.param_dtype,
+    )
     logits_BxPxV = encoder.attend(h_BxPxD) + bias_V.astype(c.dtype)
     nsp_Bx2 = dense(c, 2, ("embed", None), "nsp")(out["pooled_output"])
     out.update(mlm_logits=logits_BxPxV, nsp_logits=nsp_Bx2)
@@ -72,17 +88,25 @@ class BertForPreTraining(nn.Module):
 
 class BertForSequenceClassification(nn.Module):
   """[CLS] pooled output -> dropout -> linear; num_labels == 1 is regression (STS-B)."""
+
   config: BertConfig
   num_labels: int
 
-  head_init: str = "normal"     # see head_dense
+  head_init: str = "normal"  # see head_dense
 
   @nn.compact
-  def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False) -> dict[str, Any]:
+  def __call__(
+    self,
+    input_ids,
+    input_mask=None,
+    segment_ids=None,
+    deterministic: bool = True,
+    output_hidden_states: bool = False,
+  ) -> dict[str, Any]:
     c = self.config
-    out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
-                                      output_hidden_states)
+    out = BertEncoder(c, name="bert")(
+      input_ids, input_mask, segment_ids, deterministic, output_hidden_states
+    )
     pooled = Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
     out["logits"] = head_dense(c, self.num_labels, "classifier", self.head_init)(pooled)
     return out
@@ -90,17 +114,25 @@ class BertForSequenceClassification(nn.Module):
 
 class BertForTokenClassification(nn.Module):
   """Per-token dropout -> linear (NER)."""
+
   config: BertConfig
   num_labels: int
 
-  head_init: str = "normal"     # see head_dense
+  head_init: str = "normal"  # see head_dense
 
   @nn.compact
-  def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False) -> dict[str, Any]:
+  def __call__(
+    self,
+    input_ids,
+    input_mask=None,
+    segment_ids=None,
+    deterministic: bool = True,
+    output_hidden_states: bool = False,
+  ) -> dict[str, Any]:
     c = self.config
-    out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
-                                      output_hidden_states)
+    out = BertEncoder(c, name="bert")(
+      input_ids, input_mask, segment_ids, deterministic, output_hidden_states
+    )
     seq = Dropout(c.hidden_dropout_prob)(out["sequence_output"], deterministic=deterministic)
     out["logits"] = head_dense(c, self.num_labels, "classifier", self.head_init)(seq)
     return out
@@ -108,16 +140,24 @@ class BertForTokenClassification(nn.Module):
 
 class BertForQuestionAnswering(nn.Module):
   """Start and end vectors over the sequence output (SQuAD): start_logits, end_logits BxL."""
+
   config: BertConfig
 
-  head_init: str = "normal"     # see head_dense
+  head_init: str = "normal"  # see head_dense
 
   @nn.compact
-  def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False) -> dict[str, Any]:
+  def __call__(
+    self,
+    input_ids,
+    input_mask=None,
+    segment_ids=None,
+    deterministic: bool = True,
+    output_hidden_states: bool = False,
+  ) -> dict[str, Any]:
     c = self.config
-    out = BertEncoder(c, name="bert")(input_ids, input_mask, segment_ids, deterministic,
-                                      output_hidden_states)
+    out = BertEncoder(c, name="bert")(
+      input_ids, input_mask, segment_ids, deterministic, output_hidden_states
+    )
     logits_BxLx2 = head_dense(c, 2, "qa_outputs", self.head_init)(out["sequence_output"])
     out["start_logits"] = logits_BxLx2[..., 0]
     out["end_logits"] = logits_BxLx2[..., 1]
@@ -126,18 +166,26 @@ class BertForQuestionAnswering(nn.Module):
 
 class BertForMultipleChoice(nn.Module):
   """Inputs BxCxL (C choices); one score per choice from the pooled output (SWAG): BxC."""
+
   config: BertConfig
 
-  head_init: str = "normal"     # see head_dense
+  head_init: str = "normal"  # see head_dense
 
   @nn.compact
-  def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False) -> dict[str, Any]:
+  def __call__(
+    self,
+    input_ids,
+    input_mask=None,
+    segment_ids=None,
+    deterministic: bool = True,
+    output_hidden_states: bool = False,
+  ) -> dict[str, Any]:
     c = self.config
     b, n_choices, length = input_ids.shape
     flat = lambda x: None if x is None else x.reshape(b * n_choices, length)
-    out = BertEncoder(c, name="bert")(flat(input_ids), flat(input_mask), flat(segment_ids),
-                                      deterministic, output_hidden_states)
+    out = BertEncoder(c, name="bert")(
+      flat(input_ids), flat(input_mask), flat(segment_ids), deterministic, output_hidden_states
+    )
     pooled = Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
     out["logits"] = head_dense(c, 1, "classifier", self.head_init)(pooled).reshape(b, n_choices)
     return out

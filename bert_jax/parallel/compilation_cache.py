@@ -21,7 +21,8 @@ is under the user's home).
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 from absl import logging
@@ -41,15 +42,21 @@ def enable_compilation_cache(cfg: Mapping[str, Any]) -> str | None:
     try:
       os.makedirs(path, exist_ok=True)
     except OSError as e:
-      raise ValueError(f"config.compilation_cache.dir={cfg['dir']!r}: cannot create {path}: "
-                       f"{e}") from None
-  jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                    float(cfg["min_compile_time_secs"]))
+      raise ValueError(
+        f"config.compilation_cache.dir={cfg['dir']!r}: cannot create {path}: {e}"
+      ) from None
+  jax.config.update(
+    "jax_persistent_cache_min_compile_time_secs", float(cfg["min_compile_time_secs"])
+  )
   jax.config.update("jax_compilation_cache_max_size", int(cfg["max_size_bytes"]))
   if jax.config.jax_compilation_cache_dir != path:
     from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415
+
     compilation_cache.set_cache_dir(path)
-    compilation_cache.reset_cache()   # re-initialised at the next compilation, at `path`
-    logging.info("JAX persistent compilation cache: %s (programs compiling >= %.1f s)", path,
-                 float(cfg["min_compile_time_secs"]))
+    compilation_cache.reset_cache()  # re-initialised at the next compilation, at `path`
+    logging.info(
+      "JAX persistent compilation cache: %s (programs compiling >= %.1f s)",
+      path,
+      float(cfg["min_compile_time_secs"]),
+    )
   return path

@@ -12,7 +12,8 @@ On CPU the cross-process collectives use gloo.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 from absl import logging
@@ -27,14 +28,16 @@ def _resolve(cfg: Mapping[str, Any], key: str, env: str, default: Any) -> Any:
 
 def initialize_distributed(cfg: Mapping[str, Any]) -> bool:
   """Joins the job's processes; returns True when jax.distributed was initialised here."""
-  from jax._src import distributed as _dist  # noqa: PLC0415  (the one way to ask "already?")
+  from jax._src import distributed as _dist  # noqa: PLC0415 (the one way to ask "already?")
+
   if _dist.global_state.client is not None:
     return False
   num_processes = int(_resolve(cfg, "num_processes", "JAX_NUM_PROCESSES", 1))
   if cfg["auto_detect"] and num_processes <= 1:
     jax.distributed.initialize()
-    logging.info("jax.distributed (auto-detected): process %d of %d", jax.process_index(),
-                 jax.process_count())
+    logging.info(
+      "jax.distributed (auto-detected): process %d of %d", jax.process_index(), jax.process_count()
+    )
     return True
   if num_processes <= 1:
     return False
@@ -42,15 +45,23 @@ def initialize_distributed(cfg: Mapping[str, Any]) -> bool:
   process_id = int(_resolve(cfg, "process_id", "JAX_PROCESS_ID", -1))
   if not coordinator or process_id < 0:
     raise ValueError(
-        f"config.distributed: num_processes={num_processes} needs coordinator_address and "
-        "process_id (or $JAX_COORDINATOR_ADDRESS and $JAX_PROCESS_ID)")
+      f"config.distributed: num_processes={num_processes} needs coordinator_address and "
+      "process_id (or $JAX_COORDINATOR_ADDRESS and $JAX_PROCESS_ID)"
+    )
   if process_id >= num_processes:
-    raise ValueError(f"config.distributed: process_id {process_id} >= num_processes "
-                     f"{num_processes}")
+    raise ValueError(
+      f"config.distributed: process_id {process_id} >= num_processes {num_processes}"
+    )
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                             process_id=process_id)
-  logging.info("jax.distributed: process %d of %d, coordinator %s, %d local / %d global "
-               "devices", jax.process_index(), jax.process_count(), coordinator,
-               jax.local_device_count(), jax.device_count())
+  jax.distributed.initialize(
+    coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+  )
+  logging.info(
+    "jax.distributed: process %d of %d, coordinator %s, %d local / %d global devices",
+    jax.process_index(),
+    jax.process_count(),
+    coordinator,
+    jax.local_device_count(),
+    jax.device_count(),
+  )
   return True

@@ -10,7 +10,7 @@ mesh larger than the devices there are, raise ValueError naming the ``mesh`` con
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -32,20 +32,25 @@ def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int,
     raise ValueError(f"config.mesh: at most one axis may be -1, got {described}")
   known = math.prod(s for s in shape if s != -1)
   if known > num_devices:
-    raise ValueError(f"config.mesh: the mesh ({described}) needs {known} devices but only "
-                     f"{num_devices} are available")
+    raise ValueError(
+      f"config.mesh: the mesh ({described}) needs {known} devices but only "
+      f"{num_devices} are available"
+    )
   if -1 in shape:
     if num_devices % known:
       raise ValueError(f"config.mesh: {num_devices} devices do not divide into {described}")
     shape[shape.index(-1)] = num_devices // known
   elif known != num_devices:
-    raise ValueError(f"config.mesh: the mesh ({described}) has {known} devices but "
-                     f"{num_devices} are available; set one axis to -1 to use them all")
+    raise ValueError(
+      f"config.mesh: the mesh ({described}) has {known} devices but "
+      f"{num_devices} are available; set one axis to -1 to use them all"
+    )
   return tuple(shape)
 
 
-def create_mesh(sizes: Mapping[str, int],
-                devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+def create_mesh(
+  sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None
+) -> jax.sharding.Mesh:
   """A Mesh over ``devices`` (default: all, across processes) with axes data, fsdp, tensor.
 
   Devices are laid out with mesh_utils so that the innermost axes (tensor, then fsdp) get the

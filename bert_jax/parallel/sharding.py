@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -35,8 +36,9 @@ def normalize_rules(rules: Sequence[Sequence[Any]]) -> Rules:
   out = []
   for i, rule in enumerate(rules):
     if len(rule) != 2 or not isinstance(rule[0], str):
-      raise ValueError(f"config.logical_axis_rules[{i}] must be (logical_name, mesh_axes), "
-                       f"got {rule!r}")
+      raise ValueError(
+        f"config.logical_axis_rules[{i}] must be (logical_name, mesh_axes), got {rule!r}"
+      )
     axes = rule[1]
     if isinstance(axes, (list, tuple)):
       axes = tuple(axes)
@@ -45,8 +47,9 @@ def normalize_rules(rules: Sequence[Sequence[Any]]) -> Rules:
 
 
 @contextlib.contextmanager
-def mesh_context(mesh: jax.sharding.Mesh, rules: Rules, set_global_mesh: bool = True
-                 ) -> Iterator[None]:
+def mesh_context(
+  mesh: jax.sharding.Mesh, rules: Rules, set_global_mesh: bool = True
+) -> Iterator[None]:
   """Makes ``mesh`` and the logical rules current while tracing model code.
 
   With the global mesh set, the model's activation constraints (``nn.with_logical_constraint``
@@ -68,15 +71,21 @@ def _axis_size(mesh: jax.sharding.Mesh, axes: Any) -> int:
   return math.prod(mesh.shape[a] for a in axes)
 
 
-def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: jax.sharding.Mesh,
-             name: str = "") -> PartitionSpec:
+def fit_spec(
+  spec: PartitionSpec, shape: Sequence[int], mesh: jax.sharding.Mesh, name: str = ""
+) -> PartitionSpec:
   """``spec`` with the mesh axes dropped from any dimension they do not divide evenly."""
   entries = list(spec) + [None] * (len(shape) - len(spec))
   for i, axes in enumerate(entries):
     if axes is not None and shape[i] % _axis_size(mesh, axes):
-      logging.info("Leaving dimension %d (size %d) of %s unsharded: mesh axes %s (size %d) "
-                   "do not divide it", i, shape[i], name or "an array", axes,
-                   _axis_size(mesh, axes))
+      logging.info(
+        "Leaving dimension %d (size %d) of %s unsharded: mesh axes %s (size %d) do not divide it",
+        i,
+        shape[i],
+        name or "an array",
+        axes,
+        _axis_size(mesh, axes),
+      )
       entries[i] = None
   return PartitionSpec(*entries)
 
@@ -106,21 +115,27 @@ def batch_spec(ndim: int, rules: Rules) -> PartitionSpec:
   return nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), rules)
 
 
-def check_batch_size(batch_size: int, mesh: jax.sharding.Mesh, key: str = "train_batch_size",
-                     ) -> None:
+def check_batch_size(
+  batch_size: int,
+  mesh: jax.sharding.Mesh,
+  key: str = "train_batch_size",
+) -> None:
   """ValueError naming the config ``key`` when the data-parallel size does not divide it."""
   dp = data_parallel_size(mesh)
   if batch_size <= 0 or batch_size % dp:
     raise ValueError(
-        f"config.{key}={batch_size} is not divisible by the data-parallel size {dp} "
-        f"(mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']})")
+      f"config.{key}={batch_size} is not divisible by the data-parallel size {dp} "
+      f"(mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']})"
+    )
   if batch_size % jax.process_count():
-    raise ValueError(f"config.{key}={batch_size} is not divisible by the number of processes "
-                     f"{jax.process_count()}")
+    raise ValueError(
+      f"config.{key}={batch_size} is not divisible by the number of processes {jax.process_count()}"
+    )
 
 
-def make_global_batch(local_batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh,
-                      rules: Rules) -> dict[str, jax.Array]:
+def make_global_batch(
+  local_batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh, rules: Rules
+) -> dict[str, jax.Array]:
   """This process's rows of a global batch -> global jax.Arrays sharded along ``batch``.
 
   Every process passes its own, equally sized share (rows in process order).

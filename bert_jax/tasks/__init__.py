@@ -15,12 +15,12 @@ from bert_jax.tasks.base import SplitData, Task
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
 TASKS: dict[str, str] = {
-    **{name: "bert_jax.tasks.glue:GlueTask" for name in GLUE_TASKS},
-    "swag": "bert_jax.tasks.swag:SwagTask",
-    "ner": "bert_jax.tasks.ner:NerTask",
-    "ner_feature_based": "bert_jax.tasks.feature_based:FeatureBasedNerTask",
-    "squad_v1": "bert_jax.tasks.squad:SquadTask",
-    "squad_v2": "bert_jax.tasks.squad:SquadTask",
+  **{name: "bert_jax.tasks.glue:GlueTask" for name in GLUE_TASKS},
+  "swag": "bert_jax.tasks.swag:SwagTask",
+  "ner": "bert_jax.tasks.ner:NerTask",
+  "ner_feature_based": "bert_jax.tasks.feature_based:FeatureBasedNerTask",
+  "squad_v1": "bert_jax.tasks.squad:SquadTask",
+  "squad_v2": "bert_jax.tasks.squad:SquadTask",
 }
 
 

@@ -67,7 +67,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -92,6 +93,7 @@ class SplitData:
     stats: counts to report, e.g. {"examples": 872, "truncated": 3, "skipped": 0}.
     has_labels: False for unlabelled test splits (only predictions are written).
   """
+
   split: str
   arrays: dict[str, np.ndarray]
   examples: Any = None
@@ -146,8 +148,12 @@ class Task(abc.ABC):
 
   def head_info(self) -> dict[str, Any]:
     """The content of head.json."""
-    return {"task": self.head, "num_labels": self.num_labels, "labels": list(self.labels),
-            "name": self.name}
+    return {
+      "task": self.head,
+      "num_labels": self.num_labels,
+      "labels": list(self.labels),
+      "name": self.name,
+    }
 
   @abc.abstractmethod
   def build_model(self, bert_config: BertConfig) -> nn.Module:
@@ -157,12 +163,19 @@ class Task(abc.ABC):
   def load_split(self, split: str) -> SplitData:
     """Read and featurise ``split``; errors name the file and line."""
 
-  def apply(self, model: nn.Module, params: Any, batch: Mapping[str, jax.Array],
-            deterministic: bool, rng: jax.Array | None = None) -> dict[str, Any]:
+  def apply(
+    self,
+    model: nn.Module,
+    params: Any,
+    batch: Mapping[str, jax.Array],
+    deterministic: bool,
+    rng: jax.Array | None = None,
+  ) -> dict[str, Any]:
     """Run the model on a batch (dropout rng under the name "dropout")."""
     rngs = None if deterministic or rng is None else {"dropout": rng}
-    return model.apply({"params": params}, *(batch[k] for k in INPUT_KEYS),
-                       deterministic=deterministic, rngs=rngs)
+    return model.apply(
+      {"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=deterministic, rngs=rngs
+    )
 
   def init_variables(self, model: nn.Module, rng: jax.Array, batch_size: int) -> Any:
     """``model.init`` on ``init_batch(batch_size)`` (deterministic): the boxed variables."""
@@ -175,8 +188,9 @@ class Task(abc.ABC):
     return {k: np.zeros((batch_size, length), np.int32) for k in INPUT_KEYS}
 
   @abc.abstractmethod
-  def loss(self, outputs: Mapping[str, jax.Array],
-           batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+  def loss(
+    self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
+  ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """(scalar loss, scalar metrics) for a training batch; pure jnp, jitted."""
 
   @abc.abstractmethod
@@ -184,8 +198,9 @@ class Task(abc.ABC):
     """Per-row arrays (leading axis = batch) brought back to the host for ``evaluate``."""
 
   @abc.abstractmethod
-  def evaluate(self, data: SplitData,
-               predictions: Mapping[str, np.ndarray]) -> tuple[dict[str, float], Any]:
+  def evaluate(
+    self, data: SplitData, predictions: Mapping[str, np.ndarray]
+  ) -> tuple[dict[str, float], Any]:
     """(metrics, task predictions) for a split; metrics are {} when not data.has_labels."""
 
   @abc.abstractmethod

@@ -42,6 +42,7 @@ def select_features(hidden_states, mode: str, layer: int = -1) -> jax.Array:
 
 class BiLstmTagger(nn.Module):
   """Stacked bidirectional LSTMs over BxLxF features (padding excluded), then a linear layer."""
+
   num_labels: int
   hidden_size: int = 768
   num_layers: int = 2
@@ -54,15 +55,17 @@ class BiLstmTagger(nn.Module):
     for i in range(self.num_layers):
       x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
       # Params: tagger/lstm_<i>_forward/{ii,if,ig,io,hi,...}, tagger/lstm_<i>_backward/...
-      x = nn.Bidirectional(nn.RNN(nn.LSTMCell(self.hidden_size, name=f"lstm_{i}_forward")),
-                           nn.RNN(nn.LSTMCell(self.hidden_size, name=f"lstm_{i}_backward")))(
-                               x, seq_lengths=lengths_B)
+      x = nn.Bidirectional(
+        nn.RNN(nn.LSTMCell(self.hidden_size, name=f"lstm_{i}_forward")),
+        nn.RNN(nn.LSTMCell(self.hidden_size, name=f"lstm_{i}_backward")),
+      )(x, seq_lengths=lengths_B)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     return nn.Dense(self.num_labels, name="classifier")(x)
 
 
 class FeatureBasedTagger(nn.Module):
   """Frozen BertEncoder (params["bert"]) -> selected features -> BiLstmTagger."""
+
   config: BertConfig
   num_labels: int
   feature_mode: str = "concat_last_four"
@@ -71,16 +74,27 @@ class FeatureBasedTagger(nn.Module):
   lstm_num_layers: int = 2
 
   @nn.compact
-  def __call__(self, input_ids, input_mask=None, segment_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False):
-    out = BertEncoder(self.config, name="bert")(input_ids, input_mask, segment_ids,
-                                               deterministic=True, output_hidden_states=True)
+  def __call__(
+    self,
+    input_ids,
+    input_mask=None,
+    segment_ids=None,
+    deterministic: bool = True,
+    output_hidden_states: bool = False,
+  ):
+    out = BertEncoder(self.config, name="bert")(
+      input_ids, input_mask, segment_ids, deterministic=True, output_hidden_states=True
+    )
     hidden = tuple(jax.lax.stop_gradient(h) for h in out["hidden_states"])
     feats_BxLxF = select_features(hidden, self.feature_mode, self.feature_layer)
     mask = jnp.ones_like(input_ids) if input_mask is None else input_mask
-    logits = BiLstmTagger(self.num_labels, self.lstm_hidden_size, self.lstm_num_layers,
-                          self.config.hidden_dropout_prob, name="tagger")(
-                              feats_BxLxF, mask, deterministic)
+    logits = BiLstmTagger(
+      self.num_labels,
+      self.lstm_hidden_size,
+      self.lstm_num_layers,
+      self.config.hidden_dropout_prob,
+      name="tagger",
+    )(feats_BxLxF, mask, deterministic)
     result = {"logits": logits}
     if output_hidden_states:
       result["hidden_states"] = hidden
@@ -89,6 +103,7 @@ class FeatureBasedTagger(nn.Module):
 
 class FeatureBasedNerTask(NerTask):
   """NER with frozen BERT features and a trained BiLSTM (see the module docstring)."""
+
   name = "ner_feature_based"
 
   def build_model(self, bert_config: BertConfig):
@@ -97,13 +112,23 @@ class FeatureBasedNerTask(NerTask):
       raise ValueError(f"config.feature_mode {c.feature_mode!r} is not one of {FEATURE_MODES}")
     n = bert_config.num_hidden_layers + 1
     if c.feature_mode.endswith("last_four") and bert_config.num_hidden_layers < 4:
-      raise ValueError(f"config.feature_mode {c.feature_mode!r} needs at least 4 layers; the "
-                       f"encoder has {bert_config.num_hidden_layers}")
+      raise ValueError(
+        f"config.feature_mode {c.feature_mode!r} needs at least 4 layers; the "
+        f"encoder has {bert_config.num_hidden_layers}"
+      )
     if c.feature_mode == "layer" and not -n <= c.feature_layer < n:
-      raise ValueError(f"config.feature_layer {c.feature_layer} is out of range for {n} hidden "
-                       "states (embeddings + layers)")
-    return FeatureBasedTagger(bert_config, self.num_labels, c.feature_mode, c.feature_layer,
-                              c.lstm_hidden_size, c.lstm_num_layers)
+      raise ValueError(
+        f"config.feature_layer {c.feature_layer} is out of range for {n} hidden "
+        "states (embeddings + layers)"
+      )
+    return FeatureBasedTagger(
+      bert_config,
+      self.num_labels,
+      c.feature_mode,
+      c.feature_layer,
+      c.lstm_hidden_size,
+      c.lstm_num_layers,
+    )
 
   def trainable(self, path: tuple[str, ...]) -> bool:
     return not path or path[0] != "bert"

@@ -32,13 +32,16 @@ from bert_jax.tasks.length_buckets import LengthBucketer, parse_buckets
 
 def make_bucketer(task: Task, config: Any) -> LengthBucketer:
   """The run's bucketer from ``config.length_buckets`` and the task's declared axes."""
-  return LengthBucketer(parse_buckets(config.length_buckets, int(config.max_seq_length)),
-                        task.sequence_axes, tuple(task.position_keys))
+  return LengthBucketer(
+    parse_buckets(config.length_buckets, int(config.max_seq_length)),
+    task.sequence_axes,
+    tuple(task.position_keys),
+  )
 
 
 def _host_share(idx: np.ndarray, batch_size: int) -> np.ndarray:
   hb = parallel.host_batch_size(batch_size)
-  return idx[jax.process_index() * hb:(jax.process_index() + 1) * hb]
+  return idx[jax.process_index() * hb : (jax.process_index() + 1) * hb]
 
 
 def _bucketed_need(data: SplitData, bucketer: LengthBucketer | None) -> np.ndarray | None:
@@ -52,8 +55,14 @@ def _bucketed_need(data: SplitData, bucketer: LengthBucketer | None) -> np.ndarr
 class FinetuneInput:
   """The training rows as an iterator of this host's batches, with get_state/set_state."""
 
-  def __init__(self, data: SplitData, per_epoch: int, batch_size: int, seed: int,
-               bucketer: LengthBucketer | None = None):
+  def __init__(
+    self,
+    data: SplitData,
+    per_epoch: int,
+    batch_size: int,
+    seed: int,
+    bucketer: LengthBucketer | None = None,
+  ):
     self.data, self.per_epoch, self.batch_size, self.seed = data, per_epoch, batch_size, seed
     self.bucketer = bucketer
     self._need_N = _bucketed_need(data, bucketer)
@@ -66,10 +75,10 @@ class FinetuneInput:
   def global_rows(self, step: int) -> np.ndarray:
     """Indices into the split of the global batch of ``step``."""
     epoch, k = divmod(step, self.per_epoch)
-    if epoch != self._perm_epoch:      # one permutation per epoch, not per step
+    if epoch != self._perm_epoch:  # one permutation per epoch, not per step
       self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.data.num_rows)
       self._perm_epoch = epoch
-    return self._perm[k * self.batch_size:(k + 1) * self.batch_size]
+    return self._perm[k * self.batch_size : (k + 1) * self.batch_size]
 
   def batch(self, step: int) -> dict[str, np.ndarray]:
     """This process's rows of the global batch of ``step``, cut to the step's bucket."""
@@ -94,8 +103,16 @@ class FinetuneInput:
 class Predictor:
   """Runs ``task.predict`` over every row of a split in padded, bucketed global batches."""
 
-  def __init__(self, task: Task, model, mesh, rules, batch_size: int,
-               bucketer: LengthBucketer | None = None, max_seq_length: int = 0):
+  def __init__(
+    self,
+    task: Task,
+    model,
+    mesh,
+    rules,
+    batch_size: int,
+    bucketer: LengthBucketer | None = None,
+    max_seq_length: int = 0,
+  ):
     self.mesh, self.rules, self.batch_size = mesh, rules, batch_size
     self.bucketer, self.max_seq_length = bucketer, max_seq_length
     self.prediction_axes = dict(task.prediction_axes)
@@ -109,7 +126,7 @@ class Predictor:
     order = np.argsort(need_N, kind="stable") if bucketed else np.arange(n)
     outs = []
     for start in range(0, n, b):
-      idx = order[start:start + b]
+      idx = order[start : start + b]
       idx = np.concatenate([idx, np.full(b - idx.size, idx[0], idx.dtype)])
       rows = {k: v[_host_share(idx, b)] for k, v in data.arrays.items()}
       if bucketed:

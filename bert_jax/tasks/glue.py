@@ -14,7 +14,8 @@ with a header ``index\tprediction`` and label names (entailment, ...), 0/1, or a
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +32,11 @@ from bert_jax.tasks.glue_features import encode_texts
 def glue_metrics(spec: GlueSpec, labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
   """The task's official metrics on label indices (or scores for STS-B)."""
   if spec.is_regression:
-    return {"pearson": M.pearson(labels, preds), "spearman": M.spearman(labels, preds),
-            "corr": (M.pearson(labels, preds) + M.spearman(labels, preds)) / 2}
+    return {
+      "pearson": M.pearson(labels, preds),
+      "spearman": M.spearman(labels, preds),
+      "corr": (M.pearson(labels, preds) + M.spearman(labels, preds)) / 2,
+    }
   out = {"accuracy": M.accuracy(labels, preds)}
   if spec.name == "cola":
     out["mcc"] = M.matthews_corrcoef(labels, preds)
@@ -66,15 +70,18 @@ class GlueTask(Task):
     return max(1, len(self.spec.labels))
 
   def build_model(self, bert_config: BertConfig):
-    return BertForSequenceClassification(bert_config, num_labels=self.num_labels,
-                                         head_init=self.config.head_init)
+    return BertForSequenceClassification(
+      bert_config, num_labels=self.num_labels, head_init=self.config.head_init
+    )
 
   # --- data ---------------------------------------------------------------------------------
   def _task_dir(self) -> str:
     root = self.config.data_dir
     if not root:
-      raise ValueError("config.data_dir is empty: set it to a GLUE directory "
-                       f"(holding {self.spec.dir_name}/) or to the {self.spec.dir_name} folder")
+      raise ValueError(
+        "config.data_dir is empty: set it to a GLUE directory "
+        f"(holding {self.spec.dir_name}/) or to the {self.spec.dir_name} folder"
+      )
     sub = os.path.join(root, self.spec.dir_name)
     return sub if os.path.isdir(sub) else root
 
@@ -83,13 +90,17 @@ class GlueTask(Task):
     spec = self.spec
     labelled = split == self.train_split or split in self.eval_splits
     if split not in (self.train_split, *self.eval_splits, *self.test_splits):
-      raise ValueError(f"{spec.name} has no split {split!r}; splits: "
-                       f"{[self.train_split, *self.eval_splits, *self.test_splits]}")
+      raise ValueError(
+        f"{spec.name} has no split {split!r}; splits: "
+        f"{[self.train_split, *self.eval_splits, *self.test_splits]}"
+      )
     source = self.config.data_source
     if source == "tfds":
       if not self.config.tfds_data_dir:
-        raise ValueError("config.data_source='tfds' needs config.tfds_data_dir (a local TFDS "
-                         "data_dir with glue/* prepared; nothing is downloaded)")
+        raise ValueError(
+          "config.data_source='tfds' needs config.tfds_data_dir (a local TFDS "
+          "data_dir with glue/* prepared; nothing is downloaded)"
+        )
       return read_tfds(spec, split, self.config.tfds_data_dir), labelled, 0
     if source != "tsv":
       raise ValueError(f"config.data_source must be 'tsv' or 'tfds', got {source!r}")
@@ -102,18 +113,25 @@ class GlueTask(Task):
 
   def load_split(self, split: str) -> SplitData:
     examples, labelled, skipped = self.read_examples(split)
-    limit = (self.config.max_train_examples if split == self.train_split
-             else self.config.max_eval_examples)
+    limit = (
+      self.config.max_train_examples if split == self.train_split else self.config.max_eval_examples
+    )
     if limit:
       examples = examples[:limit]
     arrays, truncated = encode_texts(
-        self.tokenizer, [e.text_a for e in examples],
-        [e.text_b for e in examples] if self.spec.text_b else None,
-        int(self.config.max_seq_length))
+      self.tokenizer,
+      [e.text_a for e in examples],
+      [e.text_b for e in examples] if self.spec.text_b else None,
+      int(self.config.max_seq_length),
+    )
     arrays["label"] = labels_array(self.spec, examples)
-    return SplitData(split, arrays, examples=examples, has_labels=labelled,
-                     stats={"examples": len(examples), "truncated": truncated,
-                            "skipped_malformed": skipped})
+    return SplitData(
+      split,
+      arrays,
+      examples=examples,
+      has_labels=labelled,
+      stats={"examples": len(examples), "truncated": truncated, "skipped_malformed": skipped},
+    )
 
   # --- model outputs ------------------------------------------------------------------------
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):

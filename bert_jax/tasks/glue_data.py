@@ -27,71 +27,177 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class GlueSpec:
-  name: str                      # registry name, e.g. "mnli"
-  dir_name: str                  # folder in a GLUE data directory, e.g. "MNLI"
-  labels: tuple[str, ...]        # label names in logit order; () for regression (STS-B)
-  text_a: str                    # header column of the first text
-  text_b: Optional[str]          # header column of the second text (None: single sentence)
-  label: str                     # header column of the label
+  name: str  # registry name, e.g. "mnli"
+  dir_name: str  # folder in a GLUE data directory, e.g. "MNLI"
+  labels: tuple[str, ...]  # label names in logit order; () for regression (STS-B)
+  text_a: str  # header column of the first text
+  text_b: Optional[str]  # header column of the second text (None: single sentence)
+  label: str  # header column of the label
   primary_metric: str
-  eval_files: tuple[tuple[str, str], ...]         # (split, file)
-  test_files: tuple[tuple[str, str, str], ...]    # (split, file, submission file)
+  eval_files: tuple[tuple[str, str], ...]  # (split, file)
+  test_files: tuple[tuple[str, str, str], ...]  # (split, file, submission file)
   tfds_name: str
-  tfds_splits: tuple[tuple[str, str], ...]        # (split, tfds split)
-  tfds_text: tuple[str, Optional[str]]            # tfds feature names of text a, b
+  tfds_splits: tuple[tuple[str, str], ...]  # (split, tfds split)
+  tfds_text: tuple[str, Optional[str]]  # tfds feature names of text a, b
 
   @property
   def is_regression(self) -> bool:
     return not self.labels
 
 
-def _spec(name, dir_name, labels, text_a, text_b, label, primary, tfds_text, submission,
-          eval_files=(("dev", "dev.tsv"),), test_files=None, tfds_splits=None):
+def _spec(
+  name,
+  dir_name,
+  labels,
+  text_a,
+  text_b,
+  label,
+  primary,
+  tfds_text,
+  submission,
+  eval_files=(("dev", "dev.tsv"),),
+  test_files=None,
+  tfds_splits=None,
+):
   test_files = test_files or (("test", "test.tsv", submission),)
   tfds_splits = tfds_splits or (("train", "train"), ("dev", "validation"), ("test", "test"))
-  return GlueSpec(name, dir_name, tuple(labels), text_a, text_b, label, primary, eval_files,
-                  test_files, f"glue/{name}", tfds_splits, tfds_text)
+  return GlueSpec(
+    name,
+    dir_name,
+    tuple(labels),
+    text_a,
+    text_b,
+    label,
+    primary,
+    eval_files,
+    test_files,
+    f"glue/{name}",
+    tfds_splits,
+    tfds_text,
+  )
 
 
 NLI3 = ("contradiction", "entailment", "neutral")
 NLI2 = ("entailment", "not_entailment")
 
-SPECS: dict[str, GlueSpec] = {s.name: s for s in [
-    _spec("cola", "CoLA", ("0", "1"), "sentence", None, "label", "mcc", ("sentence", None),
-          "CoLA.tsv"),
-    _spec("sst2", "SST-2", ("0", "1"), "sentence", None, "label", "accuracy",
-          ("sentence", None), "SST-2.tsv"),
-    _spec("mrpc", "MRPC", ("0", "1"), "#1 String", "#2 String", "Quality", "f1",
-          ("sentence1", "sentence2"), "MRPC.tsv"),
-    _spec("stsb", "STS-B", (), "sentence1", "sentence2", "score", "pearson",
-          ("sentence1", "sentence2"), "STS-B.tsv"),
-    _spec("qqp", "QQP", ("0", "1"), "question1", "question2", "is_duplicate", "f1",
-          ("question1", "question2"), "QQP.tsv"),
-    _spec("mnli", "MNLI", NLI3, "sentence1", "sentence2", "gold_label", "accuracy",
-          ("premise", "hypothesis"), None,
-          eval_files=(("dev_matched", "dev_matched.tsv"), ("dev_mismatched", "dev_mismatched.tsv")),
-          test_files=(("test_matched", "test_matched.tsv", "MNLI-m.tsv"),
-                      ("test_mismatched", "test_mismatched.tsv", "MNLI-mm.tsv"),
-                      ("ax", "diagnostic/diagnostic.tsv", "AX.tsv")),
-          tfds_splits=(("train", "train"), ("dev_matched", "validation_matched"),
-                       ("dev_mismatched", "validation_mismatched"),
-                       ("test_matched", "test_matched"), ("test_mismatched", "test_mismatched"),
-                       ("ax", "glue/ax:test"))),
-    _spec("qnli", "QNLI", NLI2, "question", "sentence", "label", "accuracy",
-          ("question", "sentence"), "QNLI.tsv"),
-    _spec("rte", "RTE", NLI2, "sentence1", "sentence2", "label", "accuracy",
-          ("sentence1", "sentence2"), "RTE.tsv"),
-    _spec("wnli", "WNLI", ("0", "1"), "sentence1", "sentence2", "label", "accuracy",
-          ("sentence1", "sentence2"), "WNLI.tsv"),
-]}
+SPECS: dict[str, GlueSpec] = {
+  s.name: s
+  for s in [
+    _spec(
+      "cola", "CoLA", ("0", "1"), "sentence", None, "label", "mcc", ("sentence", None), "CoLA.tsv"
+    ),
+    _spec(
+      "sst2",
+      "SST-2",
+      ("0", "1"),
+      "sentence",
+      None,
+      "label",
+      "accuracy",
+      ("sentence", None),
+      "SST-2.tsv",
+    ),
+    _spec(
+      "mrpc",
+      "MRPC",
+      ("0", "1"),
+      "#1 String",
+      "#2 String",
+      "Quality",
+      "f1",
+      ("sentence1", "sentence2"),
+      "MRPC.tsv",
+    ),
+    _spec(
+      "stsb",
+      "STS-B",
+      (),
+      "sentence1",
+      "sentence2",
+      "score",
+      "pearson",
+      ("sentence1", "sentence2"),
+      "STS-B.tsv",
+    ),
+    _spec(
+      "qqp",
+      "QQP",
+      ("0", "1"),
+      "question1",
+      "question2",
+      "is_duplicate",
+      "f1",
+      ("question1", "question2"),
+      "QQP.tsv",
+    ),
+    _spec(
+      "mnli",
+      "MNLI",
+      NLI3,
+      "sentence1",
+      "sentence2",
+      "gold_label",
+      "accuracy",
+      ("premise", "hypothesis"),
+      None,
+      eval_files=(("dev_matched", "dev_matched.tsv"), ("dev_mismatched", "dev_mismatched.tsv")),
+      test_files=(
+        ("test_matched", "test_matched.tsv", "MNLI-m.tsv"),
+        ("test_mismatched", "test_mismatched.tsv", "MNLI-mm.tsv"),
+        ("ax", "diagnostic/diagnostic.tsv", "AX.tsv"),
+      ),
+      tfds_splits=(
+        ("train", "train"),
+        ("dev_matched", "validation_matched"),
+        ("dev_mismatched", "validation_mismatched"),
+        ("test_matched", "test_matched"),
+        ("test_mismatched", "test_mismatched"),
+        ("ax", "glue/ax:test"),
+      ),
+    ),
+    _spec(
+      "qnli",
+      "QNLI",
+      NLI2,
+      "question",
+      "sentence",
+      "label",
+      "accuracy",
+      ("question", "sentence"),
+      "QNLI.tsv",
+    ),
+    _spec(
+      "rte",
+      "RTE",
+      NLI2,
+      "sentence1",
+      "sentence2",
+      "label",
+      "accuracy",
+      ("sentence1", "sentence2"),
+      "RTE.tsv",
+    ),
+    _spec(
+      "wnli",
+      "WNLI",
+      ("0", "1"),
+      "sentence1",
+      "sentence2",
+      "label",
+      "accuracy",
+      ("sentence1", "sentence2"),
+      "WNLI.tsv",
+    ),
+  ]
+}
 
 
 @dataclasses.dataclass
 class GlueExample:
-  index: str                   # the test file's index column (or the row number)
+  index: str  # the test file's index column (or the row number)
   text_a: str
   text_b: Optional[str]
-  label: Any                   # label index (int), score (float), or None (test)
+  label: Any  # label index (int), score (float), or None (test)
 
 
 class GlueInputError(ValueError):
@@ -114,13 +220,15 @@ def _label_value(spec: GlueSpec, raw: str, where: str) -> Any:
     except ValueError:
       raise GlueInputError(f"{where}: score {raw!r} is not a number") from None
   if raw not in spec.labels:
-    raise GlueInputError(f"{where}: unknown label {raw!r}; {spec.name} labels are "
-                         f"{list(spec.labels)}")
+    raise GlueInputError(
+      f"{where}: unknown label {raw!r}; {spec.name} labels are {list(spec.labels)}"
+    )
   return spec.labels.index(raw)
 
 
-def read_tsv(spec: GlueSpec, path: str, labelled: bool,
-             skip_malformed_rows: bool = False) -> tuple[list[GlueExample], int]:
+def read_tsv(
+  spec: GlueSpec, path: str, labelled: bool, skip_malformed_rows: bool = False
+) -> tuple[list[GlueExample], int]:
   """Examples of one GLUE TSV file and the number of malformed rows skipped."""
   rows = _read_rows(path)
   examples, skipped = [], 0
@@ -159,14 +267,16 @@ def read_tsv(spec: GlueSpec, path: str, labelled: bool,
         continue
       raise
     index = row[index_col].strip() if index_col is not None else str(len(examples))
-    examples.append(GlueExample(index, row[a_col], row[b_col] if b_col is not None else None,
-                                label))
+    examples.append(
+      GlueExample(index, row[a_col], row[b_col] if b_col is not None else None, label)
+    )
   return examples, skipped
 
 
 def read_tfds(spec: GlueSpec, split: str, data_dir: str) -> list[GlueExample]:
   """Examples of a TFDS glue/<task> split prepared in ``data_dir`` (no download)."""
-  import tensorflow_datasets as tfds  # heavy import, only for this source
+  import tensorflow_datasets as tfds  # noqa: PLC0415 (heavy; only for this source)
+
   tfds_split = dict(spec.tfds_splits)[split]
   name = spec.tfds_name
   if ":" in tfds_split:  # e.g. AX lives in its own dataset: "glue/ax:test"
@@ -175,8 +285,9 @@ def read_tfds(spec: GlueSpec, split: str, data_dir: str) -> list[GlueExample]:
     builder = tfds.builder(name, data_dir=data_dir)
     ds = builder.as_data_source(split=tfds_split)
   except Exception as e:  # tfds raises many types; name what was asked for
-    raise FileNotFoundError(f"TFDS dataset {name} split {tfds_split} not prepared in "
-                            f"{data_dir}: {e}") from e
+    raise FileNotFoundError(
+      f"TFDS dataset {name} split {tfds_split} not prepared in {data_dir}: {e}"
+    ) from e
   label_feature = builder.info.features["label"]
   names = getattr(label_feature, "names", None)
   text_a, text_b = spec.tfds_text
@@ -198,8 +309,11 @@ def read_tfds(spec: GlueSpec, split: str, data_dir: str) -> list[GlueExample]:
       if label_name not in spec.labels:
         raise GlueInputError(f"{name}[{tfds_split}] row {i}: unknown label {label_name!r}")
       label = spec.labels.index(label_name)
-    examples.append(GlueExample(str(int(ex.get("idx", i))), dec(ex[text_a]),
-                                dec(ex[text_b]) if text_b else None, label))
+    examples.append(
+      GlueExample(
+        str(int(ex.get("idx", i))), dec(ex[text_a]), dec(ex[text_b]) if text_b else None, label
+      )
+    )
   if split.startswith("test") or split == "ax":
     for ex in examples:
       ex.label = None

@@ -27,15 +27,16 @@ such position stays inside the batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 MASK_KEY = "input_mask"
 
 
-def parse_buckets(setting: str | int, max_seq_length: int, key: str = "length_buckets"
-                  ) -> tuple[int, ...]:
+def parse_buckets(
+  setting: str | int, max_seq_length: int, key: str = "length_buckets"
+) -> tuple[int, ...]:
   """Bucket lengths (ascending, ending at ``max_seq_length``) from the config value; () = off.
 
   Errors name ``config.<key>``.
@@ -47,8 +48,10 @@ def parse_buckets(setting: str | int, max_seq_length: int, key: str = "length_bu
   try:
     values = [int(v) for v in text.replace(" ", "").split(",") if v]
   except ValueError:
-    raise ValueError(f"config.{key}={setting!r}: expected '' (off), one number (a multiple, "
-                     "e.g. '32') or comma-separated lengths (e.g. '32,64,128')") from None
+    raise ValueError(
+      f"config.{key}={setting!r}: expected '' (off), one number (a multiple, "
+      "e.g. '32') or comma-separated lengths (e.g. '32,64,128')"
+    ) from None
   bad = [v for v in values if v <= 0]
   if bad:
     raise ValueError(f"config.{key}={setting!r}: lengths must be positive, got {bad}")
@@ -58,8 +61,9 @@ def parse_buckets(setting: str | int, max_seq_length: int, key: str = "length_bu
   else:
     too_long = [v for v in values if v > max_seq_length]
     if too_long:
-      raise ValueError(f"config.{key}={setting!r}: {too_long} exceed(s) "
-                       f"max_seq_length={max_seq_length}")
+      raise ValueError(
+        f"config.{key}={setting!r}: {too_long} exceed(s) max_seq_length={max_seq_length}"
+      )
   return tuple(sorted(set(v for v in values if v < max_seq_length) | {max_seq_length}))
 
 
@@ -81,14 +85,17 @@ class LengthBucketer:
       ``sequence_axes``; it must include ``input_mask``).
     position_keys: arrays whose values are positions into the sequence (kept inside the cut).
   """
+
   buckets: tuple[int, ...]
   sequence_axes: Mapping[str, int]
   position_keys: Sequence[str] = ()
 
   def __post_init__(self):
     if self.buckets and MASK_KEY not in self.sequence_axes:
-      raise ValueError(f"length bucketing needs {MASK_KEY!r} among the task's sequence_axes "
-                       f"{dict(self.sequence_axes)}")
+      raise ValueError(
+        f"length bucketing needs {MASK_KEY!r} among the task's sequence_axes "
+        f"{dict(self.sequence_axes)}"
+      )
 
   @property
   def enabled(self) -> bool:
@@ -123,8 +130,9 @@ class LengthBucketer:
     axis = self.sequence_axes[MASK_KEY] % rows[MASK_KEY].ndim
     used_NxL = np.moveaxis(rows[MASK_KEY] != 0, axis, -1)
     used_NxL = used_NxL.reshape(used_NxL.shape[0], -1, used_NxL.shape[-1]).any(axis=1)
-    length_N = np.where(used_NxL.any(axis=1),
-                        used_NxL.shape[1] - np.argmax(used_NxL[:, ::-1], axis=1), 0)
+    length_N = np.where(
+      used_NxL.any(axis=1), used_NxL.shape[1] - np.argmax(used_NxL[:, ::-1], axis=1), 0
+    )
     for key in self.position_keys:
       if key in rows and rows[key].size:
         positions = rows[key].reshape(rows[key].shape[0], -1)
@@ -144,8 +152,9 @@ class LengthBucketer:
     return out
 
   @staticmethod
-  def pad(outputs: Mapping[str, np.ndarray], axes: Mapping[str, int], length: int
-          ) -> dict[str, np.ndarray]:
+  def pad(
+    outputs: Mapping[str, np.ndarray], axes: Mapping[str, int], length: int
+  ) -> dict[str, np.ndarray]:
     """Per-row outputs with a length axis (``axes``) padded back to ``length``.
 
     Floats (logits) are padded with their dtype's lowest value, so a padded position is never

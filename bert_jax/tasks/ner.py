@@ -16,7 +16,8 @@ written as ``<split>_predictions.txt`` in conlleval's input format: ``word gold 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +27,14 @@ import optax
 from bert_jax.model import BertConfig, BertForTokenClassification
 from bert_jax.tasks.base import INPUT_KEYS, SplitData, Task
 from bert_jax.tasks.ner_conlleval import conlleval
-from bert_jax.tasks.ner_data import (check_labels, label_list, pack_sentences, read_conll,
-                                     split_sentences, unpack_predictions)
+from bert_jax.tasks.ner_data import (
+  check_labels,
+  label_list,
+  pack_sentences,
+  read_conll,
+  split_sentences,
+  unpack_predictions,
+)
 
 
 def masked_token_loss(logits_BxLxC, label_ids_BxL, weights_BxL):
@@ -61,8 +68,9 @@ class NerTask(Task):
     if split == "train" or (split == "dev" and not c.dev_file and c.dev_fraction > 0):
       if not c.train_file:
         raise ValueError("config.train_file is empty: set it to a CoNLL-format file")
-      train = read_conll(c.train_file, c.skip_malformed_lines,
-                         self._read_stats.setdefault("train", {}))
+      train = read_conll(
+        c.train_file, c.skip_malformed_lines, self._read_stats.setdefault("train", {})
+      )
       if not c.dev_file and c.dev_fraction > 0:
         train, dev = split_sentences(train, c.dev_fraction, c.split_seed)
         self._cache["dev"] = dev
@@ -72,10 +80,13 @@ class NerTask(Task):
       if key is None:
         raise ValueError(f"NER has no split {split!r}; splits: train, dev, test")
       if not c[key]:
-        raise ValueError(f"config.{key} is empty: no {split} split (for a file without a dev "
-                         "split set config.dev_fraction)")
-      self._cache[split] = read_conll(c[key], c.skip_malformed_lines,
-                                      self._read_stats.setdefault(split, {}))
+        raise ValueError(
+          f"config.{key} is empty: no {split} split (for a file without a dev "
+          "split set config.dev_fraction)"
+        )
+      self._cache[split] = read_conll(
+        c[key], c.skip_malformed_lines, self._read_stats.setdefault(split, {})
+      )
     return self._cache[split]
 
   @property
@@ -92,16 +103,27 @@ class NerTask(Task):
 
   def load_split(self, split: str) -> SplitData:
     sentences = self.sentences(split)
-    limit = (self.config.max_train_examples if split == self.train_split
-             else self.config.max_eval_examples)
+    limit = (
+      self.config.max_train_examples if split == self.train_split else self.config.max_eval_examples
+    )
     if limit:
       sentences = sentences[:limit]
     check_labels(sentences, self.labels)
-    arrays, rows, stats = pack_sentences(self.tokenizer, sentences, self.labels,
-                                         int(self.config.max_seq_length))
-    return SplitData(split, arrays, examples=sentences, features=rows,
-                     stats={"examples": len(sentences), "rows": len(rows), **stats,
-                            **self._read_stats.get(split, self._read_stats.get("train", {}))})
+    arrays, rows, stats = pack_sentences(
+      self.tokenizer, sentences, self.labels, int(self.config.max_seq_length)
+    )
+    return SplitData(
+      split,
+      arrays,
+      examples=sentences,
+      features=rows,
+      stats={
+        "examples": len(sentences),
+        "rows": len(rows),
+        **stats,
+        **self._read_stats.get(split, self._read_stats.get("train", {})),
+      },
+    )
 
   @property
   def sequence_axes(self) -> dict[str, int]:
@@ -113,8 +135,9 @@ class NerTask(Task):
 
   # --- model ----------------------------------------------------------------------------------
   def build_model(self, bert_config: BertConfig):
-    return BertForTokenClassification(bert_config, num_labels=self.num_labels,
-                                      head_init=self.config.head_init)
+    return BertForTokenClassification(
+      bert_config, num_labels=self.num_labels, head_init=self.config.head_init
+    )
 
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):
     return masked_token_loss(outputs["logits"], batch["label_ids"], batch["label_weights"])
@@ -123,8 +146,9 @@ class NerTask(Task):
     return {"label_ids": jnp.argmax(outputs["logits"], -1).astype(jnp.int32)}
 
   def evaluate(self, data: SplitData, predictions: Mapping[str, np.ndarray]):
-    pred_tags = unpack_predictions(np.asarray(predictions["label_ids"]), data.features,
-                                   data.examples, self.labels)
+    pred_tags = unpack_predictions(
+      np.asarray(predictions["label_ids"]), data.features, data.examples, self.labels
+    )
     scores = conlleval([s.tags for s in data.examples], pred_tags)
     return scores, pred_tags
 

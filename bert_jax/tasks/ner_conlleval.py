@@ -18,7 +18,7 @@ F1 their harmonic mean (0 when undefined); ``accuracy`` is the token accuracy.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def split_tag(tag: str) -> tuple[str, str]:
@@ -33,8 +33,19 @@ def split_tag(tag: str) -> tuple[str, str]:
 def _end_of_chunk(prev: str, prev_type: str, cur: str, cur_type: str) -> bool:
   if prev == "S":
     return True
-  if (prev, cur) in {("B", "B"), ("B", "O"), ("B", "S"), ("I", "B"), ("I", "O"), ("I", "S"),
-                     ("E", "E"), ("E", "I"), ("E", "O"), ("E", "B"), ("E", "S")}:
+  if (prev, cur) in {
+    ("B", "B"),
+    ("B", "O"),
+    ("B", "S"),
+    ("I", "B"),
+    ("I", "O"),
+    ("I", "S"),
+    ("E", "E"),
+    ("E", "I"),
+    ("E", "O"),
+    ("E", "B"),
+    ("E", "S"),
+  }:
     return True
   return prev != "O" and prev_type != cur_type
 
@@ -92,6 +103,7 @@ def conlleval(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> d
         per_type.setdefault(t, [0, 0, 0])[k] += 1
   out = _prf(correct_n, pred_n, gold_n)
   out["accuracy"] = tok_ok / tok_n if tok_n else 0.0
-  out["per_type"] = {t: {**_prf(*v), "predicted": v[1], "gold": v[2]}
-                     for t, v in sorted(per_type.items())}
+  out["per_type"] = {
+    t: {**_prf(*v), "predicted": v[1], "gold": v[2]} for t, v in sorted(per_type.items())
+  }
   return out

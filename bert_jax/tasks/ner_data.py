@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,12 +35,13 @@ class ConllInputError(ValueError):
 class Sentence:
   words: list[str]
   tags: list[str]
-  lines: list[int]   # 1-based line number of each token, for error messages
+  lines: list[int]  # 1-based line number of each token, for error messages
   path: str
 
 
-def read_conll(path: str, skip_malformed: bool = False,
-               stats: dict | None = None) -> list[Sentence]:
+def read_conll(
+  path: str, skip_malformed: bool = False, stats: dict | None = None
+) -> list[Sentence]:
   """Sentences of a CoNLL-format file (see the module docstring).
 
   With ``skip_malformed`` a line without a tag or with a malformed tag is dropped (the
@@ -74,8 +76,10 @@ def read_conll(path: str, skip_malformed: bool = False,
         if skip_malformed:
           stats["skipped_lines"] += 1
           continue
-        raise ConllInputError(f"{path}:{line_no}: {problem}; fix the file or set "
-                              "config.skip_malformed_lines=True to skip (and count) such lines")
+        raise ConllInputError(
+          f"{path}:{line_no}: {problem}; fix the file or set "
+          "config.skip_malformed_lines=True to skip (and count) such lines"
+        )
       words.append(fields[0])
       tags.append(fields[-1])
       lines.append(line_no)
@@ -94,8 +98,10 @@ def check_labels(sentences: Sequence[Sentence], labels: Sequence[str]) -> None:
   for s in sentences:
     for tag, line in zip(s.tags, s.lines):
       if tag not in known:
-        raise ConllInputError(f"{s.path}:{line}: tag {tag!r} is not among the task's labels "
-                              f"{list(labels)} (set config.labels to include it)")
+        raise ConllInputError(
+          f"{s.path}:{line}: tag {tag!r} is not among the task's labels "
+          f"{list(labels)} (set config.labels to include it)"
+        )
 
 
 def split_sentences(sentences: Sequence[Sentence], fraction: float, seed: int):
@@ -105,19 +111,22 @@ def split_sentences(sentences: Sequence[Sentence], fraction: float, seed: int):
   order = np.random.default_rng(seed).permutation(len(sentences))
   n_dev = max(1, int(round(fraction * len(sentences))))
   dev = set(order[:n_dev].tolist())
-  return ([s for i, s in enumerate(sentences) if i not in dev],
-          [s for i, s in enumerate(sentences) if i in dev])
+  return (
+    [s for i, s in enumerate(sentences) if i not in dev],
+    [s for i, s in enumerate(sentences) if i in dev],
+  )
 
 
 @dataclasses.dataclass
 class Row:
-  sentence: int          # index of the sentence in the split
-  first_word: int        # index of the row's first word in that sentence
-  positions: list[int]   # token position of each of the row's words' first piece
+  sentence: int  # index of the sentence in the split
+  first_word: int  # index of the row's first word in that sentence
+  positions: list[int]  # token position of each of the row's words' first piece
 
 
-def pack_sentences(tokenizer: Any, sentences: Sequence[Sentence], labels: Sequence[str],
-                   max_seq_length: int) -> tuple[dict[str, np.ndarray], list[Row], dict]:
+def pack_sentences(
+  tokenizer: Any, sentences: Sequence[Sentence], labels: Sequence[str], max_seq_length: int
+) -> tuple[dict[str, np.ndarray], list[Row], dict]:
   """Rows [N, L] (input_ids, input_mask, segment_ids, label_ids, label_weights) and their map."""
   if max_seq_length < 3:
     raise ValueError(f"max_seq_length must be at least 3, got {max_seq_length}")
@@ -152,11 +161,13 @@ def pack_sentences(tokenizer: Any, sentences: Sequence[Sentence], labels: Sequen
         break
       start = w
   n, L = len(rows), max_seq_length
-  arrays = {"input_ids": np.full((n, L), tokenizer.pad_id, np.int32),
-            "input_mask": np.zeros((n, L), np.int32),
-            "segment_ids": np.zeros((n, L), np.int32),
-            "label_ids": np.zeros((n, L), np.int32),
-            "label_weights": np.zeros((n, L), np.float32)}
+  arrays = {
+    "input_ids": np.full((n, L), tokenizer.pad_id, np.int32),
+    "input_mask": np.zeros((n, L), np.int32),
+    "segment_ids": np.zeros((n, L), np.int32),
+    "label_ids": np.zeros((n, L), np.int32),
+    "label_weights": np.zeros((n, L), np.float32),
+  }
   for i, (ids, labs) in enumerate(zip(rows_ids, rows_lab)):
     k = len(ids)
     arrays["input_ids"][i, :k] = ids
@@ -167,8 +178,12 @@ def pack_sentences(tokenizer: Any, sentences: Sequence[Sentence], labels: Sequen
   return arrays, rows, {"sentences_split": n_split, "words_truncated": n_trunc}
 
 
-def unpack_predictions(pred_ids_NxL: np.ndarray, rows: Sequence[Row],
-                       sentences: Sequence[Sentence], labels: Sequence[str]) -> list[list[str]]:
+def unpack_predictions(
+  pred_ids_NxL: np.ndarray,
+  rows: Sequence[Row],
+  sentences: Sequence[Sentence],
+  labels: Sequence[str],
+) -> list[list[str]]:
   """Predicted tags per word of every sentence, from the rows' argmax label ids."""
   out = [["O"] * len(s.words) for s in sentences]
   for r, row in enumerate(rows):

@@ -42,12 +42,14 @@ from absl import logging
 
 from bert_jax import parallel
 from bert_jax.checkpoint.manager import CheckpointManager, InitReport, merge_pretrained_params
-from bert_jax.tasks import create_task
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
+from bert_jax.tasks import create_task
+from bert_jax.tasks import runner_io as io
 from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.finetune_input import FinetuneInput, Predictor, make_bucketer
-from bert_jax.tasks import runner_io as io
-from bert_jax.train import optimizers, state as state_lib, train_step as step_lib
+from bert_jax.train import optimizers
+from bert_jax.train import state as state_lib
+from bert_jax.train import train_step as step_lib
 from bert_jax.train.loop import LoopOptions, Phase, train_loop
 from bert_jax.train.metrics import MetricWriter
 
@@ -70,13 +72,16 @@ def with_frozen(tx: optax.GradientTransformation, task: Task) -> optax.GradientT
   def zero_frozen(updates, params=None):
     del params
     return jax.tree_util.tree_map_with_path(
-        lambda p, u: u if task.trainable(_names(p)) else jax.numpy.zeros_like(u), updates)
+      lambda p, u: u if task.trainable(_names(p)) else jax.numpy.zeros_like(u), updates
+    )
+
   return optax.chain(tx, optax.stateless(zero_frozen))
 
 
 def make_loss_fn(task: Task, model):
   def loss_fn(params, batch, rng, deterministic):
     return task.loss(task.apply(model, params, batch, deterministic, rng), batch)
+
   return loss_fn
 
 
@@ -89,12 +94,16 @@ def _plan(config, num_rows: int) -> tuple[int, int, int]:
   """(steps per epoch, total steps, warmup steps)."""
   b = int(config.train_batch_size)
   if num_rows < b:
-    raise ValueError(f"the training split has {num_rows} rows, fewer than "
-                     f"config.train_batch_size={b}")
+    raise ValueError(
+      f"the training split has {num_rows} rows, fewer than config.train_batch_size={b}"
+    )
   per_epoch = num_rows // b
   total = int(config.num_train_steps) or max(1, int(round(config.num_train_epochs * per_epoch)))
-  warmup = (int(config.num_warmup_steps) if config.num_warmup_steps >= 0
-            else int(config.warmup_proportion * total))
+  warmup = (
+    int(config.num_warmup_steps)
+    if config.num_warmup_steps >= 0
+    else int(config.warmup_proportion * total)
+  )
   return per_epoch, total, warmup
 
 
@@ -108,7 +117,7 @@ class _Writer(MetricWriter):
   def __init__(self, workdir: str):
     super().__init__(workdir)
     self.losses: list[list[float]] = []
-    self.first_step_seconds: float | None = None   # the loop's first step: mostly compiling
+    self.first_step_seconds: float | None = None  # the loop's first step: mostly compiling
 
   def scalars(self, step: int, values) -> None:
     if "train/loss" in values:
@@ -130,15 +139,24 @@ def _initial_state(config, setup, manager, abstract, shardings, init_fn, tx):
   state = init_fn()
   if setup.pretrained is None:
     return state, {}, InitReport("scratch")
-  host = jax.tree_util.tree_map(np.asarray, jax.device_get(state.params)) \
-      if jax.process_count() == 1 else _allgather(state.params)
+  host = (
+    jax.tree_util.tree_map(np.asarray, jax.device_get(state.params))
+    if jax.process_count() == 1
+    else _allgather(state.params)
+  )
   pre = setup.pretrained.params
   if "bert" not in pre:
     raise ValueError(f"{config.init_checkpoint}: no encoder ('bert') parameters found")
   merged, report = merge_pretrained_params(host, {"bert": pre["bert"]}, config.init_checkpoint)
-  report.not_loaded = sorted(report.not_loaded + [
-      "/".join(_names(p)) for p, _ in jax.tree_util.tree_flatten_with_path(
-          {k: v for k, v in pre.items() if k != "bert"})[0]])
+  report.not_loaded = sorted(
+    report.not_loaded
+    + [
+      "/".join(_names(p))
+      for p, _ in jax.tree_util.tree_flatten_with_path(
+        {k: v for k, v in pre.items() if k != "bert"}
+      )[0]
+    ]
+  )
   state = state_lib.state_with_params(state, merged, tx, shardings)
   return state, {}, report
 
@@ -150,6 +168,7 @@ def init_train_state(init_params, tx, shardings, seed: int) -> state_lib.TrainSt
 
 def _allgather(tree):
   from jax.experimental import multihost_utils  # noqa: PLC0415
+
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
@@ -171,8 +190,8 @@ class _EvalHook:
     self.history = [h for h in saved.get("history", []) if h["step"] <= (resumed_step or 0)]
     self.best_value, self.best_step = saved.get("best_value"), saved.get("best_step")
     self.primary_split = task.eval_splits[0] if task.eval_splits else None
-    self.seconds = 0.0    # spent evaluating (predict + metrics) in this process's loop
-    self.outputs: dict[int, dict[str, tuple[dict, Any]]] = {}   # step -> split -> (metrics, preds)
+    self.seconds = 0.0  # spent evaluating (predict + metrics) in this process's loop
+    self.outputs: dict[int, dict[str, tuple[dict, Any]]] = {}  # step -> split -> (metrics, preds)
 
   def __call__(self, state) -> dict[str, float]:
     step = int(jax.device_get(state.step))
@@ -195,11 +214,16 @@ class _EvalHook:
     self.outputs[step] = outputs
     self.outputs = {s: o for s, o in self.outputs.items() if s in (step, self.best_step)}
     if jax.process_index() == 0:
-      io.write_json(self.path, {"history": self.history, "best_value": self.best_value,
-                             "best_step": self.best_step})
-    return {k: v for d in self.evals
-            for k, v in io.scalar_metrics(entry[d.split], f"{d.split}/").items()
-            if "per_type" not in k}
+      io.write_json(
+        self.path,
+        {"history": self.history, "best_value": self.best_value, "best_step": self.best_step},
+      )
+    return {
+      k: v
+      for d in self.evals
+      for k, v in io.scalar_metrics(entry[d.split], f"{d.split}/").items()
+      if "per_type" not in k
+    }
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -222,47 +246,75 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   parallel.check_batch_size(batch_size, mesh, "train_batch_size")
   parallel.check_batch_size(int(config.eval_batch_size), mesh, "eval_batch_size")
   per_epoch, total, warmup = _plan(config, train.num_rows)
-  schedule = optimizers.warmup_linear_decay(config.learning_rate, warmup, total,
-                                            config.optimizer.schedule)
+  schedule = optimizers.warmup_linear_decay(
+    config.learning_rate, warmup, total, config.optimizer.schedule
+  )
   tx = with_frozen(optimizers.create_optimizer(config.optimizer, schedule), task)
   dp = parallel.data_parallel_size(mesh)
   init_params = lambda rng: task.init_variables(model, rng, dp)["params"]
   abstract, shardings = state_lib.abstract_train_state(init_params, tx, mesh, rules, config.seed)
   init_fn = lambda: init_train_state(init_params, tx, shardings, int(config.seed))
-  manager = CheckpointManager(workdir, keep=config.checkpoint.keep_checkpoint_max,
-                              async_save=config.checkpoint.async_save)
+  manager = CheckpointManager(
+    workdir, keep=config.checkpoint.keep_checkpoint_max, async_save=config.checkpoint.async_save
+  )
   best_dir = os.path.join(workdir, io.BEST_DIR)
   best_manager = CheckpointManager(best_dir, keep=1, async_save=False)
-  state, input_state, report = _initial_state(config, setup, manager, abstract, shardings,
-                                              init_fn, tx)
+  state, input_state, report = _initial_state(
+    config, setup, manager, abstract, shardings, init_fn, tx
+  )
   logging.info("Init: %s", report.describe())
   print(f"[finetune] {report.describe()}", flush=True)
   io.write_run_files(workdir, config, setup, task.head_info())
   io.copy_model_files(workdir, best_dir)
 
   step_fn = step_lib.jit_train_step(
-      step_lib.make_train_step(make_loss_fn(task, model), tx, schedule,
-                               int(config.grad_accum_steps), mesh), shardings, mesh, rules)
+    step_lib.make_train_step(
+      make_loss_fn(task, model), tx, schedule, int(config.grad_accum_steps), mesh
+    ),
+    shardings,
+    mesh,
+    rules,
+  )
   bucketer = make_bucketer(task, config)
-  predictor = Predictor(task, model, mesh, rules, int(config.eval_batch_size), bucketer,
-                        int(config.max_seq_length))
+  predictor = Predictor(
+    task, model, mesh, rules, int(config.eval_batch_size), bucketer, int(config.max_seq_length)
+  )
   eval_every = int(config.eval_every_steps) or per_epoch
-  hook = _EvalHook(task, predictor, evals, best_manager, workdir,
-                   report.step if report.source == "resumed" else None)
+  hook = _EvalHook(
+    task,
+    predictor,
+    evals,
+    best_manager,
+    workdir,
+    report.step if report.source == "resumed" else None,
+  )
   writer = _Writer(workdir)
-  phase = Phase("finetune", total,
-                lambda: FinetuneInput(train, per_epoch, batch_size, int(config.seed), bucketer),
-                step_fn, batch_size, int(config.max_seq_length))
+  phase = Phase(
+    "finetune",
+    total,
+    lambda: FinetuneInput(train, per_epoch, batch_size, int(config.seed), bucketer),
+    step_fn,
+    batch_size,
+    int(config.max_seq_length),
+  )
   options = LoopOptions(
-      save_every_steps=int(config.save_checkpoints_steps) or eval_every,
-      log_every_steps=int(config.logging.log_every_steps), eval_every_steps=eval_every,
-      save_on_preemption=bool(config.checkpoint.save_on_preemption),
-      eval_fn=hook if evals else None)
-  logging.info("Fine-tuning %s: %d rows, %d steps (%d per epoch), warmup %d, batch %d, "
-               "length buckets %s", task.name, train.num_rows, total, per_epoch, warmup,
-               batch_size, list(bucketer.buckets) if bucketer.enabled else "off")
-  loop = train_loop(state, [phase], manager, options, writer, mesh, rules,
-                    input_state=input_state)
+    save_every_steps=int(config.save_checkpoints_steps) or eval_every,
+    log_every_steps=int(config.logging.log_every_steps),
+    eval_every_steps=eval_every,
+    save_on_preemption=bool(config.checkpoint.save_on_preemption),
+    eval_fn=hook if evals else None,
+  )
+  logging.info(
+    "Fine-tuning %s: %d rows, %d steps (%d per epoch), warmup %d, batch %d, length buckets %s",
+    task.name,
+    train.num_rows,
+    total,
+    per_epoch,
+    warmup,
+    batch_size,
+    list(bucketer.buckets) if bucketer.enabled else "off",
+  )
+  loop = train_loop(state, [phase], manager, options, writer, mesh, rules, input_state=input_state)
   writer.close()
   if loop["status"] != "completed":
     manager.close(), best_manager.close()
@@ -274,10 +326,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   params = None
   if cached is None or (config.predict_test and task.test_splits):
     # The loop donated `state`: the params are those of the last (or best) checkpoint.
-    final_params = (manager.restore_params(total) if best_step == total
-                    else best_manager.restore_params(best_step))
+    final_params = (
+      manager.restore_params(total)
+      if best_step == total
+      else best_manager.restore_params(best_step)
+    )
     params = state_lib.place_like(final_params, abstract.params)
-  if cached is None:   # e.g. resumed after the last evaluation
+  if cached is None:  # e.g. resumed after the last evaluation
     final = _predict_and_write(task, predictor, params, evals, out_dir)
   else:
     final = {d.split: _write(task, d, *cached[d.split], out_dir) for d in evals}
@@ -292,23 +347,38 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       final.update(_predict_and_write(task, predictor, params, [data], out_dir))
   primary_split = hook.primary_split
   result = {
-      "task": task.name, "status": "completed", "primary_metric": task.primary_metric,
-      "primary_split": primary_split, "higher_is_better": task.higher_is_better,
-      "dev": final.get(primary_split, {}) if primary_split else {},
-      "eval": {k: v for k, v in final.items() if v},
-      "best_step": best_step, "num_train_steps": total,
-      "hparams": {k: config[k] for k in ("learning_rate", "train_batch_size", "num_train_epochs",
-                                         "seed", "max_seq_length")},
-      "history": hook.history, "data": data_stats, "init": report.describe(),
+    "task": task.name,
+    "status": "completed",
+    "primary_metric": task.primary_metric,
+    "primary_split": primary_split,
+    "higher_is_better": task.higher_is_better,
+    "dev": final.get(primary_split, {}) if primary_split else {},
+    "eval": {k: v for k, v in final.items() if v},
+    "best_step": best_step,
+    "num_train_steps": total,
+    "hparams": {
+      k: config[k]
+      for k in ("learning_rate", "train_batch_size", "num_train_epochs", "seed", "max_seq_length")
+    },
+    "history": hook.history,
+    "data": data_stats,
+    "init": report.describe(),
   }
-  summary = {"task": task.name, "status": "completed", "steps": loop["step"],
-             "train": loop["train"], "wall_seconds": time.time() - t_start,
-             "loop_seconds": loop["wall_time_sec"], "eval_seconds": hook.seconds,
-             "train_seconds": loop["wall_time_sec"] - hook.seconds,
-             "first_step_seconds": writer.first_step_seconds,
-             "primary_metric": task.primary_metric,
-             "dev_primary": result["dev"].get(task.primary_metric), "best_step": best_step,
-             "train_loss_history": writer.losses}
+  summary = {
+    "task": task.name,
+    "status": "completed",
+    "steps": loop["step"],
+    "train": loop["train"],
+    "wall_seconds": time.time() - t_start,
+    "loop_seconds": loop["wall_time_sec"],
+    "eval_seconds": hook.seconds,
+    "train_seconds": loop["wall_time_sec"] - hook.seconds,
+    "first_step_seconds": writer.first_step_seconds,
+    "primary_metric": task.primary_metric,
+    "dev_primary": result["dev"].get(task.primary_metric),
+    "best_step": best_step,
+    "train_loss_history": writer.losses,
+  }
   if jax.process_index() == 0:
     io.write_json(os.path.join(workdir, "metrics.json"), io.json_safe(result))
     io.write_json(os.path.join(workdir, "summary.json"), io.json_safe(summary))
@@ -326,13 +396,16 @@ def _write(task, data, metrics, preds, out_dir) -> dict:
 
 
 def _predict_and_write(task, predictor, params, splits, out_dir) -> dict[str, dict]:
-  return {data.split: _write(task, data, *evaluate_split(task, predictor, params, data), out_dir)
-          for data in splits}
+  return {
+    data.split: _write(task, data, *evaluate_split(task, predictor, params, data), out_dir)
+    for data in splits
+  }
 
 
 # --- evaluation of a fine-tuned workdir ------------------------------------------------------
-def evaluate(workdir: str, split: str = "dev", output_dir: str = "",
-             overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def evaluate(
+  workdir: str, split: str = "dev", output_dir: str = "", overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
   """Evaluates the best (else latest) checkpoint of a fine-tuning workdir on ``split``.
 
   ``split`` is "dev" (every dev split of the task), "test" (every test split) or a split's own
@@ -352,6 +425,7 @@ def evaluate(workdir: str, split: str = "dev", output_dir: str = "",
     raise FileNotFoundError(f"{workdir}: no checkpoint to evaluate (checkpoints/ is empty)")
   bert_config = io.read_model_config(workdir).replace(dtype=config.dtype)
   from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+
   task = create_task(config, load_tokenizer(workdir))
   model = task.build_model(bert_config)
   names = {"dev": task.eval_splits, "test": task.test_splits}.get(split, (split,))
@@ -369,9 +443,17 @@ def evaluate(workdir: str, split: str = "dev", output_dir: str = "",
   finally:
     manager.close()
   params = jax.tree_util.tree_map(
-      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), host, shardings)
-  predictor = Predictor(task, model, mesh, rules, int(config.eval_batch_size),
-                        make_bucketer(task, config), int(config.max_seq_length))
+    lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), host, shardings
+  )
+  predictor = Predictor(
+    task,
+    model,
+    mesh,
+    rules,
+    int(config.eval_batch_size),
+    make_bucketer(task, config),
+    int(config.max_seq_length),
+  )
   output_dir = output_dir or os.path.join(workdir, f"eval_{split}")
   splits = []
   for name in names:
@@ -380,10 +462,16 @@ def evaluate(workdir: str, split: str = "dev", output_dir: str = "",
     except FileNotFoundError as e:
       if len(names) == 1:
         raise
-      logging.warning("Skipping split %s: %s", name, e)   # e.g. MNLI's AX file is absent
+      logging.warning("Skipping split %s: %s", name, e)  # e.g. MNLI's AX file is absent
   results = _predict_and_write(task, predictor, params, splits, output_dir)
-  out = {"task": task.name, "primary_metric": task.primary_metric, "checkpoint": source,
-         "step": step, "split": split, "eval": results}
+  out = {
+    "task": task.name,
+    "primary_metric": task.primary_metric,
+    "checkpoint": source,
+    "step": step,
+    "split": split,
+    "eval": results,
+  }
   if jax.process_index() == 0:
     io.write_json(os.path.join(output_dir, "metrics.json"), io.json_safe(out))
   return out

@@ -24,16 +24,16 @@ from typing import Any
 import jax
 import ml_collections
 
-
-from bert_jax.checkpoint.manager import write_json  # noqa: F401 (runner calls io.write_json)
+from bert_jax.checkpoint.manager import write_json
 from bert_jax.model import BertConfig
 
 BEST_DIR = "best"
 # Run-config keys added after workdirs were first written, with the value that reproduces what
 # such an older run did (no bucketing; JAX's own compilation-cache setting).
-_ADDED_KEYS = {"length_buckets": "",
-               "compilation_cache": {"dir": "", "min_compile_time_secs": 1.0,
-                                     "max_size_bytes": -1}}
+_ADDED_KEYS = {
+  "length_buckets": "",
+  "compilation_cache": {"dir": "", "min_compile_time_secs": 1.0, "max_size_bytes": -1},
+}
 PREDICTIONS_DIR = "predictions"
 
 
@@ -41,7 +41,7 @@ PREDICTIONS_DIR = "predictions"
 class ModelSetup:
   bert_config: BertConfig
   tokenizer: Any
-  pretrained: Any = None      # bert_jax.checkpoint.pretrained.Pretrained when initialising
+  pretrained: Any = None  # bert_jax.checkpoint.pretrained.Pretrained when initialising
 
 
 def has_checkpoint(workdir: str) -> bool:
@@ -59,6 +59,7 @@ def read_model_config(workdir: str) -> BertConfig:
 
 def _tokenizer(path: str, do_lower_case):
   from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+
   return load_tokenizer(path, do_lower_case=do_lower_case)
 
 
@@ -70,31 +71,42 @@ def resolve_model(config: ml_collections.ConfigDict, workdir: str) -> ModelSetup
     pretrained, tokenizer, bert_config = None, None, None
     if config.init_checkpoint:
       from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415
+
       pretrained = load_pretrained(config.init_checkpoint)
       bert_config, tokenizer = pretrained.config, pretrained.tokenizer
     if config.vocab_file:
       tokenizer = _tokenizer(config.vocab_file, config.do_lower_case)
-    elif (tokenizer is not None and config.do_lower_case is not None
-          and tokenizer.do_lower_case != config.do_lower_case):
+    elif (
+      tokenizer is not None
+      and config.do_lower_case is not None
+      and tokenizer.do_lower_case != config.do_lower_case
+    ):
       tokenizer = _tokenizer(config.init_checkpoint, config.do_lower_case)
     if tokenizer is None:
-      raise ValueError("no tokenizer: config.init_checkpoint is empty or has no vocabulary; "
-                       "set config.vocab_file (a vocab.txt or SentencePiece .model)")
+      raise ValueError(
+        "no tokenizer: config.init_checkpoint is empty or has no vocabulary; "
+        "set config.vocab_file (a vocab.txt or SentencePiece .model)"
+      )
     if bert_config is None:
       bert_config = BertConfig.from_preset(config.model_preset, vocab_size=tokenizer.vocab_size)
     if tokenizer.vocab_size > bert_config.vocab_size:
-      raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
-                       f"vocab_size is {bert_config.vocab_size} (config.vocab_file does not "
-                       "belong to config.init_checkpoint?)")
+      raise ValueError(
+        f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+        f"vocab_size is {bert_config.vocab_size} (config.vocab_file does not "
+        "belong to config.init_checkpoint?)"
+      )
     setup = ModelSetup(bert_config, tokenizer, pretrained)
   setup.bert_config = setup.bert_config.replace(
-      dtype=config.dtype, hidden_dropout_prob=float(config.hidden_dropout_prob),
-      attention_probs_dropout_prob=float(config.attention_probs_dropout_prob))
+    dtype=config.dtype,
+    hidden_dropout_prob=float(config.hidden_dropout_prob),
+    attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),
+  )
   return setup
 
 
-def write_run_files(workdir: str, config: ml_collections.ConfigDict, setup: ModelSetup,
-                    head: dict) -> None:
+def write_run_files(
+  workdir: str, config: ml_collections.ConfigDict, setup: ModelSetup, head: dict
+) -> None:
   """config.json, model_config.json, tokenizer files and head.json (process 0 only)."""
   if jax.process_index() != 0:
     return
@@ -108,11 +120,18 @@ def write_run_files(workdir: str, config: ml_collections.ConfigDict, setup: Mode
 def copy_model_files(workdir: str, target: str) -> None:
   """model_config.json, head.json and the tokenizer files of ``workdir`` into ``target``."""
   import shutil  # noqa: PLC0415
+
   if jax.process_index() != 0:
     return
   os.makedirs(target, exist_ok=True)
-  for name in ("model_config.json", "head.json", "config.json", "vocab.txt",
-               "sentencepiece.model", "tokenizer_config.json"):
+  for name in (
+    "model_config.json",
+    "head.json",
+    "config.json",
+    "vocab.txt",
+    "sentencepiece.model",
+    "tokenizer_config.json",
+  ):
     src = os.path.join(workdir, name)
     if os.path.isfile(src):
       shutil.copyfile(src, os.path.join(target, name))

@@ -22,7 +22,8 @@ nbest_predictions.json and (v2) null_odds.json.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +35,11 @@ from bert_jax.tasks import squad_eval
 from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.squad_examples import SquadExample, load_squad_json, read_squad_examples
 from bert_jax.tasks.squad_features import convert_examples_to_features
-from bert_jax.tasks.squad_postprocess import (SquadPredictions, compute_predictions,
-                                              write_prediction_files)
+from bert_jax.tasks.squad_postprocess import (
+  SquadPredictions,
+  compute_predictions,
+  write_prediction_files,
+)
 
 VERSIONS = {"squad_v1": False, "squad_v2": True}  # task -> version_2_with_negative
 
@@ -43,23 +47,34 @@ VERSIONS = {"squad_v1": False, "squad_v2": True}  # task -> version_2_with_negat
 @dataclasses.dataclass
 class SquadSplitExamples:
   """What ``SplitData.examples`` holds for SQuAD: the examples and the file's ``data`` list."""
+
   examples: list[SquadExample]
   dataset: list[dict[str, Any]]
   path: str
 
 
-def qa_loss(start_logits_BxL: jax.Array, end_logits_BxL: jax.Array, start_positions_B: jax.Array,
-            end_positions_B: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+def qa_loss(
+  start_logits_BxL: jax.Array,
+  end_logits_BxL: jax.Array,
+  start_positions_B: jax.Array,
+  end_positions_B: jax.Array,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(mean of the start and end cross-entropies, metrics), as run_squad.py's loss."""
   start_ce = optax.softmax_cross_entropy_with_integer_labels(
-      start_logits_BxL.astype(jnp.float32), start_positions_B)
+    start_logits_BxL.astype(jnp.float32), start_positions_B
+  )
   end_ce = optax.softmax_cross_entropy_with_integer_labels(
-      end_logits_BxL.astype(jnp.float32), end_positions_B)
+    end_logits_BxL.astype(jnp.float32), end_positions_B
+  )
   start_loss, end_loss = jnp.mean(start_ce), jnp.mean(end_ce)
-  exact = ((jnp.argmax(start_logits_BxL, -1) == start_positions_B)
-           & (jnp.argmax(end_logits_BxL, -1) == end_positions_B))
-  return (start_loss + end_loss) / 2, {"start_loss": start_loss, "end_loss": end_loss,
-                                       "span_accuracy": jnp.mean(exact.astype(jnp.float32))}
+  exact = (jnp.argmax(start_logits_BxL, -1) == start_positions_B) & (
+    jnp.argmax(end_logits_BxL, -1) == end_positions_B
+  )
+  return (start_loss + end_loss) / 2, {
+    "start_loss": start_loss,
+    "end_loss": end_loss,
+    "span_accuracy": jnp.mean(exact.astype(jnp.float32)),
+  }
 
 
 class SquadTask(Task):
@@ -82,8 +97,9 @@ class SquadTask(Task):
   def __init__(self, config, tokenizer):
     super().__init__(config, tokenizer)
     if config.task not in VERSIONS:
-      raise ValueError(f"config.task {config.task!r} is not a SQuAD task; one of "
-                       f"{sorted(VERSIONS)}")
+      raise ValueError(
+        f"config.task {config.task!r} is not a SQuAD task; one of {sorted(VERSIONS)}"
+      )
     self.name = config.task
     self.version_2_with_negative = VERSIONS[config.task]
 
@@ -107,8 +123,10 @@ class SquadTask(Task):
     path = self.config[keys[split]]
     if not path:
       version = "2.0" if self.version_2_with_negative else "1.1"
-      raise ValueError(f"config.{keys[split]} is empty: set it to a SQuAD JSON file for the "
-                       f"{split!r} split (e.g. {split}-v{version}.json)")
+      raise ValueError(
+        f"config.{keys[split]} is empty: set it to a SQuAD JSON file for the "
+        f"{split!r} split (e.g. {split}-v{version}.json)"
+      )
     return path
 
   def load_split(self, split: str) -> SplitData:
@@ -122,65 +140,107 @@ class SquadTask(Task):
       stats["examples"] = len(examples)
     c = self.config
     arrays, features = convert_examples_to_features(
-        examples, self.tokenizer, int(c.max_seq_length), int(c.doc_stride),
-        int(c.max_query_length), stats)
+      examples,
+      self.tokenizer,
+      int(c.max_seq_length),
+      int(c.doc_stride),
+      int(c.max_query_length),
+      stats,
+    )
     dataset = [] if is_training else load_squad_json(path)
     if limit and not is_training:
       kept = {e.qas_id for e in examples}
       dataset = _restrict(dataset, kept)
     has_labels = any(e.answers or e.is_impossible for e in examples)
-    return SplitData(split, arrays, examples=SquadSplitExamples(examples, dataset, path),
-                     features=features, stats=stats, has_labels=has_labels)
+    return SplitData(
+      split,
+      arrays,
+      examples=SquadSplitExamples(examples, dataset, path),
+      features=features,
+      stats=stats,
+      has_labels=has_labels,
+    )
 
   # --- model outputs ------------------------------------------------------------------------
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):
-    return qa_loss(outputs["start_logits"], outputs["end_logits"], batch["start_positions"],
-                   batch["end_positions"])
+    return qa_loss(
+      outputs["start_logits"],
+      outputs["end_logits"],
+      batch["start_positions"],
+      batch["end_positions"],
+    )
 
   def predict(self, outputs: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    return {"start_logits": outputs["start_logits"].astype(jnp.float32),
-            "end_logits": outputs["end_logits"].astype(jnp.float32)}
+    return {
+      "start_logits": outputs["start_logits"].astype(jnp.float32),
+      "end_logits": outputs["end_logits"].astype(jnp.float32),
+    }
 
-  def postprocess(self, data: SplitData, predictions: Mapping[str, np.ndarray],
-                  null_score_diff_threshold: float | None = None) -> SquadPredictions:
+  def postprocess(
+    self,
+    data: SplitData,
+    predictions: Mapping[str, np.ndarray],
+    null_score_diff_threshold: float | None = None,
+  ) -> SquadPredictions:
     """Answer texts from the split's logits (threshold: the config's unless given)."""
     c = self.config
-    threshold = (float(c.null_score_diff_threshold) if null_score_diff_threshold is None
-                 else null_score_diff_threshold)
+    threshold = (
+      float(c.null_score_diff_threshold)
+      if null_score_diff_threshold is None
+      else null_score_diff_threshold
+    )
     return compute_predictions(
-        data.examples.examples, data.features, np.asarray(predictions["start_logits"]),
-        np.asarray(predictions["end_logits"]), self.tokenizer, int(c.n_best_size),
-        int(c.max_answer_length), self.version_2_with_negative, threshold)
+      data.examples.examples,
+      data.features,
+      np.asarray(predictions["start_logits"]),
+      np.asarray(predictions["end_logits"]),
+      self.tokenizer,
+      int(c.n_best_size),
+      int(c.max_answer_length),
+      self.version_2_with_negative,
+      threshold,
+    )
 
   def evaluate(self, data: SplitData, predictions: Mapping[str, np.ndarray]):
     preds = self.postprocess(data, predictions)
     if not data.has_labels:
       return {}, preds
-    return squad_metrics(data.examples.dataset, preds, self.version_2_with_negative,
-                         float(self.config.null_score_diff_threshold)), preds
+    return squad_metrics(
+      data.examples.dataset,
+      preds,
+      self.version_2_with_negative,
+      float(self.config.null_score_diff_threshold),
+    ), preds
 
-  def write_predictions(self, data: SplitData, predictions: SquadPredictions,
-                        out_dir: str) -> list[str]:
+  def write_predictions(
+    self, data: SplitData, predictions: SquadPredictions, out_dir: str
+  ) -> list[str]:
     return write_prediction_files(predictions, out_dir, "", self.version_2_with_negative)
 
 
-def squad_metrics(dataset: list[dict[str, Any]], preds: SquadPredictions,
-                  version_2_with_negative: bool,
-                  null_score_diff_threshold: float = 0.0) -> dict[str, float]:
+def squad_metrics(
+  dataset: list[dict[str, Any]],
+  preds: SquadPredictions,
+  version_2_with_negative: bool,
+  null_score_diff_threshold: float = 0.0,
+) -> dict[str, float]:
   """The official script's metrics for the predictions (see the module docstring)."""
   if not version_2_with_negative:
     return squad_eval.evaluate_v1(dataset, preds.predictions)
   # With na_prob_thresh = the threshold the predictions were made with, the official script's
   # headline numbers are exactly those of predictions.json.
-  out = squad_eval.evaluate_v2(dataset, preds.predictions, preds.null_odds,
-                               na_prob_thresh=null_score_diff_threshold)
+  out = squad_eval.evaluate_v2(
+    dataset, preds.predictions, preds.null_odds, na_prob_thresh=null_score_diff_threshold
+  )
   has_ans = squad_eval.qid_to_has_ans(dataset)
   exact_raw, f1_raw = squad_eval.get_raw_scores(dataset, preds.best_non_null)
   null_odds = {k: v for k, v in preds.null_odds.items() if k in exact_raw}
   out["tuned_exact"], out["tuned_exact_thresh"] = squad_eval.find_best_thresh(
-      preds.best_non_null, exact_raw, null_odds, has_ans)
+    preds.best_non_null, exact_raw, null_odds, has_ans
+  )
   out["tuned_f1"], out["tuned_f1_thresh"] = squad_eval.find_best_thresh(
-      preds.best_non_null, f1_raw, null_odds, has_ans)
+    preds.best_non_null, f1_raw, null_odds, has_ans
+  )
   return out
 
 
@@ -196,4 +256,3 @@ def _restrict(dataset: list[dict[str, Any]], qids: set[str]) -> list[dict[str, A
     if paragraphs:
       out.append({**article, "paragraphs": paragraphs})
   return out
-

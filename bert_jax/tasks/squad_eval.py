@@ -23,7 +23,8 @@ import collections
 import json
 import re
 import string
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = frozenset(string.punctuation)
@@ -45,6 +46,7 @@ def _iter_qas(dataset: Sequence[Mapping[str, Any]]):
 
 # ---------------------------------------------------------------- v1.1
 
+
 def f1_score_v1(prediction: str, ground_truth: str) -> float:
   pred_tokens = normalize_answer(prediction).split()
   gold_tokens = normalize_answer(ground_truth).split()
@@ -59,8 +61,9 @@ def exact_match_score_v1(prediction: str, ground_truth: str) -> float:
   return float(normalize_answer(prediction) == normalize_answer(ground_truth))
 
 
-def evaluate_v1(dataset: Sequence[Mapping[str, Any]],
-                predictions: Mapping[str, str]) -> dict[str, float]:
+def evaluate_v1(
+  dataset: Sequence[Mapping[str, Any]], predictions: Mapping[str, str]
+) -> dict[str, float]:
   """The official v1.1 script's {"exact_match", "f1"} (percent)."""
   exact = f1 = 0.0
   total = 0
@@ -77,6 +80,7 @@ def evaluate_v1(dataset: Sequence[Mapping[str, Any]],
 
 
 # ---------------------------------------------------------------- v2.0
+
 
 def get_tokens(s: str) -> list[str]:
   return normalize_answer(s).split() if s else []
@@ -101,8 +105,9 @@ def qid_to_has_ans(dataset: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
   return {qa["id"]: bool(qa["answers"]) for qa in _iter_qas(dataset)}
 
 
-def get_raw_scores(dataset: Sequence[Mapping[str, Any]], preds: Mapping[str, str]
-                   ) -> tuple[dict[str, float], dict[str, float]]:
+def get_raw_scores(
+  dataset: Sequence[Mapping[str, Any]], preds: Mapping[str, str]
+) -> tuple[dict[str, float], dict[str, float]]:
   """Per question id: max EM and max F1 over its (non-empty-normalised) gold answers."""
   exact, f1 = {}, {}
   for qa in _iter_qas(dataset):
@@ -115,26 +120,42 @@ def get_raw_scores(dataset: Sequence[Mapping[str, Any]], preds: Mapping[str, str
   return exact, f1
 
 
-def apply_no_ans_threshold(scores: Mapping[str, float], na_probs: Mapping[str, float],
-                           has_ans: Mapping[str, bool], na_prob_thresh: float) -> dict[str, float]:
-  return {qid: float(not has_ans[qid]) if na_probs[qid] > na_prob_thresh else s
-          for qid, s in scores.items()}
+def apply_no_ans_threshold(
+  scores: Mapping[str, float],
+  na_probs: Mapping[str, float],
+  has_ans: Mapping[str, bool],
+  na_prob_thresh: float,
+) -> dict[str, float]:
+  return {
+    qid: float(not has_ans[qid]) if na_probs[qid] > na_prob_thresh else s
+    for qid, s in scores.items()
+  }
 
 
-def make_eval_dict(exact: Mapping[str, float], f1: Mapping[str, float],
-                   qid_list: Sequence[str] | None = None) -> dict[str, float]:
+def make_eval_dict(
+  exact: Mapping[str, float], f1: Mapping[str, float], qid_list: Sequence[str] | None = None
+) -> dict[str, float]:
   if not qid_list:
     total = len(exact)
-    return {"exact": 100.0 * sum(exact.values()) / total, "f1": 100.0 * sum(f1.values()) / total,
-            "total": total}
+    return {
+      "exact": 100.0 * sum(exact.values()) / total,
+      "f1": 100.0 * sum(f1.values()) / total,
+      "total": total,
+    }
   total = len(qid_list)
-  return {"exact": 100.0 * sum(exact[k] for k in qid_list) / total,
-          "f1": 100.0 * sum(f1[k] for k in qid_list) / total, "total": total}
+  return {
+    "exact": 100.0 * sum(exact[k] for k in qid_list) / total,
+    "f1": 100.0 * sum(f1[k] for k in qid_list) / total,
+    "total": total,
+  }
 
 
-def find_best_thresh(preds: Mapping[str, str], scores: Mapping[str, float],
-                     na_probs: Mapping[str, float],
-                     has_ans: Mapping[str, bool]) -> tuple[float, float]:
+def find_best_thresh(
+  preds: Mapping[str, str],
+  scores: Mapping[str, float],
+  na_probs: Mapping[str, float],
+  has_ans: Mapping[str, bool],
+) -> tuple[float, float]:
   """(best score in percent, its threshold): predict "" for questions with na_prob > thresh."""
   cur = best = float(sum(1 for v in has_ans.values() if not v))
   best_thresh = 0.0
@@ -151,21 +172,27 @@ def find_best_thresh(preds: Mapping[str, str], scores: Mapping[str, float],
   return 100.0 * best / len(scores), best_thresh
 
 
-def evaluate_v2(dataset: Sequence[Mapping[str, Any]], preds: Mapping[str, str],
-                na_probs: Mapping[str, float] | None = None,
-                na_prob_thresh: float = 1.0) -> dict[str, float]:
+def evaluate_v2(
+  dataset: Sequence[Mapping[str, Any]],
+  preds: Mapping[str, str],
+  na_probs: Mapping[str, float] | None = None,
+  na_prob_thresh: float = 1.0,
+) -> dict[str, float]:
   """The official v2.0 script's output dict (see the module docstring)."""
   has_ans = qid_to_has_ans(dataset)
   missing = [k for k in has_ans if k not in preds]
   if missing:  # the official script fails on these (KeyError); say which
-    raise ValueError(f"no prediction for {len(missing)} of {len(has_ans)} questions (e.g. "
-                     f"{missing[:3]}); SQuAD v2.0 scoring needs one per question "
-                     "(\"\" = no answer)")
+    raise ValueError(
+      f"no prediction for {len(missing)} of {len(has_ans)} questions (e.g. "
+      f"{missing[:3]}); SQuAD v2.0 scoring needs one per question "
+      '("" = no answer)'
+    )
   probs = na_probs if na_probs is not None else {k: 0.0 for k in preds}
   missing = [k for k in preds if k not in probs]
   if missing:
-    raise ValueError(f"no na_prob (null odds) for {len(missing)} predicted questions "
-                     f"(e.g. {missing[:3]})")
+    raise ValueError(
+      f"no na_prob (null odds) for {len(missing)} predicted questions (e.g. {missing[:3]})"
+    )
   has_ans_qids = [k for k, v in has_ans.items() if v]
   no_ans_qids = [k for k, v in has_ans.items() if not v]
   exact_raw, f1_raw = get_raw_scores(dataset, preds)
@@ -177,13 +204,15 @@ def evaluate_v2(dataset: Sequence[Mapping[str, Any]], preds: Mapping[str, str],
       for k, v in make_eval_dict(exact_thresh, f1_thresh, qid_list=qids).items():
         out[f"{prefix}_{k}"] = v
   if na_probs is not None:
-    out["best_exact"], out["best_exact_thresh"] = find_best_thresh(preds, exact_raw, na_probs,
-                                                                   has_ans)
+    out["best_exact"], out["best_exact_thresh"] = find_best_thresh(
+      preds, exact_raw, na_probs, has_ans
+    )
     out["best_f1"], out["best_f1_thresh"] = find_best_thresh(preds, f1_raw, na_probs, has_ans)
   return out
 
 
 # ---------------------------------------------------------------- command line
+
 
 def _read_json_object(path: str, what: str) -> dict[str, Any]:
   try:
@@ -192,8 +221,9 @@ def _read_json_object(path: str, what: str) -> dict[str, Any]:
   except OSError as e:
     raise SystemExit(f"{path}: cannot read the {what}: {e.strerror}") from None
   except json.JSONDecodeError as e:
-    raise SystemExit(f"{path}:{e.lineno}:{e.colno}: the {what} is not valid JSON ({e.msg})") \
-        from None
+    raise SystemExit(
+      f"{path}:{e.lineno}:{e.colno}: the {what} is not valid JSON ({e.msg})"
+    ) from None
   if not isinstance(obj, dict):
     raise SystemExit(f"{path}: the {what} must be a JSON object keyed by question id")
   return obj
@@ -211,14 +241,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
   the data file has unanswerable questions, or by --version).
   """
   import argparse  # noqa: PLC0415
+
   from bert_jax.tasks.squad_examples import SquadFormatError, load_squad_json  # noqa: PLC0415
+
   parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
   parser.add_argument("data_file", help="SQuAD JSON (e.g. dev-v2.0.json)")
   parser.add_argument("pred_file", help="predictions.json: {question id: answer text}")
   parser.add_argument("--version", choices=("1.1", "2.0"), default=None)
   parser.add_argument("--na-prob-file", default=None, help="null_odds.json (v2.0)")
-  parser.add_argument("--na-prob-thresh", type=float, default=1.0,
-                      help="predict no answer above this na_prob (v2.0; the official default)")
+  parser.add_argument(
+    "--na-prob-thresh",
+    type=float,
+    default=1.0,
+    help="predict no answer above this na_prob (v2.0; the official default)",
+  )
   args = parser.parse_args(argv)
   try:
     dataset = load_squad_json(args.data_file)
@@ -229,8 +265,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
   if not v2:
     out = evaluate_v1(dataset, preds)
   else:
-    na_probs = (_read_json_object(args.na_prob_file, "na-prob file") if args.na_prob_file
-                else None)
+    na_probs = _read_json_object(args.na_prob_file, "na-prob file") if args.na_prob_file else None
     try:
       out = evaluate_v2(dataset, preds, na_probs, args.na_prob_thresh)
     except ValueError as e:

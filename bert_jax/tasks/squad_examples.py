@@ -43,6 +43,7 @@ class SquadExample:
       impossible or when the offset did not match).
     is_impossible: SQuAD v2.0's unanswerable question.
   """
+
   qas_id: str
   question_text: str
   doc_tokens: list[str]
@@ -80,13 +81,15 @@ def load_squad_json(path: str) -> list[dict[str, Any]]:
     raise SquadFormatError(f"{path}: SQuAD file not found") from None
   except json.JSONDecodeError as e:
     raise SquadFormatError(
-        f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); expected the official SQuAD "
-        "layout {\"data\": [{\"paragraphs\": [{\"context\": ..., \"qas\": [...]}]}]}") from None
+      f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); expected the official SQuAD "
+      'layout {"data": [{"paragraphs": [{"context": ..., "qas": [...]}]}]}'
+    ) from None
   except UnicodeDecodeError as e:
     raise SquadFormatError(f"{path}: not UTF-8 text (byte {e.start}): {e.reason}") from None
   if not isinstance(dataset, dict) or not isinstance(dataset.get("data"), list):
-    raise SquadFormatError(f"{path}: the top level must be an object with a \"data\" list "
-                           "(the official SQuAD layout)")
+    raise SquadFormatError(
+      f'{path}: the top level must be an object with a "data" list (the official SQuAD layout)'
+    )
   return dataset["data"]
 
 
@@ -96,13 +99,15 @@ def _get(obj: Any, key: str, kind: type | tuple[type, ...], path: str, where: st
   value = obj[key]
   if not isinstance(value, kind):
     names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-    raise SquadFormatError(f"{path}: {where}: {key!r} should be a {names}, "
-                           f"got {type(value).__name__}")
+    raise SquadFormatError(
+      f"{path}: {where}: {key!r} should be a {names}, got {type(value).__name__}"
+    )
   return value
 
 
-def read_squad_examples(path: str, is_training: bool, version_2_with_negative: bool,
-                        stats: dict[str, int] | None = None) -> list[SquadExample]:
+def read_squad_examples(
+  path: str, is_training: bool, version_2_with_negative: bool, stats: dict[str, int] | None = None
+) -> list[SquadExample]:
   """Examples of a SQuAD file; ``stats`` (if given) receives the counts described above.
 
   For training, the first answer gives the target span (the original demands exactly one;
@@ -126,39 +131,55 @@ def read_squad_examples(path: str, is_training: bool, version_2_with_negative: b
         where = f"question id {qas_id!r} ({where_p}.qas[{q}])"
         question = _get(qa, "question", str, path, where)
         # Unlabelled files (a leaderboard's test set) have no answers: fine for prediction.
-        answers = (_get(qa, "answers", list, path, where) if is_training or "answers" in qa
-                   else [])
+        answers = _get(qa, "answers", list, path, where) if is_training or "answers" in qa else []
         is_impossible = bool(qa.get("is_impossible", False))
         if is_impossible and not version_2_with_negative:
           raise SquadFormatError(
-              f"{path}: {where} is unanswerable (is_impossible) but this is a SQuAD v1.1 run; "
-              "use task squad_v2 for files with unanswerable questions")
-        texts = [_get(ans, "text", str, path, f"{where} answer {i}") for i, ans in
-                 enumerate(answers)]
+            f"{path}: {where} is unanswerable (is_impossible) but this is a SQuAD v1.1 run; "
+            "use task squad_v2 for files with unanswerable questions"
+          )
+        texts = [
+          _get(ans, "text", str, path, f"{where} answer {i}") for i, ans in enumerate(answers)
+        ]
         if qas_id in seen:
           stats["duplicate_ids"] += 1
-          logging.warning("%s: %s appears more than once; predictions keep the last one "
-                          "(as the official evaluation scripts score it)", path, where)
+          logging.warning(
+            "%s: %s appears more than once; predictions keep the last one "
+            "(as the official evaluation scripts score it)",
+            path,
+            where,
+          )
         seen.add(qas_id)
-        example = SquadExample(qas_id=qas_id, question_text=question, doc_tokens=doc_tokens,
-                               answers=[] if is_impossible else texts,
-                               is_impossible=is_impossible)
+        example = SquadExample(
+          qas_id=qas_id,
+          question_text=question,
+          doc_tokens=doc_tokens,
+          answers=[] if is_impossible else texts,
+          is_impossible=is_impossible,
+        )
         if is_impossible:
           stats["impossible"] += 1
         elif not answers:
           if is_training:
-            raise SquadFormatError(f"{path}: {where} has no answer and is not marked "
-                                   "is_impossible; a training question needs one")
+            raise SquadFormatError(
+              f"{path}: {where} has no answer and is not marked "
+              "is_impossible; a training question needs one"
+            )
         else:
           answer_start = _get(answers[0], "answer_start", int, path, f"{where} answer 0")
           span = _word_span(context, doc_tokens, char_to_word, answer_start, texts[0])
           if span is None:
             stats["answer_mismatch"] += 1
             logging.warning(
-                "%s: %s: answer_start %d does not point at its text %r; %s", path, where,
-                answer_start, texts[0],
-                "skipping it (as run_squad.py does)" if is_training else
-                "kept for scoring (evaluation uses the gold texts only)")
+              "%s: %s: answer_start %d does not point at its text %r; %s",
+              path,
+              where,
+              answer_start,
+              texts[0],
+              "skipping it (as run_squad.py does)"
+              if is_training
+              else "kept for scoring (evaluation uses the gold texts only)",
+            )
             if is_training:
               continue
           else:
@@ -169,8 +190,9 @@ def read_squad_examples(path: str, is_training: bool, version_2_with_negative: b
   return examples
 
 
-def _word_span(context: str, doc_tokens: list[str], char_to_word: list[int],
-               answer_start: int, text: str) -> tuple[int, int] | None:
+def _word_span(
+  context: str, doc_tokens: list[str], char_to_word: list[int], answer_start: int, text: str
+) -> tuple[int, int] | None:
   """The answer's word span, or None when the offset does not match (run_squad's test)."""
   answer_end = answer_start + len(text) - 1
   if not text or answer_start < 0 or answer_end >= len(context):
@@ -178,7 +200,7 @@ def _word_span(context: str, doc_tokens: list[str], char_to_word: list[int],
   start, end = char_to_word[answer_start], char_to_word[answer_end]
   if start < 0:
     return None
-  actual = " ".join(doc_tokens[start:end + 1])
+  actual = " ".join(doc_tokens[start : end + 1])
   cleaned = " ".join(text.split())
   if actual.find(cleaned) == -1:
     return None

@@ -14,7 +14,8 @@ contain the whole answer (and every window of an unanswerable question) points a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,7 @@ class SquadFeature:
     max_context: bool [span_length]: whether this window is the one that scores each piece.
     doc: the context's pieces (shared by the example's windows and its paragraph's questions).
   """
+
   example_index: int
   doc_span_index: int
   context_offset: int
@@ -68,8 +70,7 @@ class SquadFeature:
 
   def in_context(self, positions: np.ndarray) -> np.ndarray:
     """Whether row positions fall on the window's context pieces."""
-    return (positions >= self.context_offset) & (
-        positions < self.context_offset + self.span_length)
+    return (positions >= self.context_offset) & (positions < self.context_offset + self.span_length)
 
   def word_index(self, position: int) -> int:
     """The context word of a row position inside the context."""
@@ -78,22 +79,25 @@ class SquadFeature:
   def pieces(self, start: int, end: int) -> list[str]:
     """The pieces at row positions start..end (inclusive, inside the context)."""
     first = self.span_start + start - self.context_offset
-    return self.doc.pieces[first:first + end - start + 1]
+    return self.doc.pieces[first : first + end - start + 1]
 
   def token_to_orig(self, length: int) -> np.ndarray:
     """int32 [length]: per row position its context word, -1 outside the context."""
     out = np.full([length], -1, np.int32)
-    out[self.context_offset:self.context_offset + self.span_length] = self.doc.piece_to_word[
-        self.span_start:self.span_start + self.span_length]
+    out[self.context_offset : self.context_offset + self.span_length] = self.doc.piece_to_word[
+      self.span_start : self.span_start + self.span_length
+    ]
     return out
 
 
 def doc_spans(num_tokens: int, max_tokens_for_doc: int, doc_stride: int) -> list[tuple[int, int]]:
   """(start, length) windows covering ``num_tokens`` pieces, ``doc_stride`` apart."""
   if max_tokens_for_doc <= 0:
-    raise ValueError(f"no room for the context: max_seq_length leaves {max_tokens_for_doc} "
-                     "pieces after the question and [CLS]/[SEP]; raise max_seq_length or lower "
-                     "max_query_length")
+    raise ValueError(
+      f"no room for the context: max_seq_length leaves {max_tokens_for_doc} "
+      "pieces after the question and [CLS]/[SEP]; raise max_seq_length or lower "
+      "max_query_length"
+    )
   if doc_stride <= 0:
     raise ValueError(f"doc_stride must be positive, got {doc_stride}")
   spans = []
@@ -107,13 +111,14 @@ def doc_spans(num_tokens: int, max_tokens_for_doc: int, doc_stride: int) -> list
   return spans
 
 
-def improve_answer_span(doc_pieces: Sequence[str], start: int, end: int,
-                        answer_pieces: Sequence[str]) -> tuple[int, int]:
+def improve_answer_span(
+  doc_pieces: Sequence[str], start: int, end: int, answer_pieces: Sequence[str]
+) -> tuple[int, int]:
   """The narrowest piece span inside [start, end] whose pieces are exactly the answer's."""
   target = " ".join(answer_pieces)
   for new_start in range(start, end + 1):
     for new_end in range(end, new_start - 1, -1):
-      if " ".join(doc_pieces[new_start:new_end + 1]) == target:
+      if " ".join(doc_pieces[new_start : new_end + 1]) == target:
         return new_start, new_end
   return start, end
 
@@ -123,14 +128,19 @@ def max_context_owner(spans: Sequence[tuple[int, int]], num_pieces: int) -> np.n
   scores = np.full([len(spans), num_pieces], -np.inf)
   for k, (start, length) in enumerate(spans):
     pos = np.arange(start, start + length)
-    scores[k, start:start + length] = np.minimum(pos - start, start + length - 1 - pos) + (
-        0.01 * length)
+    scores[k, start : start + length] = np.minimum(pos - start, start + length - 1 - pos) + (
+      0.01 * length
+    )
   return np.argmax(scores, axis=0)  # ties: the first window, as the strict ">" of the original
 
 
 def convert_examples_to_features(
-    examples: Sequence[SquadExample], tokenizer: Any, max_seq_length: int, doc_stride: int,
-    max_query_length: int, stats: dict[str, int] | None = None,
+  examples: Sequence[SquadExample],
+  tokenizer: Any,
+  max_seq_length: int,
+  doc_stride: int,
+  max_query_length: int,
+  stats: dict[str, int] | None = None,
 ) -> tuple[dict[str, np.ndarray], list[SquadFeature]]:
   """(arrays, features): model inputs and targets [N, ...] and per-window metadata.
 
@@ -145,8 +155,14 @@ def convert_examples_to_features(
   cache: dict[int, DocPieces] = {}
   query_ids_all = tokenizer.encode_batch([e.question_text for e in examples]) if examples else []
   answerable = [i for i, e in enumerate(examples) if not e.is_impossible and e.start_position >= 0]
-  answer_pieces = dict(zip(answerable, tokenizer.tokenize_batch(
-      [examples[i].orig_answer_text for i in answerable]) if answerable else []))
+  answer_pieces = dict(
+    zip(
+      answerable,
+      tokenizer.tokenize_batch([examples[i].orig_answer_text for i in answerable])
+      if answerable
+      else [],
+    )
+  )
   rows: dict[str, list] = {k: [] for k in ("input_ids", "start_positions", "end_positions")}
   lengths: list[tuple[int, int]] = []  # (question + 2, real length) per row
   features: list[SquadFeature] = []
@@ -163,8 +179,11 @@ def convert_examples_to_features(
     gold = None
     if example_index in answer_pieces:
       start = doc.word_to_first_piece[example.start_position]
-      end = (doc.word_to_first_piece[example.end_position + 1] - 1
-             if example.end_position + 1 < len(example.doc_tokens) else len(doc.ids) - 1)
+      end = (
+        doc.word_to_first_piece[example.end_position + 1] - 1
+        if example.end_position + 1 < len(example.doc_tokens)
+        else len(doc.ids) - 1
+      )
       gold = improve_answer_span(doc.pieces, start, end, answer_pieces[example_index])
 
     spans = doc_spans(len(doc.ids), max_seq_length - len(query_ids) - 3, doc_stride)
@@ -173,7 +192,7 @@ def convert_examples_to_features(
     offset = len(prefix)
     for span_index, (span_start, span_length) in enumerate(spans):
       span_end = span_start + span_length - 1
-      input_ids = prefix + doc.ids[span_start:span_end + 1] + [tokenizer.sep_id]
+      input_ids = prefix + doc.ids[span_start : span_end + 1] + [tokenizer.sep_id]
       start_position = end_position = 0
       if gold is not None and span_start <= gold[0] and gold[1] <= span_end:
         start_position, end_position = gold[0] - span_start + offset, gold[1] - span_start + offset
@@ -181,18 +200,27 @@ def convert_examples_to_features(
       rows["start_positions"].append(start_position)
       rows["end_positions"].append(end_position)
       lengths.append((offset, len(input_ids)))
-      features.append(SquadFeature(example_index, span_index, offset, span_start, span_length,
-                                   owner[span_start:span_end + 1] == span_index, doc))
+      features.append(
+        SquadFeature(
+          example_index,
+          span_index,
+          offset,
+          span_start,
+          span_length,
+          owner[span_start : span_end + 1] == span_index,
+          doc,
+        )
+      )
   n_rows = len(features)
   stats["features"] += n_rows
   input_ids = np.asarray(rows["input_ids"], np.int32).reshape(n_rows, max_seq_length)
   position = np.arange(max_seq_length)[None, :]
-  offsets, real = (np.asarray(lengths, np.int32).reshape(n_rows, 2)[:, i:i + 1] for i in (0, 1))
+  offsets, real = (np.asarray(lengths, np.int32).reshape(n_rows, 2)[:, i : i + 1] for i in (0, 1))
   arrays = {
-      "input_ids": input_ids,
-      "input_mask": (position < real).astype(np.int32),
-      "segment_ids": ((position >= offsets) & (position < real)).astype(np.int32),
-      "start_positions": np.asarray(rows["start_positions"], np.int32).reshape(n_rows),
-      "end_positions": np.asarray(rows["end_positions"], np.int32).reshape(n_rows),
+    "input_ids": input_ids,
+    "input_mask": (position < real).astype(np.int32),
+    "segment_ids": ((position >= offsets) & (position < real)).astype(np.int32),
+    "start_positions": np.asarray(rows["start_positions"], np.int32).reshape(n_rows),
+    "end_positions": np.asarray(rows["end_positions"], np.int32).reshape(n_rows),
   }
   return arrays, features

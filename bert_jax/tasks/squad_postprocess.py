@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,7 @@ class SquadPredictions:
     null_odds: null_odds.json (v2 only, else {}): null score minus best non-null score.
     best_non_null: (v2) the best non-null answer, whatever the threshold (to tune it).
   """
+
   predictions: dict[str, str]
   nbest: dict[str, list[dict[str, Any]]]
   null_odds: dict[str, float]
@@ -87,7 +89,7 @@ def get_final_text(pred_text: str, orig_text: str, tokenizer: Any) -> str:
   tok_s_to_ns = {s: ns for ns, s in enumerate(tok_ns_to_s)}
   if start not in tok_s_to_ns or end not in tok_s_to_ns:
     return orig_text
-  return orig_text[orig_ns_to_s[tok_s_to_ns[start]]:orig_ns_to_s[tok_s_to_ns[end]] + 1]
+  return orig_text[orig_ns_to_s[tok_s_to_ns[start]] : orig_ns_to_s[tok_s_to_ns[end]] + 1]
 
 
 def _best_indexes(logits_L: np.ndarray, n: int) -> np.ndarray:
@@ -102,17 +104,25 @@ def _softmax(scores: Sequence[float]) -> list[float]:
   return (e / e.sum()).tolist()
 
 
-def compute_predictions(examples: Sequence[SquadExample], features: Sequence[SquadFeature],
-                        start_logits_NxL: np.ndarray, end_logits_NxL: np.ndarray,
-                        tokenizer: Any, n_best_size: int = 20, max_answer_length: int = 30,
-                        version_2_with_negative: bool = False,
-                        null_score_diff_threshold: float = 0.0) -> SquadPredictions:
+def compute_predictions(
+  examples: Sequence[SquadExample],
+  features: Sequence[SquadFeature],
+  start_logits_NxL: np.ndarray,
+  end_logits_NxL: np.ndarray,
+  tokenizer: Any,
+  n_best_size: int = 20,
+  max_answer_length: int = 30,
+  version_2_with_negative: bool = False,
+  null_score_diff_threshold: float = 0.0,
+) -> SquadPredictions:
   """Predictions for every example from the logits of its windows (rows aligned to features)."""
   start_logits_NxL = np.asarray(start_logits_NxL, np.float32)
   end_logits_NxL = np.asarray(end_logits_NxL, np.float32)
   if start_logits_NxL.shape[0] != len(features) or end_logits_NxL.shape[0] != len(features):
-    raise ValueError(f"{len(features)} features but logits for {start_logits_NxL.shape[0]} / "
-                     f"{end_logits_NxL.shape[0]} rows")
+    raise ValueError(
+      f"{len(features)} features but logits for {start_logits_NxL.shape[0]} / "
+      f"{end_logits_NxL.shape[0]} rows"
+    )
   by_example: dict[int, list[int]] = {}
   for row, feature in enumerate(features):
     by_example.setdefault(feature.example_index, []).append(row)
@@ -132,15 +142,37 @@ def compute_predictions(examples: Sequence[SquadExample], features: Sequence[Squ
       ok_start = feature.in_context(starts)
       ok_start[ok_start] = feature.max_context[starts[ok_start] - feature.context_offset]
       length = ends[None, :] - starts[:, None] + 1
-      ok = (ok_start[:, None] & feature.in_context(ends)[None, :] & (length >= 1)
-            & (length <= max_answer_length))
+      ok = (
+        ok_start[:, None]
+        & feature.in_context(ends)[None, :]
+        & (length >= 1)
+        & (length <= max_answer_length)
+      )
       for i, j in zip(*np.nonzero(ok)):  # start-major, as the original's nested loops
         start, end = int(starts[i]), int(ends[j])
-        prelim.append((float(s_L[start]) + float(e_L[end]), len(prelim), row, start, end,
-                       float(s_L[start]), float(e_L[end])))
+        prelim.append(
+          (
+            float(s_L[start]) + float(e_L[end]),
+            len(prelim),
+            row,
+            start,
+            end,
+            float(s_L[start]),
+            float(e_L[end]),
+          )
+        )
     if null_row is not None:
-      prelim.append((score_null, len(prelim), null_row, 0, 0, float(start_logits_NxL[null_row, 0]),
-                     float(end_logits_NxL[null_row, 0])))
+      prelim.append(
+        (
+          score_null,
+          len(prelim),
+          null_row,
+          0,
+          0,
+          float(start_logits_NxL[null_row, 0]),
+          float(end_logits_NxL[null_row, 0]),
+        )
+      )
     prelim.sort(key=lambda p: (-p[0], p[1]))
 
     nbest, seen = [], set()
@@ -151,7 +183,8 @@ def compute_predictions(examples: Sequence[SquadExample], features: Sequence[Squ
         feature = features[row]
         pred_text = detokenize(feature.pieces(start, end), tokenizer)
         orig_text = " ".join(
-            example.doc_tokens[feature.word_index(start):feature.word_index(end) + 1])
+          example.doc_tokens[feature.word_index(start) : feature.word_index(end) + 1]
+        )
         key = (pred_text, orig_text)
         if key not in final_text_cache:
           final_text_cache[key] = get_final_text(pred_text, orig_text, tokenizer)
@@ -169,8 +202,9 @@ def compute_predictions(examples: Sequence[SquadExample], features: Sequence[Squ
 
     probs = _softmax([s + e for _, s, e in nbest])
     out.nbest[example.qas_id] = [
-        {"text": t, "probability": p, "start_logit": s, "end_logit": e}
-        for (t, s, e), p in zip(nbest, probs)]
+      {"text": t, "probability": p, "start_logit": s, "end_logit": e}
+      for (t, s, e), p in zip(nbest, probs)
+    ]
     if not version_2_with_negative:
       out.predictions[example.qas_id] = nbest[0][0]
       continue
@@ -187,8 +221,9 @@ def compute_predictions(examples: Sequence[SquadExample], features: Sequence[Squ
   return out
 
 
-def write_prediction_files(preds: SquadPredictions, out_dir: str, prefix: str = "",
-                           version_2_with_negative: bool = False) -> list[str]:
+def write_prediction_files(
+  preds: SquadPredictions, out_dir: str, prefix: str = "", version_2_with_negative: bool = False
+) -> list[str]:
   """Writes predictions.json, nbest_predictions.json and (v2) null_odds.json; their paths."""
   os.makedirs(out_dir, exist_ok=True)
   files = {"predictions.json": preds.predictions, "nbest_predictions.json": preds.nbest}

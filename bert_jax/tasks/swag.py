@@ -17,7 +17,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -56,8 +57,7 @@ def read_swag(path: str, labelled: bool) -> list[dict]:
       reader = csv.DictReader(f)
       missing = [k for k in needed if k not in (reader.fieldnames or [])]
       if missing:
-        raise SwagInputError(f"{path}:1: missing column(s) {missing} in header "
-                             f"{reader.fieldnames}")
+        raise SwagInputError(f"{path}:1: missing column(s) {missing} in header {reader.fieldnames}")
       records = [(i + 2, r) for i, r in enumerate(reader)]
   for line_no, r in records:
     missing = [k for k in needed if r.get(k) is None]
@@ -72,8 +72,15 @@ def read_swag(path: str, labelled: bool) -> list[dict]:
       if not 0 <= label < NUM_CHOICES:
         raise SwagInputError(f"{path}:{line_no}: label {r['label']!r} is not one of 0..3")
     index = r.get("") or r.get("fold-ind") or str(len(rows))
-    rows.append({"index": str(index), "sent1": r["sent1"], "sent2": r["sent2"],
-                 "endings": [r[k] for k in ENDINGS], "label": label})
+    rows.append(
+      {
+        "index": str(index),
+        "sent1": r["sent1"],
+        "sent2": r["sent2"],
+        "endings": [r[k] for k in ENDINGS],
+        "label": label,
+      }
+    )
   return rows
 
 
@@ -97,8 +104,7 @@ class SwagTask(Task):
       raise ValueError(f"config.{key} is empty: set it to a SWAG .csv or .jsonl file")
     labelled = split != "test"
     rows = read_swag(self.config[key], labelled)
-    limit = (self.config.max_train_examples if split == "train"
-             else self.config.max_eval_examples)
+    limit = self.config.max_train_examples if split == "train" else self.config.max_eval_examples
     rows = rows[:limit] if limit else rows
     L = int(self.config.max_seq_length)
     texts_a = [r["sent1"] for r in rows for _ in range(NUM_CHOICES)]
@@ -106,12 +112,17 @@ class SwagTask(Task):
     flat, truncated = encode_texts(self.tokenizer, texts_a, texts_b, L)
     arrays = {k: v.reshape(len(rows), NUM_CHOICES, L) for k, v in flat.items()}
     arrays["label"] = np.array([r["label"] if labelled else -1 for r in rows], np.int32)
-    return SplitData(split, arrays, examples=rows, has_labels=labelled,
-                     stats={"examples": len(rows), "truncated": truncated})
+    return SplitData(
+      split,
+      arrays,
+      examples=rows,
+      has_labels=labelled,
+      stats={"examples": len(rows), "truncated": truncated},
+    )
 
   @property
   def sequence_axes(self) -> dict[str, int]:
-    return {k: 2 for k in INPUT_KEYS}     # B x C x L
+    return {k: 2 for k in INPUT_KEYS}  # B x C x L
 
   def init_batch(self, batch_size: int) -> dict[str, np.ndarray]:
     L = int(self.config.max_seq_length)

@@ -9,14 +9,27 @@ from __future__ import annotations
 import os
 import pathlib
 
-from bert_jax.tokenize.base import (SPECIAL_TOKENS, TOKENIZER_CONFIG, Tokenizer, decode_line,
-                                    iter_text_lines)
+from bert_jax.tokenize.base import (
+  SPECIAL_TOKENS,
+  TOKENIZER_CONFIG,
+  Tokenizer,
+  decode_line,
+  iter_text_lines,
+)
 from bert_jax.tokenize.sentencepiece import MODEL_FILE, SentencePieceTokenizer
 from bert_jax.tokenize.wordpiece import VOCAB_FILE, WordPieceTokenizer
 
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_CONFIG", "SentencePieceTokenizer", "Tokenizer",
-           "WordPieceTokenizer",
-           "decode_line", "find_tokenizer_file", "iter_text_lines", "load_tokenizer"]
+__all__ = [
+  "SPECIAL_TOKENS",
+  "TOKENIZER_CONFIG",
+  "SentencePieceTokenizer",
+  "Tokenizer",
+  "WordPieceTokenizer",
+  "decode_line",
+  "find_tokenizer_file",
+  "iter_text_lines",
+  "load_tokenizer",
+]
 
 
 def find_tokenizer_file(directory: str | os.PathLike) -> pathlib.Path:
@@ -32,8 +45,9 @@ def find_tokenizer_file(directory: str | os.PathLike) -> pathlib.Path:
   if models:
     names = ", ".join(m.name for m in models)
     raise ValueError(f"{directory}: several SentencePiece models ({names}); pass the one to use")
-  raise ValueError(f"{directory}: no tokenizer found (looked for {VOCAB_FILE}, {MODEL_FILE} "
-                   f"or a *.model file)")
+  raise ValueError(
+    f"{directory}: no tokenizer found (looked for {VOCAB_FILE}, {MODEL_FILE} or a *.model file)"
+  )
 
 
 def _is_sentencepiece(path: pathlib.Path) -> bool:

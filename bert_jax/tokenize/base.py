@@ -13,7 +13,7 @@ import abc
 import json
 import os
 import pathlib
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 # BERT's special tokens in the order of the fixed ids of vocabularies bert_jax builds (0..4).
@@ -38,10 +38,11 @@ def decode_line(data: bytes, path: str | os.PathLike, lineno: int, errors: str =
   try:
     return data.decode("utf-8", errors=errors)
   except UnicodeDecodeError as e:
-    bad = data[e.start:e.end]
+    bad = data[e.start : e.end]
     raise ValueError(
-        f"{path}:{lineno}: not valid UTF-8 (bytes {bad!r} at byte {e.start} of the line); fix "
-        f"the file or decode with errors='replace'") from None
+      f"{path}:{lineno}: not valid UTF-8 (bytes {bad!r} at byte {e.start} of the line); fix "
+      f"the file or decode with errors='replace'"
+    ) from None
 
 
 def iter_text_lines(path: str | os.PathLike, errors: str = "strict") -> Iterable[str]:
@@ -63,8 +64,9 @@ def read_tokenizer_config(directory: str | os.PathLike) -> dict:
   if not isinstance(config, dict):
     raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
   if "do_lower_case" in config and not isinstance(config["do_lower_case"], bool):
-    raise ValueError(f"{path}: key 'do_lower_case' must be true or false, got "
-                     f"{config['do_lower_case']!r}")
+    raise ValueError(
+      f"{path}: key 'do_lower_case' must be true or false, got {config['do_lower_case']!r}"
+    )
   return config
 
 
@@ -72,8 +74,10 @@ def check_text(text) -> str:
   if isinstance(text, str):
     return text
   if isinstance(text, (bytes, bytearray)):
-    raise TypeError("tokenizers take str, got bytes: decode first, e.g. with "
-                    "bert_jax.tokenize.decode_line(data, path, lineno)")
+    raise TypeError(
+      "tokenizers take str, got bytes: decode first, e.g. with "
+      "bert_jax.tokenize.decode_line(data, path, lineno)"
+    )
   raise TypeError(f"tokenizers take str, got {type(text).__name__}")
 
 
@@ -86,8 +90,13 @@ class Tokenizer(abc.ABC):
 
   kind: str  # "wordpiece" or "sentencepiece"
 
-  def __init__(self, tokens: Sequence[str], do_lower_case: bool, source: str,
-               aliases: dict[str, int] | None = None):
+  def __init__(
+    self,
+    tokens: Sequence[str],
+    do_lower_case: bool,
+    source: str,
+    aliases: dict[str, int] | None = None,
+  ):
     """``aliases`` gives the id of a special token spelled otherwise (e.g. SentencePiece's
     "<unk>" serving as [UNK])."""
     self._tokens = list(tokens)
@@ -98,10 +107,13 @@ class Tokenizer(abc.ABC):
     special.update(aliases or {})
     missing = [t for t in SPECIAL_TOKENS if t not in special]
     if missing:
-      raise ValueError(f"{source}: vocabulary lacks BERT special token(s) {', '.join(missing)} "
-                       f"(a BERT vocabulary needs all of {', '.join(SPECIAL_TOKENS)})")
+      raise ValueError(
+        f"{source}: vocabulary lacks BERT special token(s) {', '.join(missing)} "
+        f"(a BERT vocabulary needs all of {', '.join(SPECIAL_TOKENS)})"
+      )
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-        special[t] for t in SPECIAL_TOKENS)
+      special[t] for t in SPECIAL_TOKENS
+    )
 
   @property
   def vocab_size(self) -> int:
@@ -168,5 +180,7 @@ class Tokenizer(abc.ABC):
     return str(path)
 
   def __repr__(self) -> str:
-    return (f"{type(self).__name__}(vocab_size={self.vocab_size}, "
-            f"do_lower_case={self.do_lower_case}, source={self.source!r})")
+    return (
+      f"{type(self).__name__}(vocab_size={self.vocab_size}, "
+      f"do_lower_case={self.do_lower_case}, source={self.source!r})"
+    )

@@ -16,8 +16,16 @@ import functools
 import unicodedata
 
 # The CJK ideograph blocks BERT spaces out (the reference's _is_chinese_char), inclusive.
-CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-              (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+CJK_RANGES = (
+  (0x4E00, 0x9FFF),
+  (0x3400, 0x4DBF),
+  (0x20000, 0x2A6DF),
+  (0x2A700, 0x2B73F),
+  (0x2B740, 0x2B81F),
+  (0x2B820, 0x2CEAF),
+  (0xF900, 0xFAFF),
+  (0x2F800, 0x2FA1F),
+)
 
 # Characters the reference treats as word characters (or, for U+111C9, a mark) but tokenizers'
 # tables as punctuation or a non-spacing mark: found by the sweep with tokenizers 0.22 and
@@ -43,7 +51,7 @@ def _ranges_to_class(codepoints: list[int]) -> str:
   return "[" + "".join(parts) + "]"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_classes() -> dict[str, str]:
   """Regex classes of the non-ASCII characters the reference deletes ("control": NUL, U+FFFD,
   every category C* but tab, newline and carriage return), splits off ("punct": category P*),
@@ -61,6 +69,9 @@ def reference_classes() -> dict[str, str]:
     elif cat == "Mn":
       mark.append(cp)
   cjk = {cp for lo, hi in CJK_RANGES for cp in range(lo, hi + 1)}
-  return {"control": _ranges_to_class(control), "punct": _ranges_to_class(punct),
-          "mark": _ranges_to_class(mark),
-          "punct_cjk": _ranges_to_class(sorted(cjk.union(punct)))}
+  return {
+    "control": _ranges_to_class(control),
+    "punct": _ranges_to_class(punct),
+    "mark": _ranges_to_class(mark),
+    "punct_cjk": _ranges_to_class(sorted(cjk.union(punct))),
+  }

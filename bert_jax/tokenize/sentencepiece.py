@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import sentencepiece as spm
 
@@ -26,8 +26,9 @@ class SentencePieceTokenizer(base.Tokenizer):
 
   kind = "sentencepiece"
 
-  def __init__(self, model_proto: bytes, do_lower_case: bool = False,
-               source: str = "<sentencepiece>"):
+  def __init__(
+    self, model_proto: bytes, do_lower_case: bool = False, source: str = "<sentencepiece>"
+  ):
     sp = spm.SentencePieceProcessor()
     try:
       sp.LoadFromSerializedProto(model_proto)
@@ -45,8 +46,9 @@ class SentencePieceTokenizer(base.Tokenizer):
     self._num_threads = max(1, min(os.cpu_count() or 1, 16))
 
   @classmethod
-  def from_file(cls, path: str | os.PathLike,
-                do_lower_case: bool | None = None) -> "SentencePieceTokenizer":
+  def from_file(
+    cls, path: str | os.PathLike, do_lower_case: bool | None = None
+  ) -> SentencePieceTokenizer:
     """Reads a ``.model``; do_lower_case None -> tokenizer_config.json beside it, else False."""
     path = pathlib.Path(path)
     try:

@@ -12,7 +12,7 @@ import glob
 import gzip
 import os
 import pathlib
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 from tokenizers import Tokenizer as RustTokenizer
@@ -20,8 +20,12 @@ from tokenizers import models, trainers
 
 from bert_jax.tokenize import base
 from bert_jax.tokenize.sentencepiece import SentencePieceTokenizer
-from bert_jax.tokenize.wordpiece import (CONTINUATION_PREFIX, VOCAB_FILE, WordPieceTokenizer,
-                                         write_vocab)
+from bert_jax.tokenize.wordpiece import (
+  CONTINUATION_PREFIX,
+  VOCAB_FILE,
+  WordPieceTokenizer,
+  write_vocab,
+)
 
 MODEL_TYPES = ("unigram", "bpe")
 
@@ -49,8 +53,9 @@ def _open(path: str):
   return open(path, "rb")
 
 
-def iter_corpus(files: Sequence[str], decode_errors: str = "strict",
-                lower: bool = False) -> Iterator[str]:
+def iter_corpus(
+  files: Sequence[str], decode_errors: str = "strict", lower: bool = False
+) -> Iterator[str]:
   """The non-blank lines of ``files``, decoded by base.decode_line, optionally lower-cased."""
   for path in files:
     with _open(path) as f:
@@ -65,8 +70,9 @@ def _check_overwrite(path: pathlib.Path, overwrite: bool) -> None:
     raise ValueError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
 
 
-def corpus_stats(tokenizer: base.Tokenizer, files, max_lines: int = 20_000,
-                 decode_errors: str = "strict") -> dict:
+def corpus_stats(
+  tokenizer: base.Tokenizer, files, max_lines: int = 20_000, decode_errors: str = "strict"
+) -> dict:
   """How a tokenizer splits the first ``max_lines`` non-blank lines of a corpus: lines, words
   (whitespace-separated), tokens, tokens per word and the share of [UNK] tokens."""
   lines = []
@@ -78,8 +84,13 @@ def corpus_stats(tokenizer: base.Tokenizer, files, max_lines: int = 20_000,
   tokens = sum(map(len, ids))
   words = sum(len(line.split()) for line in lines)
   unk = sum(row.count(tokenizer.unk_id) for row in ids)
-  return {"lines": len(lines), "words": words, "tokens": tokens,
-          "tokens_per_word": tokens / max(words, 1), "unk_share": unk / max(tokens, 1)}
+  return {
+    "lines": len(lines),
+    "words": words,
+    "tokens": tokens,
+    "tokens_per_word": tokens / max(words, 1),
+    "unk_share": unk / max(tokens, 1),
+  }
 
 
 def _specials(num_unused: int) -> list[str]:
@@ -88,11 +99,18 @@ def _specials(num_unused: int) -> list[str]:
   return list(base.SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)]
 
 
-def build_wordpiece_vocab(files, out_path: str | os.PathLike, vocab_size: int,
-                          do_lower_case: bool = True, *, min_frequency: int = 2,
-                          limit_alphabet: int = 1000, num_unused: int = 0,
-                          decode_errors: str = "strict",
-                          overwrite: bool = False) -> WordPieceTokenizer:
+def build_wordpiece_vocab(
+  files,
+  out_path: str | os.PathLike,
+  vocab_size: int,
+  do_lower_case: bool = True,
+  *,
+  min_frequency: int = 2,
+  limit_alphabet: int = 1000,
+  num_unused: int = 0,
+  decode_errors: str = "strict",
+  overwrite: bool = False,
+) -> WordPieceTokenizer:
   """Trains a WordPiece vocabulary (``tokenizers``' WordPieceTrainer) with BERT's text pipeline.
 
   The vocabulary has BERT's layout: one token per line, [PAD] [UNK] [CLS] [SEP] [MASK] at ids
@@ -119,8 +137,9 @@ def build_wordpiece_vocab(files, out_path: str | os.PathLike, vocab_size: int,
   paths = expand_files(files)
   specials = _specials(num_unused)
   if vocab_size <= len(specials):
-    raise ValueError(f"vocab_size {vocab_size} leaves no room beyond {len(specials)} special "
-                     f"tokens")
+    raise ValueError(
+      f"vocab_size {vocab_size} leaves no room beyond {len(specials)} special tokens"
+    )
   out_path = pathlib.Path(out_path)
   if out_path.is_dir() or (not out_path.exists() and out_path.suffix != ".txt"):
     out_path = out_path / VOCAB_FILE
@@ -128,19 +147,24 @@ def build_wordpiece_vocab(files, out_path: str | os.PathLike, vocab_size: int,
   out_path.parent.mkdir(parents=True, exist_ok=True)
   # The same normalizer and pre-tokenizer as the tokenizer that will use the vocabulary.
   shell = WordPieceTokenizer(list(base.SPECIAL_TOKENS), do_lower_case=do_lower_case)
-  rust = RustTokenizer(models.WordPiece(unk_token=base.UNK,
-                                        continuing_subword_prefix=CONTINUATION_PREFIX))
+  rust = RustTokenizer(
+    models.WordPiece(unk_token=base.UNK, continuing_subword_prefix=CONTINUATION_PREFIX)
+  )
   rust.normalizer = shell._rust.normalizer
   rust.pre_tokenizer = shell._rust.pre_tokenizer
   trainer = trainers.WordPieceTrainer(
-      vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
-      limit_alphabet=limit_alphabet, continuing_subword_prefix=CONTINUATION_PREFIX,
-      show_progress=False)
+    vocab_size=vocab_size,
+    min_frequency=min_frequency,
+    special_tokens=specials,
+    limit_alphabet=limit_alphabet,
+    continuing_subword_prefix=CONTINUATION_PREFIX,
+    show_progress=False,
+  )
   rust.train_from_iterator(iter_corpus(paths, decode_errors), trainer=trainer)
   vocab = rust.get_vocab()
   tokens = sorted(vocab, key=vocab.__getitem__)
-  if tokens[:len(specials)] != specials:
-    raise RuntimeError(f"WordPieceTrainer did not put {specials} first: {tokens[:len(specials)]}")
+  if tokens[: len(specials)] != specials:
+    raise RuntimeError(f"WordPieceTrainer did not put {specials} first: {tokens[: len(specials)]}")
   # Write next to the target, then rename: a failed build never leaves half a vocabulary.
   tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
   try:
@@ -153,12 +177,19 @@ def build_wordpiece_vocab(files, out_path: str | os.PathLike, vocab_size: int,
   return tokenizer
 
 
-def build_sentencepiece_model(files, out_prefix: str | os.PathLike, vocab_size: int,
-                              model_type: str = "unigram", *, do_lower_case: bool = False,
-                              character_coverage: float = 0.9995,
-                              input_sentence_size: int = 10_000_000,
-                              decode_errors: str = "strict",
-                              seed: int = 0, overwrite: bool = False) -> SentencePieceTokenizer:
+def build_sentencepiece_model(
+  files,
+  out_prefix: str | os.PathLike,
+  vocab_size: int,
+  model_type: str = "unigram",
+  *,
+  do_lower_case: bool = False,
+  character_coverage: float = 0.9995,
+  input_sentence_size: int = 10_000_000,
+  decode_errors: str = "strict",
+  seed: int = 0,
+  overwrite: bool = False,
+) -> SentencePieceTokenizer:
   """Trains a SentencePiece model with BERT's special tokens at fixed ids.
 
   [PAD]=0 and [UNK]=1 are SentencePiece's pad and unknown pieces; [CLS]=2, [SEP]=3, [MASK]=4
@@ -189,39 +220,78 @@ def build_sentencepiece_model(files, out_prefix: str | os.PathLike, vocab_size: 
   spm.set_random_generator_seed(seed)
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter_corpus(paths, decode_errors, lower=do_lower_case),
-        model_prefix=str(out_prefix), vocab_size=vocab_size, model_type=model_type,
-        character_coverage=character_coverage, input_sentence_size=input_sentence_size,
-        shuffle_input_sentence=True, pad_id=0, pad_piece=base.PAD, unk_id=1,
-        unk_piece=base.UNK, bos_id=-1, eos_id=-1, control_symbols=list(base.SPECIAL_TOKENS[2:]),
-        num_threads=max(1, min(os.cpu_count() or 1, 16)), minloglevel=2)
+      sentence_iterator=iter_corpus(paths, decode_errors, lower=do_lower_case),
+      model_prefix=str(out_prefix),
+      vocab_size=vocab_size,
+      model_type=model_type,
+      character_coverage=character_coverage,
+      input_sentence_size=input_sentence_size,
+      shuffle_input_sentence=True,
+      pad_id=0,
+      pad_piece=base.PAD,
+      unk_id=1,
+      unk_piece=base.UNK,
+      bos_id=-1,
+      eos_id=-1,
+      control_symbols=list(base.SPECIAL_TOKENS[2:]),
+      num_threads=max(1, min(os.cpu_count() or 1, 16)),
+      minloglevel=2,
+    )
   except RuntimeError as e:
-    raise ValueError(f"SentencePiece training on {len(paths)} file(s) ({paths[0]}, ...) failed: "
-                     f"{e}") from None
+    raise ValueError(
+      f"SentencePiece training on {len(paths)} file(s) ({paths[0]}, ...) failed: {e}"
+    ) from None
   tokenizer = SentencePieceTokenizer.from_file(f"{out_prefix}.model", do_lower_case=do_lower_case)
   tokenizer._write_config(out_prefix.parent)
   return tokenizer
 
 
-def build_vocabulary(files, output_dir: str | os.PathLike, *, kind: str = "wordpiece",
-                     vocab_size: int = 30522, do_lower_case: bool = True,
-                     model_type: str = "unigram", min_frequency: int = 2, num_unused: int = 0,
-                     character_coverage: float = 0.9995, decode_errors: str = "strict",
-                     overwrite: bool = False, stats_lines: int = 20_000) -> dict:
+def build_vocabulary(
+  files,
+  output_dir: str | os.PathLike,
+  *,
+  kind: str = "wordpiece",
+  vocab_size: int = 30522,
+  do_lower_case: bool = True,
+  model_type: str = "unigram",
+  min_frequency: int = 2,
+  num_unused: int = 0,
+  character_coverage: float = 0.9995,
+  decode_errors: str = "strict",
+  overwrite: bool = False,
+  stats_lines: int = 20_000,
+) -> dict:
   """Builds either kind into ``output_dir`` (a workdir's tokenizer layout) and returns a summary
   with corpus_stats over the first ``stats_lines`` lines (what bert_jax.build_vocab prints)."""
   if kind == "wordpiece":
     tokenizer = build_wordpiece_vocab(
-        files, pathlib.Path(output_dir) / VOCAB_FILE, vocab_size, do_lower_case=do_lower_case,
-        min_frequency=min_frequency, num_unused=num_unused, decode_errors=decode_errors,
-        overwrite=overwrite)
+      files,
+      pathlib.Path(output_dir) / VOCAB_FILE,
+      vocab_size,
+      do_lower_case=do_lower_case,
+      min_frequency=min_frequency,
+      num_unused=num_unused,
+      decode_errors=decode_errors,
+      overwrite=overwrite,
+    )
   elif kind == "sentencepiece":
     tokenizer = build_sentencepiece_model(
-        files, pathlib.Path(output_dir) / "sentencepiece", vocab_size, model_type,
-        do_lower_case=do_lower_case, character_coverage=character_coverage,
-        decode_errors=decode_errors, overwrite=overwrite)
+      files,
+      pathlib.Path(output_dir) / "sentencepiece",
+      vocab_size,
+      model_type,
+      do_lower_case=do_lower_case,
+      character_coverage=character_coverage,
+      decode_errors=decode_errors,
+      overwrite=overwrite,
+    )
   else:
     raise ValueError(f"kind must be 'wordpiece' or 'sentencepiece', got {kind!r}")
   stats = corpus_stats(tokenizer, files, max_lines=stats_lines, decode_errors=decode_errors)
-  return {"vocabulary": tokenizer.source, "kind": kind, "vocab_size": tokenizer.vocab_size,
-          "do_lower_case": tokenizer.do_lower_case, **stats}
+  return {
+    "vocabulary": tokenizer.source,
+    "kind": kind,
+    "vocab_size": tokenizer.vocab_size,
+    "do_lower_case": tokenizer.do_lower_case,
+    **stats,
+  }

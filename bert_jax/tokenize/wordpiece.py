@@ -15,19 +15,28 @@ import os
 import pathlib
 import re
 import unicodedata
-from typing import Sequence
+from collections.abc import Sequence
 
-from tokenizers import AddedToken, Regex
+from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as RustTokenizer
-from tokenizers import models, normalizers, pre_tokenizers
 
 from bert_jax.tokenize import base, charclasses
 
 VOCAB_FILE = "vocab.txt"
 CONTINUATION_PREFIX = "##"
 MAX_INPUT_CHARS_PER_WORD = 100
-_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+_CLEAN_UP = (
+  (" .", "."),
+  (" ?", "?"),
+  (" !", "!"),
+  (" ,", ","),
+  (" ' ", "'"),
+  (" n't", "n't"),
+  (" 'm", "'m"),
+  (" 's", "'s"),
+  (" 've", "'ve"),
+  (" 're", "'re"),
+)
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
@@ -50,11 +59,15 @@ def read_vocab(path: str | os.PathLike) -> list[str]:
   for lineno, raw in enumerate(lines, start=1):
     token = base.decode_line(raw.rstrip(b"\r"), path, lineno)
     if not token:
-      raise ValueError(f"{path}:{lineno}: empty line in the vocabulary (every line is a token "
-                       f"whose id is its line number - 1)")
+      raise ValueError(
+        f"{path}:{lineno}: empty line in the vocabulary (every line is a token "
+        f"whose id is its line number - 1)"
+      )
     if token in first_line:
-      raise ValueError(f"{path}:{lineno}: duplicate token {token!r} (already on line "
-                       f"{first_line[token]}); each token must appear once")
+      raise ValueError(
+        f"{path}:{lineno}: duplicate token {token!r} (already on line "
+        f"{first_line[token]}); each token must appear once"
+      )
     first_line[token] = lineno
     tokens.append(token)
   if not tokens:
@@ -73,18 +86,24 @@ def write_vocab(tokens: Sequence[str], path: str | os.PathLike) -> str:
 def _warn_on_case_mismatch(tokens: Sequence[str], do_lower_case: bool, source: str) -> None:
   """Logs a warning when the vocabulary's case does not fit do_lower_case (a common mistake:
   loading a cased vocabulary uncased, or the reverse, silently maps many words to other ids)."""
-  words = [t for t in tokens if not (t.startswith("[") and t.endswith("]")) and
-           any(c.isalpha() for c in t)]
+  words = [
+    t for t in tokens if not (t.startswith("[") and t.endswith("]")) and any(c.isalpha() for c in t)
+  ]
   upper = sum(1 for t in words if any(c.isupper() for c in t))
   if do_lower_case and upper > max(20, 0.02 * len(words)):
     logging.getLogger(__name__).warning(
-        "%s: %d of %d word tokens hold capitals (a cased vocabulary?) but do_lower_case=True: "
-        "they can never match; pass do_lower_case=False or write tokenizer_config.json",
-        source, upper, len(words))
+      "%s: %d of %d word tokens hold capitals (a cased vocabulary?) but do_lower_case=True: "
+      "they can never match; pass do_lower_case=False or write tokenizer_config.json",
+      source,
+      upper,
+      len(words),
+    )
   elif not do_lower_case and len(words) > 1000 and upper < 0.001 * len(words):
     logging.getLogger(__name__).warning(
-        "%s: no word token holds capitals (an uncased vocabulary?) but do_lower_case=False: "
-        "capitalised words will split badly; pass do_lower_case=True", source)
+      "%s: no word token holds capitals (an uncased vocabulary?) but do_lower_case=False: "
+      "capitalised words will split badly; pass do_lower_case=True",
+      source,
+    )
 
 
 class WordPieceTokenizer(base.Tokenizer):
@@ -105,39 +124,53 @@ class WordPieceTokenizer(base.Tokenizer):
 
   kind = "wordpiece"
 
-  def __init__(self, tokens: Sequence[str], do_lower_case: bool = True,
-               strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
-               max_input_chars_per_word: int = MAX_INPUT_CHARS_PER_WORD,
-               split_special_tokens: bool = True, source: str = "<vocab>"):
+  def __init__(
+    self,
+    tokens: Sequence[str],
+    do_lower_case: bool = True,
+    strip_accents: bool | None = None,
+    tokenize_chinese_chars: bool = True,
+    max_input_chars_per_word: int = MAX_INPUT_CHARS_PER_WORD,
+    split_special_tokens: bool = True,
+    source: str = "<vocab>",
+  ):
     super().__init__(tokens, do_lower_case, source)
     self.strip_accents = strip_accents
     self.tokenize_chinese_chars = bool(tokenize_chinese_chars)
     strip = self.do_lower_case if strip_accents is None else bool(strip_accents)
-    model = models.WordPiece(vocab=dict(self._ids), unk_token=base.UNK,
-                             continuing_subword_prefix=CONTINUATION_PREFIX,
-                             max_input_chars_per_word=max_input_chars_per_word)
+    model = models.WordPiece(
+      vocab=dict(self._ids),
+      unk_token=base.UNK,
+      continuing_subword_prefix=CONTINUATION_PREFIX,
+      max_input_chars_per_word=max_input_chars_per_word,
+    )
     rust = RustTokenizer(model)
     rust.normalizer = self._normalizer(strip)
     # Rust's split on whitespace and punctuation, then also on what the reference counts as
     # punctuation or CJK (Unicode added some since Rust's tables).
     split_class = charclasses.reference_classes()[
-        "punct_cjk" if self.tokenize_chinese_chars else "punct"]
-    rust.pre_tokenizer = pre_tokenizers.Sequence([
+      "punct_cjk" if self.tokenize_chinese_chars else "punct"
+    ]
+    rust.pre_tokenizer = pre_tokenizers.Sequence(
+      [
         pre_tokenizers.BertPreTokenizer(),
-        pre_tokenizers.Split(Regex(split_class), behavior="isolated")])
+        pre_tokenizers.Split(Regex(split_class), behavior="isolated"),
+      ]
+    )
     # ASCII text (most of an English corpus; str.isascii() is O(1)) needs none of the Unicode
     # corrections: a leaner pipeline, exact on ASCII, encodes it.
     ascii_rust = RustTokenizer(model)
     ascii_rust.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=False, strip_accents=False,
-        lowercase=self.do_lower_case)
+      clean_text=True, handle_chinese_chars=False, strip_accents=False, lowercase=self.do_lower_case
+    )
     ascii_rust.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     self.split_special_tokens = bool(split_special_tokens)
     for r in (rust, ascii_rust):
       if not self.split_special_tokens:
         # Matched in the raw text, case-sensitively, before normalization (as the reference).
-        r.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                              for t in base.SPECIAL_TOKENS])
+        r.add_special_tokens(
+          [AddedToken(t, special=True, normalized=False) for t in base.SPECIAL_TOKENS]
+        )
     self._rust, self._ascii_rust = rust, ascii_rust
     _warn_on_case_mismatch(self._tokens, self.do_lower_case, source)
 
@@ -145,28 +178,42 @@ class WordPieceTokenizer(base.Tokenizer):
     """The reference's steps in its order: clean-up and CJK spacing, NFC, case and accents."""
     classes = charclasses.reference_classes()
     steps = [normalizers.Replace(Regex(classes["control"]), "")]  # what Rust's tables keep
-    placeholder = next((c for c in charclasses.PLACEHOLDER_CANDIDATES
-                        if c not in self._ids and CONTINUATION_PREFIX + c not in self._ids), None)
+    placeholder = next(
+      (
+        c
+        for c in charclasses.PLACEHOLDER_CANDIDATES
+        if c not in self._ids and CONTINUATION_PREFIX + c not in self._ids
+      ),
+      None,
+    )
     for char in charclasses.RECLASSIFIED_WORD_CHARS:
       is_mark = unicodedata.category(char) == "Mn"
       in_vocab = char in self._ids or CONTINUATION_PREFIX + char in self._ids
       if placeholder and not in_vocab and not (strip and is_mark):
         steps.append(normalizers.Replace(char, placeholder))
     steps += [
-        normalizers.BertNormalizer(clean_text=True,
-                                   handle_chinese_chars=self.tokenize_chinese_chars,
-                                   strip_accents=False, lowercase=False),
-        normalizers.NFC(),
-        normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=False,
-                                   strip_accents=strip, lowercase=self.do_lower_case),
+      normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=self.tokenize_chinese_chars,
+        strip_accents=False,
+        lowercase=False,
+      ),
+      normalizers.NFC(),
+      normalizers.BertNormalizer(
+        clean_text=False,
+        handle_chinese_chars=False,
+        strip_accents=strip,
+        lowercase=self.do_lower_case,
+      ),
     ]
     if strip:
       steps.append(normalizers.Replace(Regex(classes["mark"]), ""))
     return normalizers.Sequence(steps)
 
   @classmethod
-  def from_file(cls, path: str | os.PathLike, do_lower_case: bool | None = None,
-                **kwargs) -> "WordPieceTokenizer":
+  def from_file(
+    cls, path: str | os.PathLike, do_lower_case: bool | None = None, **kwargs
+  ) -> WordPieceTokenizer:
     """Reads ``vocab.txt``; do_lower_case None -> tokenizer_config.json beside it, else True."""
     path = pathlib.Path(path)
     config = base.read_tokenizer_config(path.parent)
@@ -240,5 +287,4 @@ class WordPieceTokenizer(base.Tokenizer):
       extra["strip_accents"] = bool(self.strip_accents)
     if not self.tokenize_chinese_chars:
       extra["tokenize_chinese_chars"] = False
-    return [write_vocab(self._tokens, directory / VOCAB_FILE),
-            self._write_config(directory, extra)]
+    return [write_vocab(self._tokens, directory / VOCAB_FILE), self._write_config(directory, extra)]

@@ -25,24 +25,30 @@ from bert_jax.model import BertConfig
 # Dense bf16 peak FLOP/s per chip/GPU from the vendors' data sheets. Matched by substring of
 # jax.Device.device_kind (first match wins). Other device kinds (CPUs) use the configured peak.
 PEAK_FLOPS_BF16: tuple[tuple[str, float], ...] = (
-    ("TPU v6", 918e12),        # Trillium / v6e
-    ("TPU v5 lite", 197e12),   # v5e
-    ("TPU v5", 459e12),        # v5p
-    ("TPU v4", 275e12),
-    ("TPU v3", 123e12),
-    ("TPU v2", 45e12),
-    ("H200", 989e12),
-    ("H100", 989e12),          # SXM
-    ("A100", 312e12),
-    ("L4", 121e12),
-    ("V100", 125e12),
+  ("TPU v6", 918e12),  # Trillium / v6e
+  ("TPU v5 lite", 197e12),  # v5e
+  ("TPU v5", 459e12),  # v5p
+  ("TPU v4", 275e12),
+  ("TPU v3", 123e12),
+  ("TPU v2", 45e12),
+  ("H200", 989e12),
+  ("H100", 989e12),  # SXM
+  ("A100", 312e12),
+  ("L4", 121e12),
+  ("V100", 125e12),
 )
 
 
 def forward_flops_per_example(config: BertConfig, seq_len: int, num_predictions: int) -> float:
   """The formula of the module docstring, forward pass only."""
-  d, f, v, n, l, p = (config.hidden_size, config.intermediate_size, config.vocab_size,
-                      config.num_hidden_layers, seq_len, num_predictions)
+  d, f, v, n, l, p = (
+    config.hidden_size,
+    config.intermediate_size,
+    config.vocab_size,
+    config.num_hidden_layers,
+    seq_len,
+    num_predictions,
+  )
   per_layer = 2 * l * 4 * d * d + 2 * l * 2 * d * f + 2 * 2 * l * l * d
   q = p + 1 if p < l else l
   last = 2 * l * 2 * d * d + 2 * q * 2 * d * d + 2 * q * 2 * d * f + 2 * 2 * q * l * d
@@ -54,8 +60,9 @@ def train_flops_per_example(config: BertConfig, seq_len: int, num_predictions: i
   return 3.0 * forward_flops_per_example(config, seq_len, num_predictions)
 
 
-def peak_flops_per_device(device_kind: str, configured: float = 0.0,
-                          cpu_peak: float = 4e11) -> float:
+def peak_flops_per_device(
+  device_kind: str, configured: float = 0.0, cpu_peak: float = 4e11
+) -> float:
   """``configured`` when > 0, else the table's entry for ``device_kind``, else ``cpu_peak``."""
   if configured > 0:
     return float(configured)

@@ -48,7 +48,8 @@ import math
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -69,6 +70,7 @@ class Phase:
 
   Steps ``[previous phase's end_step, end_step)`` run in this phase.
   """
+
   name: str
   end_step: int
   make_input: Callable[[], Iterator[dict]]
@@ -82,7 +84,7 @@ class Phase:
 class LoopOptions:
   save_every_steps: int
   log_every_steps: int = 100
-  eval_every_steps: int = 0          # 0: only at the end (when eval_fn is given)
+  eval_every_steps: int = 0  # 0: only at the end (when eval_fn is given)
   peak_flops_per_device: float = 0.0  # 0: no MFU
   save_on_preemption: bool = True
   eval_fn: Callable[[Any], dict] | None = None
@@ -114,6 +116,7 @@ class PreemptionWatcher:
     if jax.process_count() == 1:
       return self._flag
     from jax.experimental import multihost_utils  # noqa: PLC0415
+
     flags = multihost_utils.process_allgather(np.asarray(self._flag, np.int32))
     return bool(np.any(flags))
 
@@ -129,10 +132,17 @@ def _to_float(metrics: dict) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
-               options: LoopOptions, writer: MetricWriter, mesh: jax.sharding.Mesh,
-               rules: Rules, input_state: dict | None = None,
-               input_phase: str | None = None) -> dict[str, Any]:
+def train_loop(
+  state: Any,
+  phases: Sequence[Phase],
+  manager: CheckpointManager,
+  options: LoopOptions,
+  writer: MetricWriter,
+  mesh: jax.sharding.Mesh,
+  rules: Rules,
+  input_state: dict | None = None,
+  input_phase: str | None = None,
+) -> dict[str, Any]:
   """Runs ``state`` to ``phases[-1].end_step``; returns the summary (see module docstring).
 
   ``input_state``/``input_phase``: the input position and phase name saved in the checkpoint
@@ -147,7 +157,7 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
   last_train: dict[str, float] = {}
   last_eval: dict[str, float] = {}
   t_last, step_last, t_start = time.time(), step, time.time()
-  tokens_since_last = 0     # input_ids elements fed since t_last (bucketed batches are shorter)
+  tokens_since_last = 0  # input_ids elements fed since t_last (bucketed batches are shorter)
   status = "completed"
 
   def flush(now_step: int) -> None:
@@ -164,23 +174,31 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
         good = manager.latest_step()
         what = ", ".join(f"{k} is {m[k]}" for k in bad)
         raise NonFiniteLossError(
-            f"{what} at step {s}; stopping without saving. The last good checkpoint is step "
-            f"{good} in {manager.directory}" if good is not None else
-            f"{what} at step {s}; stopping. No checkpoint was saved yet")
+          f"{what} at step {s}; stopping without saving. The last good checkpoint is step "
+          f"{good} in {manager.directory}"
+          if good is not None
+          else f"{what} at step {s}; stopping. No checkpoint was saved yet"
+        )
     last_train = dict(fetched[-1][1])
     phase = phases[phase_index(phases, now_step - 1)]
     elapsed = time.time() - t_last
     n_steps = now_step - step_last
     if now_step == start_step + 1 and n_steps == 1:
-      last_train["first_step_sec"] = elapsed   # compilation, not throughput
+      last_train["first_step_sec"] = elapsed  # compilation, not throughput
     elif elapsed > 0 and n_steps > 0:
       ex_per_sec = n_steps * phase.global_batch_size / elapsed
-      last_train.update(examples_per_sec=ex_per_sec, tokens_per_sec=tokens_since_last / elapsed,
-                        steps_per_sec=n_steps / elapsed,
-                        eta_sec=(total - now_step) * elapsed / n_steps)
+      last_train.update(
+        examples_per_sec=ex_per_sec,
+        tokens_per_sec=tokens_since_last / elapsed,
+        steps_per_sec=n_steps / elapsed,
+        eta_sec=(total - now_step) * elapsed / n_steps,
+      )
       if options.peak_flops_per_device > 0 and phase.flops_per_example > 0:
-        last_train["mfu"] = (ex_per_sec * phase.flops_per_example
-                             / (options.peak_flops_per_device * jax.device_count()))
+        last_train["mfu"] = (
+          ex_per_sec
+          * phase.flops_per_example
+          / (options.peak_flops_per_device * jax.device_count())
+        )
     t_last, step_last, tokens_since_last = time.time(), now_step, 0
     writer.scalars(now_step, {f"train/{k}": v for k, v in last_train.items()})
     logging.info(progress_line(now_step, total, last_train, phase.name))
@@ -188,18 +206,24 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
   def save(now_step: int) -> None:
     flush(now_step)
     input_pos = inputs.get_state() if inputs is not None and hasattr(inputs, "get_state") else {}
-    manager.save(now_step, state, input_state=input_pos,
-                 meta={"phase": phases[current].name if current >= 0 else phases[0].name,
-                       "step": now_step})
+    manager.save(
+      now_step,
+      state,
+      input_state=input_pos,
+      meta={"phase": phases[current].name if current >= 0 else phases[0].name, "step": now_step},
+    )
 
   def run_eval(now_step: int) -> None:
     nonlocal last_eval, t_last
     flush(now_step)
     last_eval = dict(options.eval_fn(state))
-    t_last = time.time()      # the evaluation's time is not charged to the next steps' rates
+    t_last = time.time()  # the evaluation's time is not charged to the next steps' rates
     writer.scalars(now_step, {f"eval/{k}": v for k, v in last_eval.items()})
-    logging.info("eval at step %d: %s", now_step,
-                 ", ".join(f"{k} {v:.4f}" for k, v in sorted(last_eval.items())))
+    logging.info(
+      "eval at step %d: %s",
+      now_step,
+      ", ".join(f"{k} {v:.4f}" for k, v in sorted(last_eval.items())),
+    )
 
   with PreemptionWatcher() as preemption:
     while step < total:
@@ -209,14 +233,21 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
           flush(step)
           logging.info("Phase %s -> %s at step %d", phases[current].name, phases[idx].name, step)
         inputs = phases[idx].make_input()
-        if (input_state and current < 0 and hasattr(inputs, "set_state")
-            and input_phase in (None, phases[idx].name)):
+        if (
+          input_state
+          and current < 0
+          and hasattr(inputs, "set_state")
+          and input_phase in (None, phases[idx].name)
+        ):
           inputs.set_state(input_state)  # resumed mid-phase: continue where the checkpoint was
         current = idx
         t_last, step_last, tokens_since_last = time.time(), step, 0
       batch = make_global_batch(next(inputs), mesh, rules)
-      tokens_since_last += (batch["input_ids"].size if "input_ids" in batch
-                            else phases[idx].global_batch_size * phases[idx].seq_len)
+      tokens_since_last += (
+        batch["input_ids"].size
+        if "input_ids" in batch
+        else phases[idx].global_batch_size * phases[idx].seq_len
+      )
       state, metrics = phases[idx].train_step(state, batch)
       step += 1
       pending.append((step, metrics))
@@ -227,8 +258,9 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
       if step == total or step % options.save_every_steps == 0:
         save(step)
       if options.eval_fn is not None and (
-          (options.eval_every_steps and step % options.eval_every_steps == 0)
-          or (step == total and options.eval_at_end)):
+        (options.eval_every_steps and step % options.eval_every_steps == 0)
+        or (step == total and options.eval_at_end)
+      ):
         run_eval(step)
       if options.save_on_preemption and step < total and preemption.requested():
         save(step)
@@ -237,6 +269,13 @@ def train_loop(state: Any, phases: Sequence[Phase], manager: CheckpointManager,
         break
     flush(step)
   manager.wait()
-  return dict(status=status, step=step, start_step=start_step, num_train_steps=total,
-              train=last_train, eval=last_eval, wall_time_sec=time.time() - t_start,
-              last_checkpoint_step=manager.latest_step())
+  return dict(
+    status=status,
+    step=step,
+    start_step=start_step,
+    num_train_steps=total,
+    train=last_train,
+    eval=last_eval,
+    wall_time_sec=time.time() - t_start,
+    last_checkpoint_step=manager.latest_step(),
+  )

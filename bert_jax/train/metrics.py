@@ -1,15 +1,15 @@
 """Training metrics out: TensorBoard event files (tensorboardX) and a concise console line.
 
-  writer = MetricWriter(workdir)                    # <workdir>/tensorboard, process 0 only
-  writer.scalars(step, {"train/loss": 3.2, ...})
-  logging.info(progress_line(step, total, metrics))
+writer = MetricWriter(workdir)                    # <workdir>/tensorboard, process 0 only
+writer.scalars(step, {"train/loss": 3.2, ...})
+logging.info(progress_line(step, total, metrics))
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 
@@ -22,6 +22,7 @@ class MetricWriter:
     self._writer = None
     if self.enabled:
       from tensorboardX import SummaryWriter  # noqa: PLC0415 (heavy; only on process 0)
+
       self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def scalars(self, step: int, values: Mapping[str, float]) -> None:
@@ -85,6 +86,7 @@ class _LibraryInfoFilter:
 def quiet_library_logs(markers: tuple[str, ...] = ("orbax", "xla_bridge")) -> None:
   """Keeps the console to bert_jax's own progress lines (call once, from an entry point)."""
   from absl import logging as absl_logging  # noqa: PLC0415
+
   handler = absl_logging.get_absl_handler()
   if not any(isinstance(f, _LibraryInfoFilter) for f in handler.filters):
     handler.addFilter(_LibraryInfoFilter(markers))

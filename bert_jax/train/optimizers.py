@@ -16,7 +16,8 @@ optax's Adam applies the usual bias correction (it matters only in the first ~1/
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +27,9 @@ import optax
 _NO_DECAY_SUBSTRINGS = ("LayerNorm", "layer_norm", "bias")
 
 
-def warmup_linear_decay(peak: float, num_warmup_steps: int, num_train_steps: int,
-                        kind: str = "linear") -> optax.Schedule:
+def warmup_linear_decay(
+  peak: float, num_warmup_steps: int, num_train_steps: int, kind: str = "linear"
+) -> optax.Schedule:
   """BERT's schedule (see module docstring); ``kind="constant"`` keeps ``peak`` after warmup,
   ``kind="linear_after_warmup"`` decays from ``peak`` at the end of warmup to 0."""
   kinds = ("linear", "linear_after_warmup", "constant")
@@ -51,26 +53,36 @@ def warmup_linear_decay(peak: float, num_warmup_steps: int, num_train_steps: int
   return schedule
 
 
-def join_schedules(schedules: Sequence[optax.Schedule], boundaries: Sequence[int]
-                   ) -> optax.Schedule:
+def join_schedules(
+  schedules: Sequence[optax.Schedule], boundaries: Sequence[int]
+) -> optax.Schedule:
   """Schedule i runs from boundaries[i-1]; each sees steps counted from its own start."""
   return optax.join_schedules(list(schedules), list(boundaries))
 
 
 def decay_mask(params: Any) -> Any:
   """True for parameters that get weight decay (not LayerNorm parameters, not biases)."""
+
   def use_decay(path, _):
     name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
     return not any(s in name for s in _NO_DECAY_SUBSTRINGS)
+
   return jax.tree_util.tree_map_with_path(use_decay, params)
 
 
-def create_optimizer(cfg: Mapping[str, Any], learning_rate: optax.Schedule | float
-                     ) -> optax.GradientTransformation:
+def create_optimizer(
+  cfg: Mapping[str, Any], learning_rate: optax.Schedule | float
+) -> optax.GradientTransformation:
   """Global-norm clipping then AdamW or LAMB, from a ``config.optimizer`` section."""
   name = cfg["name"]
-  kwargs = dict(learning_rate=learning_rate, b1=cfg["b1"], b2=cfg["b2"], eps=cfg["eps"],
-                weight_decay=cfg["weight_decay"], mask=decay_mask)
+  kwargs = dict(
+    learning_rate=learning_rate,
+    b1=cfg["b1"],
+    b2=cfg["b2"],
+    eps=cfg["eps"],
+    weight_decay=cfg["weight_decay"],
+    mask=decay_mask,
+  )
   if name == "adamw":
     tx = optax.adamw(**kwargs)
   elif name == "lamb":

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import numpy as np
@@ -33,31 +34,50 @@ class PhaseData:
 
 @dataclasses.dataclass
 class DataSources:
-  tokenizer: Any            # bert_jax.tokenize.Tokenizer, or None for synthetic data
+  tokenizer: Any  # bert_jax.tokenize.Tokenizer, or None for synthetic data
   vocab_size: int
   phases: list[PhaseData]
 
 
 def _phase_settings(config) -> list[tuple[int, int, str, str, str]]:
-  out = [(config.max_seq_length, config.max_predictions_per_seq, config.input_files,
-          config.eval_input_files, "")]
+  out = [
+    (
+      config.max_seq_length,
+      config.max_predictions_per_seq,
+      config.input_files,
+      config.eval_input_files,
+      "",
+    )
+  ]
   if config.phase2.fraction > 0:
     p2 = config.phase2
-    out.append((p2.max_seq_length, p2.max_predictions_per_seq, p2.input_files,
-                p2.eval_input_files, "phase2."))
+    out.append(
+      (
+        p2.max_seq_length,
+        p2.max_predictions_per_seq,
+        p2.input_files,
+        p2.eval_input_files,
+        "phase2.",
+      )
+    )
   return out
 
 
 def _prepare_default(config, workdir: str, lengths, predictions):
   from bert_jax.data.default_corpus import prepare_default_data  # noqa: PLC0415
+
   out_dir = config.default_corpus_dir or os.path.join(workdir, "default_corpus")
-  kwargs = dict(max_seq_lengths=tuple(lengths), max_predictions_per_seq=tuple(predictions),
-                random_seed=config.seed)
+  kwargs = dict(
+    max_seq_lengths=tuple(lengths),
+    max_predictions_per_seq=tuple(predictions),
+    random_seed=config.seed,
+  )
   if jax.process_index() == 0:
     logging.info("No input_files configured: preparing the built-in corpus in %s", out_dir)
     data = prepare_default_data(out_dir, progress=True, **kwargs)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # noqa: PLC0415
+
     multihost_utils.sync_global_devices("bert_jax default corpus prepared")
     if jax.process_index() != 0:
       data = prepare_default_data(out_dir, **kwargs)
@@ -72,33 +92,42 @@ def resolve_data(config, workdir: str) -> DataSources:
     tokenizer = None
     if config.vocab_file:
       from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+
       tokenizer = load_tokenizer(config.vocab_file, do_lower_case=config.do_lower_case)
       vocab = tokenizer.vocab_size
     return DataSources(tokenizer, vocab, [PhaseData(l, p, "", "") for l, p, *_ in settings])
 
   from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+
   if not config.input_files:
     lengths = [s[0] for s in settings]
     predictions = [s[1] for s in settings]
     if len(set(lengths)) != len(lengths):
-      raise ValueError("the built-in corpus needs distinct max_seq_length per phase; got "
-                       f"{lengths} (config.max_seq_length, config.phase2.max_seq_length)")
+      raise ValueError(
+        "the built-in corpus needs distinct max_seq_length per phase; got "
+        f"{lengths} (config.max_seq_length, config.phase2.max_seq_length)"
+      )
     data = _prepare_default(config, workdir, lengths, predictions)
     tokenizer = load_tokenizer(config.vocab_file or data.vocab_file, do_lower_case=True)
-    phases = [PhaseData(l, p, data.train_files[l], data.eval_files[l]) for l, p in
-              zip(lengths, predictions)]
+    phases = [
+      PhaseData(l, p, data.train_files[l], data.eval_files[l]) for l, p in zip(lengths, predictions)
+    ]
     return DataSources(tokenizer, tokenizer.vocab_size, phases)
 
   if not config.vocab_file:
-    raise ValueError("config.vocab_file is empty: with config.input_files set, name the "
-                     "vocabulary (vocab.txt, SentencePiece .model, or a directory) the "
-                     "TFRecords were made with")
+    raise ValueError(
+      "config.vocab_file is empty: with config.input_files set, name the "
+      "vocabulary (vocab.txt, SentencePiece .model, or a directory) the "
+      "TFRecords were made with"
+    )
   phases = []
   for length, preds, files, eval_files, prefix in settings:
     if not files:
-      raise ValueError(f"config.{prefix}input_files is empty but phase 2 is on "
-                       f"(config.phase2.fraction={config.phase2.fraction}); set it to "
-                       f"TFRecords at seq {length}, or set config.phase2.fraction=0")
+      raise ValueError(
+        f"config.{prefix}input_files is empty but phase 2 is on "
+        f"(config.phase2.fraction={config.phase2.fraction}); set it to "
+        f"TFRecords at seq {length}, or set config.phase2.fraction=0"
+      )
     phases.append(PhaseData(length, preds, files, eval_files))
   tokenizer = load_tokenizer(config.vocab_file, do_lower_case=config.do_lower_case)
   return DataSources(tokenizer, tokenizer.vocab_size, phases)
@@ -106,41 +135,64 @@ def resolve_data(config, workdir: str) -> DataSources:
 
 def input_factory(config, sources: DataSources, phase: PhaseData, host_batch: int):
   """A function making this host's resumable training iterator for ``phase``."""
+
   def make():
     if config.synthetic_data:
       mask_id = sources.tokenizer.mask_id if sources.tokenizer is not None else 4
-      return SyntheticPretrainInput(host_batch, phase.max_seq_length,
-                                    phase.max_predictions_per_seq, sources.vocab_size,
-                                    seed=config.seed, process_index=jax.process_index(),
-                                    process_count=jax.process_count(), mask_id=mask_id)
+      return SyntheticPretrainInput(
+        host_batch,
+        phase.max_seq_length,
+        phase.max_predictions_per_seq,
+        sources.vocab_size,
+        seed=config.seed,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        mask_id=mask_id,
+      )
     from bert_jax.data.pipeline import PretrainInput, log_input  # noqa: PLC0415
-    inp = PretrainInput(phase.input_files, host_batch, phase.max_seq_length,
-                        phase.max_predictions_per_seq, seed=config.seed,
-                        shuffle_buffer_size=config.shuffle_buffer_size,
-                        dynamic_masking=config.dynamic_masking, tokenizer=sources.tokenizer,
-                        masked_lm_prob=config.masked_lm_prob)
+
+    inp = PretrainInput(
+      phase.input_files,
+      host_batch,
+      phase.max_seq_length,
+      phase.max_predictions_per_seq,
+      seed=config.seed,
+      shuffle_buffer_size=config.shuffle_buffer_size,
+      dynamic_masking=config.dynamic_masking,
+      tokenizer=sources.tokenizer,
+      masked_lm_prob=config.masked_lm_prob,
+    )
     log_input(inp)
     return inp
+
   return make
 
 
-def eval_batches(config, sources: DataSources, phase: PhaseData, host_batch: int
-                 ) -> Iterator[dict[str, np.ndarray]]:
+def eval_batches(
+  config, sources: DataSources, phase: PhaseData, host_batch: int
+) -> Iterator[dict[str, np.ndarray]]:
   """Up to ``config.max_eval_steps`` held-out batches of this host (same count on every host:
   a host that runs out feeds all-zero-weight batches until every host has)."""
   if config.synthetic_data:
-    it = SyntheticPretrainInput(host_batch, phase.max_seq_length, phase.max_predictions_per_seq,
-                                sources.vocab_size, seed=config.seed + 1_000_003,
-                                process_index=jax.process_index(),
-                                process_count=jax.process_count())
+    it = SyntheticPretrainInput(
+      host_batch,
+      phase.max_seq_length,
+      phase.max_predictions_per_seq,
+      sources.vocab_size,
+      seed=config.seed + 1_000_003,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
     for _ in range(config.max_eval_steps):
       yield next(it)
     return
   if not phase.eval_input_files:
     return
   from bert_jax.data.pipeline import eval_batches as data_eval_batches  # noqa: PLC0415
-  it = data_eval_batches(phase.eval_input_files, host_batch, phase.max_seq_length,
-                         phase.max_predictions_per_seq)
+
+  it = data_eval_batches(
+    phase.eval_input_files, host_batch, phase.max_seq_length, phase.max_predictions_per_seq
+  )
   template = None
   for _ in range(config.max_eval_steps):
     batch = next(it, None)
@@ -150,13 +202,16 @@ def eval_batches(config, sources: DataSources, phase: PhaseData, host_batch: int
       yield batch
       continue
     from jax.experimental import multihost_utils  # noqa: PLC0415
+
     if not np.any(multihost_utils.process_allgather(np.int32(batch is not None))):
-      return   # every host is done
+      return  # every host is done
     if batch is not None:
       template = batch
     elif template is None:
-      raise ValueError(f"{phase.eval_input_files}: no eval records for host "
-                       f"{jax.process_index()} of {jax.process_count()}")
-    else:   # this host is done, others are not: all-zero weights count for nothing
+      raise ValueError(
+        f"{phase.eval_input_files}: no eval records for host "
+        f"{jax.process_index()} of {jax.process_count()}"
+      )
+    else:  # this host is done, others are not: all-zero weights count for nothing
       batch = {k: np.zeros_like(v) for k, v in template.items()}
     yield batch

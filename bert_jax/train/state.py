@@ -11,7 +11,8 @@ state is created directly in place by ``jax.jit(..., out_shardings=shardings)``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -25,19 +26,22 @@ from bert_jax.parallel.sharding import Rules, logical_shardings
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array       # int32 scalar: optimizer steps taken
+  step: jax.Array  # int32 scalar: optimizer steps taken
   params: Any
   opt_state: Any
-  rng: jax.Array        # raw uint32[2] key; the step's dropout key is fold_in(rng, step)
+  rng: jax.Array  # raw uint32[2] key; the step's dropout key is fold_in(rng, step)
 
 
-def _boxed_state_fn(init_params: Callable[[jax.Array], Any], tx: optax.GradientTransformation
-                    ) -> Callable[[jax.Array], TrainState]:
+def _boxed_state_fn(
+  init_params: Callable[[jax.Array], Any], tx: optax.GradientTransformation
+) -> Callable[[jax.Array], TrainState]:
   def make(rng: jax.Array) -> TrainState:
     init_rng, train_rng = jax.random.split(rng)
     params = init_params(init_rng)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=train_rng)
+    return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=train_rng
+    )
+
   return make
 
 
@@ -46,13 +50,14 @@ def abstract_train_state(init_params, tx, mesh, rules: Rules, seed: int):
   boxed = jax.eval_shape(_boxed_state_fn(init_params, tx), jax.random.PRNGKey(seed))
   shardings = logical_shardings(boxed, mesh, rules)
   abstract = jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      nn.meta.unbox(boxed), shardings)
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.meta.unbox(boxed), shardings
+  )
   return abstract, shardings
 
 
-def init_train_state(init_params, tx, mesh, rules: Rules, seed: int,
-                     shardings: Any = None) -> TrainState:
+def init_train_state(
+  init_params, tx, mesh, rules: Rules, seed: int, shardings: Any = None
+) -> TrainState:
   """A freshly initialised state, each array created directly with its sharding.
 
   The seed's key is an argument of the jitted program, not a constant in it, so one compiled
@@ -64,19 +69,23 @@ def init_train_state(init_params, tx, mesh, rules: Rules, seed: int,
   # Not under mesh_context: flax's DenseGeneral initialises its kernel flat and would apply the
   # N-d logical constraint to the flat array. out_shardings places every array anyway.
   return jax.jit(lambda rng: nn.meta.unbox(make(rng)), out_shardings=shardings)(
-      jax.random.PRNGKey(seed))
+    jax.random.PRNGKey(seed)
+  )
 
 
 def place_like(tree: Any, like: Any) -> Any:
   """Host arrays (numpy, the same on every process) -> global arrays sharded like ``like``."""
+
   def put(x, ref):
     x = np.asarray(x, dtype=ref.dtype)
     return jax.make_array_from_callback(x.shape, ref.sharding, lambda idx: x[idx])
+
   return jax.tree_util.tree_map(put, tree, like)
 
 
-def state_with_params(state: TrainState, params: Any, tx: optax.GradientTransformation,
-                      shardings: Any) -> TrainState:
+def state_with_params(
+  state: TrainState, params: Any, tx: optax.GradientTransformation, shardings: Any
+) -> TrainState:
   """``state`` with new (host) params placed like the old ones and a fresh optimizer state."""
   params = place_like(params, state.params)
   opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)

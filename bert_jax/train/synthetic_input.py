@@ -13,10 +13,19 @@ import numpy as np
 
 
 class SyntheticPretrainInput:
-
-  def __init__(self, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
-               vocab_size: int, *, seed: int = 0, process_index: int = 0,
-               process_count: int = 1, mask_id: int = 4, min_length: int | None = None):
+  def __init__(
+    self,
+    batch_size: int,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    vocab_size: int,
+    *,
+    seed: int = 0,
+    process_index: int = 0,
+    process_count: int = 1,
+    mask_id: int = 4,
+    min_length: int | None = None,
+  ):
     self.batch_size = batch_size
     self.max_seq_length = max_seq_length
     self.max_predictions_per_seq = max_predictions_per_seq
@@ -40,8 +49,11 @@ class SyntheticPretrainInput:
   def __next__(self) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([self.seed, self._position])
     self._position += 1
-    b, l, p = self.batch_size * self.process_count, self.max_seq_length, \
-        self.max_predictions_per_seq
+    b, l, p = (
+      self.batch_size * self.process_count,
+      self.max_seq_length,
+      self.max_predictions_per_seq,
+    )
     lengths = rng.integers(self.min_length, l + 1, size=b)
     ids = rng.integers(5, self.vocab_size, size=(b, l)).astype(np.int32)
     mask = (np.arange(l)[None, :] < lengths[:, None]).astype(np.int32)
@@ -57,8 +69,14 @@ class SyntheticPretrainInput:
       labels[r, :n] = ids[r, pos]
       weights[r, :n] = 1.0
       ids[r, pos] = self.mask_id
-    batch = dict(input_ids=ids, input_mask=mask, segment_ids=segment,
-                 masked_lm_positions=positions, masked_lm_ids=labels, masked_lm_weights=weights,
-                 next_sentence_labels=rng.integers(0, 2, size=b).astype(np.int32))
+    batch = dict(
+      input_ids=ids,
+      input_mask=mask,
+      segment_ids=segment,
+      masked_lm_positions=positions,
+      masked_lm_ids=labels,
+      masked_lm_weights=weights,
+      next_sentence_labels=rng.integers(0, 2, size=b).astype(np.int32),
+    )
     rows = slice(self.process_index * self.batch_size, (self.process_index + 1) * self.batch_size)
     return {k: v[rows] for k, v in batch.items()}

@@ -17,7 +17,8 @@ finite: the new params would be NaN) and ``learning_rate``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -28,12 +29,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bert_jax.parallel.sharding import Rules, mesh_context
 from bert_jax.train.state import TrainState
 
-LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array, bool],
-                  tuple[jax.Array, dict[str, jax.Array]]]
+LossFn = Callable[
+  [Any, Mapping[str, jax.Array], jax.Array, bool], tuple[jax.Array, dict[str, jax.Array]]
+]
 
 
-def _split_micro_batches(batch: Mapping[str, jax.Array], k: int,
-                         mesh: jax.sharding.Mesh | None) -> dict[str, jax.Array]:
+def _split_micro_batches(
+  batch: Mapping[str, jax.Array], k: int, mesh: jax.sharding.Mesh | None
+) -> dict[str, jax.Array]:
   def split(x):
     if x.shape[0] % k:
       raise ValueError(f"batch size {x.shape[0]} is not divisible by grad_accum_steps {k}")
@@ -42,12 +45,17 @@ def _split_micro_batches(batch: Mapping[str, jax.Array], k: int,
       return x
     spec = nn.logical_to_mesh_axes((None, "batch") + (None,) * (x.ndim - 2))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
   return {key: split(x) for key, x in batch.items()}
 
 
-def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
-                    learning_rate_fn: Callable[[jax.Array], jax.Array] | None = None,
-                    grad_accum_steps: int = 1, mesh: jax.sharding.Mesh | None = None):
+def make_train_step(
+  loss_fn: LossFn,
+  tx: optax.GradientTransformation,
+  learning_rate_fn: Callable[[jax.Array], jax.Array] | None = None,
+  grad_accum_steps: int = 1,
+  mesh: jax.sharding.Mesh | None = None,
+):
   """The pure ``train_step(state, batch) -> (state, metrics)``.
 
   ``mesh`` (with the logical rules current while tracing) keeps micro-batches sharded along
@@ -64,20 +72,21 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
 
       def body(grad_sum, xs):
         i, micro_batch = xs
-        (loss, metrics), grads = grad_fn(state.params, micro_batch, jax.random.fold_in(rng, i),
-                                         False)
+        (loss, metrics), grads = grad_fn(
+          state.params, micro_batch, jax.random.fold_in(rng, i), False
+        )
         return jax.tree_util.tree_map(jnp.add, grad_sum, grads), (loss, metrics)
 
       zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-      grad_sum, (losses, metrics) = jax.lax.scan(
-          body, zeros, (jnp.arange(grad_accum_steps), micro))
+      grad_sum, (losses, metrics) = jax.lax.scan(body, zeros, (jnp.arange(grad_accum_steps), micro))
       grads = jax.tree_util.tree_map(lambda g: g / grad_accum_steps, grad_sum)
       loss = jnp.mean(losses)
       metrics = jax.tree_util.tree_map(jnp.mean, metrics)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads),
-                   update_norm=optax.global_norm(updates))
+    metrics = dict(
+      metrics, loss=loss, grad_norm=optax.global_norm(grads), update_norm=optax.global_norm(updates)
+    )
     if learning_rate_fn is not None:
       metrics["learning_rate"] = learning_rate_fn(state.step)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
@@ -99,8 +108,11 @@ def jit_train_step(train_step, state_shardings: Any, mesh: jax.sharding.Mesh, ru
   return run
 
 
-def jit_eval_step(eval_fn: Callable[[Any, Mapping[str, jax.Array]], dict[str, jax.Array]],
-                  mesh: jax.sharding.Mesh, rules: Rules):
+def jit_eval_step(
+  eval_fn: Callable[[Any, Mapping[str, jax.Array]], dict[str, jax.Array]],
+  mesh: jax.sharding.Mesh,
+  rules: Rules,
+):
   """``eval_fn(params, batch) -> {name: sum}`` jitted, outputs replicated, under the mesh."""
   replicated = NamedSharding(mesh, PartitionSpec())
   jitted = jax.jit(eval_fn, out_shardings=replicated)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from launch.job import LaunchError
 from launch.targets.kubernetes import KubernetesTarget
@@ -18,8 +19,12 @@ from launch.targets.local import LocalTarget
 from launch.targets.slurm import SlurmTarget
 from launch.targets.tpu import TpuTarget
 
-TARGETS = {"local": LocalTarget, "tpu": TpuTarget, "slurm": SlurmTarget,
-           "kubernetes": KubernetesTarget}
+TARGETS = {
+  "local": LocalTarget,
+  "tpu": TpuTarget,
+  "slurm": SlurmTarget,
+  "kubernetes": KubernetesTarget,
+}
 
 
 def target_fields(name: str) -> list[str]:
@@ -40,8 +45,12 @@ def setting_help(name: str) -> dict[str, str]:
       continue
     head, sep, text = line.strip().partition(": ")
     names = [n.strip() for n in head.split(",")]
-    if line.startswith("  ") and not line.startswith("    ") and sep and all(
-        n.isidentifier() for n in names):
+    if (
+      line.startswith("  ")
+      and not line.startswith("    ")
+      and sep
+      and all(n.isidentifier() for n in names)
+    ):
       for n in names:
         helps[n] = text
       current = names
@@ -58,8 +67,9 @@ def make_target(name: str, settings: Mapping[str, Any] | None = None):
   settings = dict(settings or {})
   unknown = sorted(set(settings) - set(target_fields(name)))
   if unknown:
-    raise LaunchError(f"{name} target has no setting(s) {unknown}; its settings: "
-                      f"{target_fields(name)}")
+    raise LaunchError(
+      f"{name} target has no setting(s) {unknown}; its settings: {target_fields(name)}"
+    )
   return TARGETS[name](**settings)
 
 
@@ -68,5 +78,14 @@ def target_settings(target) -> dict[str, Any]:
   return dataclasses.asdict(target)
 
 
-__all__ = ["TARGETS", "KubernetesTarget", "LocalTarget", "SlurmTarget", "TpuTarget",
-           "make_target", "setting_help", "target_fields", "target_settings"]
+__all__ = [
+  "TARGETS",
+  "KubernetesTarget",
+  "LocalTarget",
+  "SlurmTarget",
+  "TpuTarget",
+  "make_target",
+  "setting_help",
+  "target_fields",
+  "target_settings",
+]

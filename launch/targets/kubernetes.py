@@ -35,7 +35,7 @@ def dns_name(text: str, limit: int = 40) -> str:
   if name == text and len(name) <= limit:
     return name
   digest = hashlib.sha1(text.encode()).hexdigest()[:8]
-  return f"{name[:limit - 9].strip('-') or 'bert-jax'}-{digest}"
+  return f"{name[: limit - 9].strip('-') or 'bert-jax'}-{digest}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +55,7 @@ class KubernetesTarget:
     service_account: the pod's service account (e.g. with bucket access), if any.
     volume_claim, volume_mount: a PersistentVolumeClaim to mount (for a non-gs:// workdir).
   """
+
   image: str = ""
   job_name: str = ""
   namespace: str = "default"
@@ -77,13 +78,18 @@ class KubernetesTarget:
     if self.num_hosts < 1:
       raise LaunchError(f"kubernetes target: num_hosts must be >= 1, got {self.num_hosts}")
     if self.job_name and not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", self.job_name):
-      raise LaunchError(f"kubernetes target: job_name {self.job_name!r} is not a DNS label "
-                        f"(lower case letters, digits and '-')")
+      raise LaunchError(
+        f"kubernetes target: job_name {self.job_name!r} is not a DNS label "
+        f"(lower case letters, digits and '-')"
+      )
     shared = job.workdir.startswith("gs://") or (
-        self.volume_claim and job.workdir.startswith(self.volume_mount.rstrip("/") + "/"))
+      self.volume_claim and job.workdir.startswith(self.volume_mount.rstrip("/") + "/")
+    )
     if not shared:
-      raise LaunchError(f"kubernetes target: workdir {job.workdir!r} must be a gs:// path or lie "
-                        f"under volume_mount {self.volume_mount!r} with volume_claim set")
+      raise LaunchError(
+        f"kubernetes target: workdir {job.workdir!r} must be a gs:// path or lie "
+        f"under volume_mount {self.volume_mount!r} with volume_claim set"
+      )
 
   def resource_name(self, job: Job) -> str:
     return self.job_name or dns_name(job.workdir.rstrip("/").rsplit("/", 1)[-1])
@@ -94,42 +100,62 @@ class KubernetesTarget:
     name = self.resource_name(job)
     labels = {"app.kubernetes.io/name": "bert-jax", "app.kubernetes.io/instance": name}
     service = {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": self.namespace, "labels": dict(labels)},
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                 "selector": {"job-name": name},
-                 "ports": [{"name": "coordinator", "port": self.coordinator_port}]},
+      "apiVersion": "v1",
+      "kind": "Service",
+      "metadata": {"name": name, "namespace": self.namespace, "labels": dict(labels)},
+      "spec": {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": {"job-name": name},
+        "ports": [{"name": "coordinator", "port": self.coordinator_port}],
+      },
     }
     env = [
-        {"name": ENV_COORDINATOR, "value": f"{name}-0.{name}:{self.coordinator_port}"},
-        {"name": ENV_NUM_PROCESSES, "value": str(self.num_hosts)},
-        {"name": ENV_PROCESS_ID, "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}},
+      {"name": ENV_COORDINATOR, "value": f"{name}-0.{name}:{self.coordinator_port}"},
+      {"name": ENV_NUM_PROCESSES, "value": str(self.num_hosts)},
+      {
+        "name": ENV_PROCESS_ID,
+        "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}},
+      },
     ]
     container: dict[str, Any] = {
-        "name": "bert-jax", "image": self.image, "workingDir": self.remote_dir,
-        "command": job.argv(), "env": env,
-        "ports": [{"containerPort": self.coordinator_port, "name": "coordinator"}],
+      "name": "bert-jax",
+      "image": self.image,
+      "workingDir": self.remote_dir,
+      "command": job.argv(),
+      "env": env,
+      "ports": [{"containerPort": self.coordinator_port, "name": "coordinator"}],
     }
     limits = {self.accelerator_resource: self.gpus_per_host} if self.gpus_per_host else {}
     requests = {k: v for k, v in (("cpu", self.cpu), ("memory", self.memory)) if v}
     if limits or requests:
-      container["resources"] = {**({"limits": limits} if limits else {}),
-                                **({"requests": requests} if requests else {})}
-    pod_spec: dict[str, Any] = {"subdomain": name, "restartPolicy": "Never",
-                                "containers": [container]}
+      container["resources"] = {
+        **({"limits": limits} if limits else {}),
+        **({"requests": requests} if requests else {}),
+      }
+    pod_spec: dict[str, Any] = {
+      "subdomain": name,
+      "restartPolicy": "Never",
+      "containers": [container],
+    }
     if self.service_account:
       pod_spec["serviceAccountName"] = self.service_account
     if self.volume_claim:
       container["volumeMounts"] = [{"name": "workdir", "mountPath": self.volume_mount}]
-      pod_spec["volumes"] = [{"name": "workdir",
-                              "persistentVolumeClaim": {"claimName": self.volume_claim}}]
+      pod_spec["volumes"] = [
+        {"name": "workdir", "persistentVolumeClaim": {"claimName": self.volume_claim}}
+      ]
     job_manifest = {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": self.namespace, "labels": dict(labels)},
-        "spec": {"completionMode": "Indexed", "completions": self.num_hosts,
-                 "parallelism": self.num_hosts, "backoffLimit": 0,
-                 "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec}},
+      "apiVersion": "batch/v1",
+      "kind": "Job",
+      "metadata": {"name": name, "namespace": self.namespace, "labels": dict(labels)},
+      "spec": {
+        "completionMode": "Indexed",
+        "completions": self.num_hosts,
+        "parallelism": self.num_hosts,
+        "backoffLimit": 0,
+        "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+      },
     }
     return [service, job_manifest]
 
@@ -137,13 +163,20 @@ class KubernetesTarget:
     return yaml.safe_dump_all(self.manifests(job), sort_keys=False)
 
   def describe(self, job: Job) -> str:
-    return (f"---\n{self.manifest_yaml(job)}# apply with:\n"
-            f"# kubectl apply --namespace={self.namespace} -f -")
+    return (
+      f"---\n{self.manifest_yaml(job)}# apply with:\n"
+      f"# kubectl apply --namespace={self.namespace} -f -"
+    )
 
   def run(self, job: Job, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     text = self.manifest_yaml(job)
-    out.write(f"launch: kubectl apply --namespace={self.namespace} -f - "
-              f"(Job {self.resource_name(job)})\n")
-    return subprocess.run(["kubectl", "apply", f"--namespace={self.namespace}", "-f", "-"],
-                          input=text, text=True, check=False).returncode
+    out.write(
+      f"launch: kubectl apply --namespace={self.namespace} -f - (Job {self.resource_name(job)})\n"
+    )
+    return subprocess.run(
+      ["kubectl", "apply", f"--namespace={self.namespace}", "-f", "-"],
+      input=text,
+      text=True,
+      check=False,
+    ).returncode

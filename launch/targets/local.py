@@ -19,7 +19,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from launch.job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
 
@@ -33,6 +34,7 @@ def free_port() -> int:
 @dataclasses.dataclass(frozen=True)
 class ProcessSpec:
   """One local process: its command, the environment variables it adds, and its log file."""
+
   process_id: int
   argv: list[str]
   env: dict[str, str]
@@ -52,6 +54,7 @@ class LocalTarget:
     kill_grace_s: seconds between SIGTERM and SIGKILL when one process failed.
     echo: stream process 0's output to this console as well as its log.
   """
+
   num_processes: int = 1
   cpu_devices_per_process: int = 0
   gpus_per_process: int = 0
@@ -77,11 +80,19 @@ class LocalTarget:
     for i in range(self.num_processes):
       env: dict[str, str] = {}
       if self.num_processes > 1:
-        env.update({ENV_COORDINATOR: f"localhost:{port}",
-                    ENV_NUM_PROCESSES: str(self.num_processes), ENV_PROCESS_ID: str(i)})
+        env.update(
+          {
+            ENV_COORDINATOR: f"localhost:{port}",
+            ENV_NUM_PROCESSES: str(self.num_processes),
+            ENV_PROCESS_ID: str(i),
+          }
+        )
       if self.cpu_devices_per_process:
-        flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-                 if not f.startswith("--xla_force_host_platform_device_count")]
+        flags = [
+          f
+          for f in os.environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count")
+        ]
         flags.append(f"--xla_force_host_platform_device_count={self.cpu_devices_per_process}")
         env["XLA_FLAGS"] = " ".join(flags)
       if self.gpus_per_process:
@@ -97,11 +108,9 @@ class LocalTarget:
       lines.append(f"{env + ' ' if env else ''}{' '.join(spec.argv)}  > {spec.log_path}")
     return "\n".join(lines)
 
-  def run(self, job: Job, out: TextIO | None = None,
-          stop: threading.Event | None = None) -> int:
+  def run(self, job: Job, out: TextIO | None = None, stop: threading.Event | None = None) -> int:
     """Starts the processes and waits; returns 0 or the first failing process's status."""
-    return run_processes(self.plan(job), self.kill_grace_s, self.echo, out or sys.stdout,
-                         stop=stop)
+    return run_processes(self.plan(job), self.kill_grace_s, self.echo, out or sys.stdout, stop=stop)
 
 
 def _pump(stream, log: TextIO, echo: TextIO | None, prefix: str) -> None:
@@ -134,9 +143,14 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
       p.wait()
 
 
-def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 30.0, echo: bool = True,
-                  out: TextIO = sys.stdout, poll_s: float = 0.1,
-                  stop: threading.Event | None = None) -> int:
+def run_processes(
+  specs: Sequence[ProcessSpec],
+  kill_grace_s: float = 30.0,
+  echo: bool = True,
+  out: TextIO = sys.stdout,
+  poll_s: float = 0.1,
+  stop: threading.Event | None = None,
+) -> int:
   """Runs the processes of one job together: all succeed, or all stop when one fails.
 
   SIGTERM or Ctrl-C to the launcher (when this runs in the main thread), or ``stop`` being set
@@ -148,10 +162,12 @@ def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 30.0, echo
   received: list[int] = []
   previous = {}
   if threading.current_thread() is threading.main_thread():
+
     def on_signal(signum, frame):
       del frame
       received.append(signum)
       stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
       previous[sig] = signal.signal(sig, on_signal)
   try:
@@ -159,14 +175,22 @@ def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 30.0, echo
       os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
       log = open(spec.log_path, "a", buffering=1)
       logs.append(log)
-      proc = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                              start_new_session=True)
+      proc = subprocess.Popen(
+        spec.argv,
+        env={**os.environ, **spec.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+      )
       procs.append(proc)
       prefix = f"[{spec.process_id}] " if len(specs) > 1 else ""
-      t = threading.Thread(target=_pump, daemon=True,
-                           args=(proc.stdout, log, out if echo and spec.process_id == 0 else None,
-                                 prefix))
+      t = threading.Thread(
+        target=_pump,
+        daemon=True,
+        args=(proc.stdout, log, out if echo and spec.process_id == 0 else None, prefix),
+      )
       t.start()
       threads.append(t)
     while True:
@@ -175,8 +199,10 @@ def run_processes(specs: Sequence[ProcessSpec], kill_grace_s: float = 30.0, echo
       if failed:
         i, code = failed[0]
         status = _exit_status(code)
-        out.write(f"launch: process {i} exited with status {status}; stopping the others "
-                  f"(log: {specs[i].log_path})\n")
+        out.write(
+          f"launch: process {i} exited with status {status}; stopping the others "
+          f"(log: {specs[i].log_path})\n"
+        )
         _print_tail(specs[i].log_path, out)
         return status
       if all(c == 0 for c in codes):
@@ -202,4 +228,3 @@ def _print_tail(path: str, out: TextIO, n: int = 20) -> None:
     tail = f.readlines()[-n:]
   if tail:
     out.write("".join(f"  | {line}" for line in tail))
-

@@ -19,8 +19,14 @@ import subprocess
 import sys
 from typing import TextIO
 
-from launch.job import (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, REPO_ROOT, Job,
-                        LaunchError)
+from launch.job import (
+  ENV_COORDINATOR,
+  ENV_NUM_PROCESSES,
+  ENV_PROCESS_ID,
+  REPO_ROOT,
+  Job,
+  LaunchError,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +47,7 @@ class SlurmTarget:
     coordinator_port: the jax.distributed coordinator's port on the first node.
     sbatch_args: further ``#SBATCH`` options, e.g. ("--exclusive", "--mem=0").
   """
+
   partition: str = ""
   nodes: int = 1
   gpus_per_node: int = 8
@@ -60,11 +67,13 @@ class SlurmTarget:
     if not self.partition:
       raise LaunchError("slurm target: missing required setting: partition (flag --partition)")
     if self.nodes < 1 or self.gpus_per_node < 1:
-      raise LaunchError(f"slurm target: nodes ({self.nodes}) and gpus_per_node "
-                        f"({self.gpus_per_node}) must be >= 1")
+      raise LaunchError(
+        f"slurm target: nodes ({self.nodes}) and gpus_per_node ({self.gpus_per_node}) must be >= 1"
+      )
     if "://" in job.workdir:
-      raise LaunchError(f"slurm target: workdir {job.workdir!r} must be a path on a shared "
-                        f"file system")
+      raise LaunchError(
+        f"slurm target: workdir {job.workdir!r} must be a path on a shared file system"
+      )
 
   def script_path(self, job: Job) -> str:
     return os.path.join(job.workdir, "launch", "sbatch.sh")
@@ -74,38 +83,49 @@ class SlurmTarget:
     self.validate(job)
     logs = os.path.join(job.workdir, "logs")
     directives = [
-        f"--job-name={self.job_name}", f"--partition={self.partition}",
-        f"--nodes={self.nodes}", f"--ntasks-per-node={self.gpus_per_node}",
-        f"--gpus-per-node={self.gpus_per_node}", f"--cpus-per-task={self.cpus_per_task}",
-        f"--time={self.time}", f"--output={logs}/slurm-%j.out",
+      f"--job-name={self.job_name}",
+      f"--partition={self.partition}",
+      f"--nodes={self.nodes}",
+      f"--ntasks-per-node={self.gpus_per_node}",
+      f"--gpus-per-node={self.gpus_per_node}",
+      f"--cpus-per-task={self.cpus_per_task}",
+      f"--time={self.time}",
+      f"--output={logs}/slurm-%j.out",
     ]
     directives += [f"--account={self.account}"] if self.account else []
     directives += [f"--qos={self.qos}"] if self.qos else []
     directives += list(self.sbatch_args)
-    task = (f'export {ENV_PROCESS_ID}="$SLURM_PROCID" CUDA_VISIBLE_DEVICES="$SLURM_LOCALID"; '
-            f"exec {job.shell_command()}")
-    lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives] + [
+    task = (
+      f'export {ENV_PROCESS_ID}="$SLURM_PROCID" CUDA_VISIBLE_DEVICES="$SLURM_LOCALID"; '
+      f"exec {job.shell_command()}"
+    )
+    lines = (
+      ["#!/bin/bash"]
+      + [f"#SBATCH {d}" for d in directives]
+      + [
         "# Written by `python -m launch`: one process per GPU joined with jax.distributed.",
         "set -euo pipefail",
         f"cd {shlex.quote(self.remote_dir)}",
-    ]
+      ]
+    )
     lines += [self.setup] if self.setup else []
     lines += [
-        f"mkdir -p {shlex.quote(logs)}",
-        '# The first host of the allocation runs process 0 and the coordinator (no `| head`:',
-        '# under pipefail a closed pipe would fail the script).',
-        'hosts=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
-        f'export {ENV_COORDINATOR}="${{hosts[0]}}:{self.coordinator_port}"',
-        f'export {ENV_NUM_PROCESSES}="$SLURM_NTASKS"',
-        f"srun --kill-on-bad-exit=1 --output={shlex.quote(logs + '/process_%t.log')} "
-        f"bash -c {shlex.quote(task)}",
-        "",
+      f"mkdir -p {shlex.quote(logs)}",
+      "# The first host of the allocation runs process 0 and the coordinator (no `| head`:",
+      "# under pipefail a closed pipe would fail the script).",
+      'hosts=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+      f'export {ENV_COORDINATOR}="${{hosts[0]}}:{self.coordinator_port}"',
+      f'export {ENV_NUM_PROCESSES}="$SLURM_NTASKS"',
+      f"srun --kill-on-bad-exit=1 --output={shlex.quote(logs + '/process_%t.log')} "
+      f"bash -c {shlex.quote(task)}",
+      "",
     ]
     return "\n".join(lines)
 
   def describe(self, job: Job) -> str:
-    return (f"# {self.script_path(job)}\n{self.script(job)}\n"
-            f"sbatch {shlex.quote(self.script_path(job))}")
+    return (
+      f"# {self.script_path(job)}\n{self.script(job)}\nsbatch {shlex.quote(self.script_path(job))}"
+    )
 
   def run(self, job: Job, out: TextIO | None = None) -> int:
     out = out or sys.stdout

@@ -22,8 +22,15 @@ import sys
 import time
 from typing import TextIO
 
-from launch.job import (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, REPO_ROOT, Job,
-                        LaunchError, git_state)
+from launch.job import (
+  ENV_COORDINATOR,
+  ENV_NUM_PROCESSES,
+  ENV_PROCESS_ID,
+  REPO_ROOT,
+  Job,
+  LaunchError,
+  git_state,
+)
 
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
 SHIP_METHODS = ("scp", "git", "none")
@@ -48,6 +55,7 @@ class TpuTarget:
     coordinator_port: the jax.distributed coordinator's port on worker 0.
     log_file: each worker's log (tee'd; the same path on every worker).
   """
+
   tpu_name: str = ""
   zone: str = ""
   project: str = ""
@@ -71,13 +79,16 @@ class TpuTarget:
     if self.ship == "git" and not self.repo_url:
       missing.append("repo_url (needed with ship=git)")
     if missing:
-      raise LaunchError(f"tpu target: missing required setting(s): {', '.join(missing)} "
-                        f"(flags --{' --'.join(m.split()[0] for m in missing)})")
+      raise LaunchError(
+        f"tpu target: missing required setting(s): {', '.join(missing)} "
+        f"(flags --{' --'.join(m.split()[0] for m in missing)})"
+      )
     if self.ship not in SHIP_METHODS:
       raise LaunchError(f"tpu target: ship must be one of {SHIP_METHODS}, got {self.ship!r}")
     if not job.workdir.startswith("gs://"):
-      raise LaunchError(f"tpu target: workdir {job.workdir!r} must be a gs:// path that every "
-                        f"worker can write")
+      raise LaunchError(
+        f"tpu target: workdir {job.workdir!r} must be a gs:// path that every worker can write"
+      )
 
   def _gcloud(self, *args: str) -> list[str]:
     return ["gcloud", "compute", "tpus", *args, f"--zone={self.zone}", f"--project={self.project}"]
@@ -88,42 +99,64 @@ class TpuTarget:
   def worker_command(self, job: Job) -> str:
     """The shell command every worker runs: set the jax.distributed coordinates, run the job."""
     meta = f"curl -sf -H 'Metadata-Flavor: Google' {METADATA_URL}"
-    return "; ".join([
+    return "; ".join(
+      [
         "set -euo pipefail",
         f"cd {self.remote_dir}",
         f"endpoints=$({meta}/worker-network-endpoints)",
         f"export {ENV_PROCESS_ID}=$({meta}/agent-worker-number)",
         f"export {ENV_NUM_PROCESSES}=$(echo \"$endpoints\" | tr ',' '\\n' | grep -c .)",
-        f"export {ENV_COORDINATOR}=$(echo \"$endpoints\" | cut -d, -f1 | cut -d: -f3)"
+        f'export {ENV_COORDINATOR}=$(echo "$endpoints" | cut -d, -f1 | cut -d: -f3)'
         f":{self.coordinator_port}",
         f"{job.shell_command()} 2>&1 | tee -a {self.log_file}",
-    ])
+      ]
+    )
 
   def commands(self, job: Job) -> list[list[str]]:
     """Every command the launch runs, in order; runs nothing."""
     self.validate(job)
     cmds = []
     if self.create:
-      create = self._gcloud("queued-resources", "create", self.tpu_name,
-                            f"--node-id={self.tpu_name}",
-                            f"--accelerator-type={self.accelerator_type}",
-                            f"--runtime-version={self.runtime_version}")
+      create = self._gcloud(
+        "queued-resources",
+        "create",
+        self.tpu_name,
+        f"--node-id={self.tpu_name}",
+        f"--accelerator-type={self.accelerator_type}",
+        f"--runtime-version={self.runtime_version}",
+      )
       cmds.append(create + (["--spot"] if self.spot else []))
     if self.ship == "none":
       cmds.append(self._ssh_all(self.worker_command(job)))
       return cmds
     if self.ship == "scp":
       archive = f"/tmp/bert_jax_code_{self.tpu_name}.tar.gz"
-      cmds.append(["tar", "-czf", archive, "--exclude=.venv", "--exclude=.git",
-                   "--exclude=__pycache__", "--exclude=*.egg-info", "-C", str(REPO_ROOT), "."])
+      cmds.append(
+        [
+          "tar",
+          "-czf",
+          archive,
+          "--exclude=.venv",
+          "--exclude=.git",
+          "--exclude=__pycache__",
+          "--exclude=*.egg-info",
+          "-C",
+          str(REPO_ROOT),
+          ".",
+        ]
+      )
       cmds.append(self._gcloud("tpu-vm", "scp", archive, f"{self.tpu_name}:/tmp/", "--worker=all"))
-      unpack = (f"mkdir -p {self.remote_dir} && tar -xzf /tmp/{archive.rsplit('/', 1)[1]} "
-                f"-C {self.remote_dir}")
+      unpack = (
+        f"mkdir -p {self.remote_dir} && tar -xzf /tmp/{archive.rsplit('/', 1)[1]} "
+        f"-C {self.remote_dir}"
+      )
     else:
       commit = git_state()["commit"] or "HEAD"
-      unpack = (f"(test -d {self.remote_dir}/.git || git clone -q {self.repo_url} "
-                f"{self.remote_dir}) && git -C {self.remote_dir} fetch -q origin && "
-                f"git -C {self.remote_dir} checkout -q {commit}")
+      unpack = (
+        f"(test -d {self.remote_dir}/.git || git clone -q {self.repo_url} "
+        f"{self.remote_dir}) && git -C {self.remote_dir} fetch -q origin && "
+        f"git -C {self.remote_dir} checkout -q {commit}"
+      )
     cmds.append(self._ssh_all(f"{unpack} && cd {self.remote_dir} && {self.install}"))
     cmds.append(self._ssh_all(self.worker_command(job)))
     return cmds
@@ -137,8 +170,9 @@ class TpuTarget:
     return "\n".join(lines)
 
   def _describe_state(self) -> list[str]:
-    return self._gcloud("queued-resources", "describe", self.tpu_name,
-                        "--format=value(state.state)")
+    return self._gcloud(
+      "queued-resources", "describe", self.tpu_name, "--format=value(state.state)"
+    )
 
   def run(self, job: Job, out: TextIO | None = None) -> int:
     out = out or sys.stdout
