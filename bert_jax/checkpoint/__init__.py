@@ -1,11 +1,35 @@
-"""Checkpoints: Hugging Face and google-research/bert import/export, and the Orbax manager.
+"""Run state: the Orbax checkpoints of a bert_jax run and where its parameters come from.
 
-``load_pretrained(path)`` reads a bert_jax workdir, a Hugging Face directory or a TensorFlow
-checkpoint; ``save_hf(directory, params, config, tokenizer, head=...)`` writes a Hugging Face
-directory. The Orbax manager lives in ``bert_jax.checkpoint.manager`` (import it directly).
+``CheckpointManager`` / ``restore_or_initialize`` / ``InitReport`` / ``merge_pretrained_params``
+/ ``load_params`` (``manager.py``); ``write_json`` / ``read_json`` and the atomic writers
+(``files.py``). Interchange formats (Hugging Face, TF, SavedModel, params-only, export) live in
+``bert_jax.formats``; the names re-exported below from there are kept only until every caller
+imports them from ``bert_jax.formats``.
 """
 
-from bert_jax.checkpoint.hf import TASKS, CheckpointError, save_hf
-from bert_jax.checkpoint.pretrained import Pretrained, detect, load_pretrained
+from bert_jax.checkpoint.files import read_json, write_json
+from bert_jax.checkpoint.hf import TASKS, CheckpointError, save_hf  # compatibility, see above
+from bert_jax.checkpoint.manager import (
+  CheckpointManager,
+  InitReport,
+  load_params,
+  merge_pretrained_params,
+  restore_or_initialize,
+)
+from bert_jax.checkpoint.pretrained import Pretrained, detect, load_pretrained  # compatibility
 
-__all__ = ["TASKS", "CheckpointError", "Pretrained", "detect", "load_pretrained", "save_hf"]
+__all__ = [
+  "CheckpointManager",
+  "InitReport",
+  "load_params",
+  "merge_pretrained_params",
+  "read_json",
+  "restore_or_initialize",
+  "write_json",
+  "TASKS",
+  "CheckpointError",
+  "Pretrained",
+  "detect",
+  "load_pretrained",
+  "save_hf",
+]

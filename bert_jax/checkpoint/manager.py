@@ -25,7 +25,6 @@ export, feature extraction) the latest params of a bert_jax workdir as numpy arr
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +34,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+
+from bert_jax.checkpoint.files import read_json, write_json  # noqa: F401 (older imports)
 
 
 def _path_str(path) -> str:
@@ -245,18 +246,6 @@ def _host_params_multi(params: Any) -> Any:
   from jax.experimental import multihost_utils  # noqa: PLC0415
 
   return multihost_utils.process_allgather(params, tiled=True)
-
-
-def write_json(path: str, obj: Any) -> None:
-  """Writes JSON atomically (temp file, then rename); local paths or gs:// etc. (epath)."""
-  path = epath.Path(path)
-  tmp = path.parent / f"{path.name}.tmp{os.getpid()}"
-  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
-  tmp.replace(path)
-
-
-def read_json(path: str) -> Any:
-  return json.loads(epath.Path(path).read_text())
 
 
 def load_params(workdir: str, step: int | None = None):
