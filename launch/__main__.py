@@ -17,11 +17,11 @@ import sys
 
 from absl import app, flags
 
-from launch.job import Job, LaunchError
-from launch.launch import launch
-from launch.results import write_results
-from launch.sweep import load_sweep, plan_sweep, run_sweep
-from launch.targets import TARGETS, make_target, setting_help
+from .job import Job, LaunchError
+from .launch import launch
+from .results import write_results
+from .sweep import load_sweep, plan_sweep, run_sweep
+from .targets import TARGETS, make_target, setting_help
 
 FLAGS = flags.FLAGS
 COMMANDS = ("run", "sweep", "results")
@@ -111,5 +111,10 @@ def main(argv):
     return 2
 
 
-if __name__ == "__main__":
+def run():
+  """The ``bert-jax-launch`` console script: the same as ``python -m launch``."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

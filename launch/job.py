@@ -95,14 +95,28 @@ class Job:
     return dataclasses.replace(self, **changes)
 
 
+def add_import_root(file: pathlib.Path) -> None:
+  """Puts on sys.path the folder that makes ``file``'s own package importable.
+
+  A config loaded by path imports its siblings by package (``from configs import common``):
+  the folder holding the outermost package around ``file`` (a folder with ``__init__.py``) is
+  added, or ``file``'s own folder when it is in no package. This works the same from a checkout
+  and for config folders elsewhere, whatever the launcher is installed as.
+  """
+  root = file.resolve().parent
+  while (root / "__init__.py").is_file():
+    root = root.parent
+  if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
   """Loads ``path.py[:arg]`` the way ``config_flags.DEFINE_config_file`` does."""
   path, _, arg = spec.partition(":")
   file = pathlib.Path(path)
   if not file.is_file():
     raise LaunchError(f"config file {path!r} (from {spec!r}) does not exist")
-  if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+  add_import_root(file)
   module_spec = importlib.util.spec_from_file_location(f"_launch_config_{file.stem}", file)
   module = importlib.util.module_from_spec(module_spec)
   try:

@@ -20,8 +20,8 @@ import sys
 import threading
 from typing import TextIO
 
-from launch.job import Job, launch_record, resolve_config, write_launch_record
-from launch.targets import target_settings
+from .job import Job, launch_record, resolve_config, write_launch_record
+from .targets import target_settings
 
 
 def num_processes(target) -> int:

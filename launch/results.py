@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launch.job import LaunchError
+from .job import LaunchError
 
 SEED_KEYS = ("seed",)
 

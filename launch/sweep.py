@@ -37,8 +37,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
-from launch.job import REPO_ROOT, Job, LaunchError, resolve_config
-from launch.launch import launch
+from .job import REPO_ROOT, Job, LaunchError, add_import_root, resolve_config
+from .launch import launch
 
 Overrides = dict[str, Any]
 
@@ -95,7 +95,8 @@ def load_sweep(spec: str) -> list[Overrides]:
   path, _, arg = spec.partition(":")
   if not pathlib.Path(path).is_file():
     raise LaunchError(f"sweep file {path!r} does not exist")
-  if str(REPO_ROOT) not in sys.path:
+  add_import_root(pathlib.Path(path))
+  if str(REPO_ROOT) not in sys.path:  # sweep files in a checkout import ``launch.sweep``
     sys.path.insert(0, str(REPO_ROOT))
   module_spec = importlib.util.spec_from_file_location(
     f"_launch_sweep_{pathlib.Path(path).stem}", path

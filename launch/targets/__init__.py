@@ -13,11 +13,11 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from launch.job import LaunchError
-from launch.targets.kubernetes import KubernetesTarget
-from launch.targets.local import LocalTarget
-from launch.targets.slurm import SlurmTarget
-from launch.targets.tpu import TpuTarget
+from ..job import LaunchError
+from .kubernetes import KubernetesTarget
+from .local import LocalTarget
+from .slurm import SlurmTarget
+from .tpu import TpuTarget
 
 TARGETS = {
   "local": LocalTarget,

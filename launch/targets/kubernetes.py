@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from launch.job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
+from ..job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 

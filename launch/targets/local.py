@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from launch.job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
+from ..job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
 
 
 def free_port() -> int:

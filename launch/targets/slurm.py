@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import TextIO
 
-from launch.job import (
+from ..job import (
   ENV_COORDINATOR,
   ENV_NUM_PROCESSES,
   ENV_PROCESS_ID,

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import TextIO
 
-from launch.job import (
+from ..job import (
   ENV_COORDINATOR,
   ENV_NUM_PROCESSES,
   ENV_PROCESS_ID,
