@@ -194,8 +194,8 @@ def bert_jax_setup(task: str, seed: int, args):
   import flax
   import jax
 
-  from bert_jax.checkpoint.manager import merge_pretrained_params
-  from bert_jax.checkpoint.pretrained import load_pretrained
+  from bert_jax.checkpoint import merge_pretrained_params
+  from bert_jax.formats import load_pretrained
   from bert_jax.tasks import create_task
 
   c = bert_jax_config(task, seed, args)

@@ -15,7 +15,8 @@ import sys
 
 from absl import app, flags
 
-from bert_jax.checkpoint.exporter import FORMATS, export
+from bert_jax.formats import FORMATS, export
+from bert_jax.tasks.best_checkpoint import CHOICES, checkpoint_dir
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A bert_jax workdir (or a Hugging Face / TF checkpoint).")
@@ -31,7 +32,7 @@ flags.DEFINE_string(
 flags.DEFINE_enum(
   "checkpoint",
   "best",
-  ["best", "latest"],
+  list(CHOICES),
   "A fine-tuning workdir's best "
   "checkpoint on dev (its best/ directory; the latest where there is none), or "
   "its latest.",
@@ -45,9 +46,8 @@ def main(argv):
   if not FLAGS.workdir or not FLAGS.output:
     raise app.UsageError("--workdir and --output are required")
   try:
-    out = export(
-      FLAGS.workdir, FLAGS.format, FLAGS.output, FLAGS.task, FLAGS.overwrite, FLAGS.checkpoint
-    )
+    source = checkpoint_dir(FLAGS.workdir, FLAGS.checkpoint)
+    out = export(source, FLAGS.format, FLAGS.output, FLAGS.task, FLAGS.overwrite)
   except (ValueError, FileNotFoundError, FileExistsError) as e:
     print(f"export: error: {e}", file=sys.stderr)
     return 2

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.checkpoint import atomic_write
+from bert_jax.formats import load_pretrained
 from bert_jax.model import BertEncoder
 
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")  # the original's separator: " ||| "
@@ -294,8 +296,6 @@ def extract_features(
   loaded, then streamed ``chunk_lines`` lines at a time (memory stays bounded for any file
   size); the output appears only when complete (an existing file is replaced then).
   """
-  from bert_jax.checkpoint import load_pretrained  # noqa: PLC0415
-
   start = time.perf_counter()
   num_lines = sum(1 for _ in iter_examples(input_file, allow_empty_lines))  # fail early
   pre = load_pretrained(checkpoint, task="encoder", do_lower_case=do_lower_case)
@@ -308,27 +308,24 @@ def extract_features(
   loaded = time.perf_counter()
   out_path = pathlib.Path(output_file)
   out_path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out_path.parent / f".{out_path.name}.{os.getpid()}.tmp"
-  num_tokens = num_truncated = 0
-  examples = iter_examples(input_file, allow_empty_lines)
-  try:
+  counts = {"tokens": 0, "truncated": 0}
+
+  def write(tmp: str) -> None:
+    examples = iter_examples(input_file, allow_empty_lines)
     with open(tmp, "w", encoding="utf-8") as w:
       while chunk := list(itertools.islice(examples, chunk_lines)):
         feats = convert_examples(chunk, pre.tokenizer, max_seq_length)
         for f, values in extractor(feats):
           w.write(to_json(f, values, extractor.layers) + "\n")
-          num_tokens += len(f.tokens)
-          num_truncated += f.truncated
-    os.replace(tmp, out_path)
-  except BaseException:
-    if tmp.exists():
-      tmp.unlink()
-    raise
+          counts["tokens"] += len(f.tokens)
+          counts["truncated"] += f.truncated
+
+  atomic_write(out_path, write)
   end = time.perf_counter()
   return {
     "num_lines": num_lines,
-    "num_tokens": num_tokens,
-    "num_truncated": num_truncated,
+    "num_tokens": counts["tokens"],
+    "num_truncated": counts["truncated"],
     "load_seconds": round(loaded - start, 3),
     "extract_seconds": round(end - loaded, 3),
     "lines_per_second": round(num_lines / max(end - loaded, 1e-9), 1),

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bert_jax import model as models  # noqa: E402
-from bert_jax.checkpoint import CheckpointError, detect, load_pretrained, save_hf  # noqa: E402
+from bert_jax.formats import CheckpointError, detect, load_pretrained, save_hf  # noqa: E402
 
 HF_SMALL = dict(
   vocab_size=99,
@@ -111,7 +111,7 @@ def test_masked_lm_checkpoint_lists_what_is_absent(tmp_path):
 
 def test_bert_jax_workdir_round_trip(pretraining_dir, tmp_path):
   """HF -> a bert_jax workdir (Orbax, through the manager) -> load_pretrained -> HF."""
-  manager = pytest.importorskip("bert_jax.checkpoint.manager")
+  manager = pytest.importorskip("bert_jax.checkpoint")
   directory, model = pretraining_dir
   pre = load_pretrained(directory)
   workdir = tmp_path / "run"
@@ -405,7 +405,7 @@ def test_bfloat16_checkpoint_imports_as_float32(tmp_path):
 
 
 def test_params_only_export_loads(pretraining_dir, tmp_path):
-  params_only = pytest.importorskip("bert_jax.checkpoint.params_only")
+  params_only = pytest.importorskip("bert_jax.formats.params_only")
   directory, model = pretraining_dir
   pre = load_pretrained(directory)
   params_only.export_params_only(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import parallel
-from bert_jax.checkpoint.manager import (
+from bert_jax.checkpoint import (
   CheckpointManager,
   load_params,
   merge_pretrained_params,

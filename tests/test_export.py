@@ -16,9 +16,8 @@ import pytest
 from flax.linen import meta
 
 from bert_jax import model as models
-from bert_jax.checkpoint.exporter import export
-from bert_jax.checkpoint.hf import CheckpointError
-from bert_jax.checkpoint.manager import CheckpointManager
+from bert_jax.checkpoint import CheckpointManager
+from bert_jax.formats import CheckpointError, export
 from bert_jax.model import BertConfig
 from bert_jax.tokenize import load_tokenizer
 
@@ -217,7 +216,7 @@ def test_saved_model_matches_bert_jax(task, workdirs, tmp_path):
 def test_params_only_export_restores_the_same_weights(workdirs, tmp_path):
   import orbax.checkpoint as ocp
 
-  from bert_jax.checkpoint.params_only import restore_params_only
+  from bert_jax.formats.params_only import restore_params_only
 
   workdir, params = workdirs["sequence_classification"]
   out = export(str(workdir), "params", str(tmp_path / "params"))
@@ -232,7 +231,7 @@ def test_params_only_export_restores_the_same_weights(workdirs, tmp_path):
   for k in want:
     np.testing.assert_array_equal(got[k], np.asarray(want[k]), err_msg=k)
   # bert_jax reads it as a checkpoint to start fine-tuning from (init_checkpoint=out).
-  from bert_jax.checkpoint.pretrained import load_pretrained
+  from bert_jax.formats import load_pretrained
 
   again = load_pretrained(out)
   assert again.task == "sequence_classification" and again.num_labels == 3

@@ -71,7 +71,7 @@ def test_output_matches_hf_in_the_original_layout(minilm_dir, hf_minilm, tmp_pat
 
 
 def test_pairs_are_truncated_longest_first(minilm_dir, hf_minilm):
-  from bert_jax.checkpoint import load_pretrained
+  from bert_jax.formats import load_pretrained
 
   pre = load_pretrained(minilm_dir, task="encoder")
   hf_tok = hf_minilm[0]
@@ -101,7 +101,7 @@ def test_rounding_is_the_originals():
 
 
 def test_one_compiled_program_per_length_bucket(minilm_dir):
-  from bert_jax.checkpoint import load_pretrained
+  from bert_jax.formats import load_pretrained
 
   pre = load_pretrained(minilm_dir, task="encoder")
   texts = [" ".join(["word"] * n) for n in range(1, 20)]

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bert_jax import model as models  # noqa: E402
-from bert_jax.checkpoint import load_pretrained, save_hf  # noqa: E402
+from bert_jax.formats import load_pretrained, save_hf  # noqa: E402
 from bert_jax.model import BertConfig  # noqa: E402
 
 ATOL = 1e-5

@@ -3,12 +3,11 @@
 ``CheckpointManager`` / ``restore_or_initialize`` / ``InitReport`` / ``merge_pretrained_params``
 / ``load_params`` (``manager.py``); ``write_json`` / ``read_json`` and the atomic writers
 (``files.py``). Interchange formats (Hugging Face, TF, SavedModel, params-only, export) live in
-``bert_jax.formats``; the names re-exported below from there are kept only until every caller
-imports them from ``bert_jax.formats``.
+``bert_jax.formats``, which imports this package (never the reverse). Compatibility modules
+``pretrained.py`` / ``exporter.py`` re-export the moved names until their last callers switch.
 """
 
-from bert_jax.checkpoint.files import read_json, write_json
-from bert_jax.checkpoint.hf import TASKS, CheckpointError, save_hf  # compatibility, see above
+from bert_jax.checkpoint.files import atomic_write, read_json, replace_dir, write_json
 from bert_jax.checkpoint.manager import (
   CheckpointManager,
   InitReport,
@@ -16,20 +15,15 @@ from bert_jax.checkpoint.manager import (
   merge_pretrained_params,
   restore_or_initialize,
 )
-from bert_jax.checkpoint.pretrained import Pretrained, detect, load_pretrained  # compatibility
 
 __all__ = [
   "CheckpointManager",
   "InitReport",
+  "atomic_write",
   "load_params",
   "merge_pretrained_params",
   "read_json",
+  "replace_dir",
   "restore_or_initialize",
   "write_json",
-  "TASKS",
-  "CheckpointError",
-  "Pretrained",
-  "detect",
-  "load_pretrained",
-  "save_hf",
 ]

@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from bert_jax.checkpoint.hf import CheckpointError
+from bert_jax.formats.hf import CheckpointError
 
 SKIPPED = re.compile(
   r"(^global_step$|/adam_[mv]$|^_CHECKPOINTABLE_OBJECT_GRAPH$|"

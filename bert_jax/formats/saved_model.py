@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from bert_jax import model as models
-from bert_jax.checkpoint.staging import staged_dir, write_model_files
+from bert_jax.formats.staging import staged_dir, write_model_files
 from bert_jax.model.config import BertConfig
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax.checkpoint.staging import staged_dir, write_model_files
+from bert_jax.formats.staging import staged_dir, write_model_files
 from bert_jax.model.config import BertConfig
 
 PARAMS_DIR = "params"

@@ -1,0 +1,358 @@
+"""``load_pretrained(path)``: one entry to every kind of BERT checkpoint bert_jax can start from.
+
+Detected by what ``path`` holds:
+
+* a bert_jax workdir (``model_config.json`` + ``checkpoints/``): the latest Orbax checkpoint,
+  through ``bert_jax.checkpoint.manager.load_params``; or a parameters-only export
+  (``model_config.json`` + ``params/``, ``bert_jax.formats.params_only``);
+* a Hugging Face directory (``config.json`` + ``model.safetensors`` / ``pytorch_model.bin``,
+  possibly sharded), any ``BertModel`` / ``BertFor*`` class, with or without the ``bert.``
+  prefix;
+* a google-research/bert TensorFlow checkpoint (a directory with ``bert_config.json`` and
+  ``bert_model.ckpt.*``, or the checkpoint prefix itself).
+
+The result's params are a plain nested dict of float32 numpy arrays shaped like the unboxed
+``model.init(...)["params"]`` of the matching bert_jax model, encoder under ``"bert"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from bert_jax.formats import hf, tf
+from bert_jax.formats.hf import CheckpointError
+from bert_jax.model.config import BertConfig
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """What a checkpoint holds.
+
+  Attributes:
+    params: nested dict of numpy arrays (encoder under "bert"; "mlm_*"/"nsp" for pre-training
+      heads; "classifier" or "qa_outputs" for a fine-tuned head).
+    config: the BertConfig the weights were built with.
+    tokenizer: a bert_jax Tokenizer from the checkpoint's vocabulary, or None if it has none.
+    source: "bert_jax", "huggingface" or "tensorflow".
+    task: the head the weights carry: "encoder" (none), "pretraining",
+      "sequence_classification", "token_classification", "question_answering",
+      "multiple_choice".
+    num_labels: width of a classifier head (None without one).
+    labels: label names of a classifier head where the checkpoint stores them, else ().
+    absent: optional parts the checkpoint lacks: "mlm" / "nsp" (pre-training heads, then left
+      out of params; both for a checkpoint with no head at all, as a BertModel) and
+      "bert/pooler" (then initialised as BERT does, since the encoder needs it; a Hugging Face
+      BertForTokenClassification / QuestionAnswering has no pooler).
+    path: where it was read from.
+  """
+
+  params: dict[str, Any]
+  config: BertConfig
+  tokenizer: Any
+  source: str
+  task: str = "encoder"
+  num_labels: int | None = None
+  labels: tuple[str, ...] = ()
+  absent: tuple[str, ...] = ()
+  path: str = ""
+
+  @property
+  def head(self) -> dict[str, Any]:
+    """The head as in a workdir's head.json."""
+    return {"task": self.task, "num_labels": self.num_labels, "labels": list(self.labels)}
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+  try:
+    d = json.loads(path.read_text(encoding="utf-8"))
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{path}: not a readable JSON file: {e}") from e
+  if not isinstance(d, dict):
+    raise CheckpointError(f"{path}: expected a JSON object, got {type(d).__name__}")
+  return d
+
+
+def _tokenizer(directory: pathlib.Path, do_lower_case: bool | None):
+  from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+
+  has_vocab = (directory / "vocab.txt").is_file() or any(directory.glob("*.model"))
+  if not has_vocab:
+    return None
+  if do_lower_case is None and not (directory / "tokenizer_config.json").is_file():
+    # google-research/bert directories say it only in their name (uncased_L-12_H-768_A-12).
+    name = directory.name.lower()
+    if "uncased" in name:
+      do_lower_case = True
+    elif "cased" in name:
+      do_lower_case = False
+  return load_tokenizer(directory, do_lower_case=do_lower_case)
+
+
+def _check_vocab(config: BertConfig, tokenizer, source: str) -> None:
+  if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+    raise CheckpointError(
+      f"{source}: the vocabulary has {tokenizer.vocab_size} tokens but the "
+      f"model's vocab_size is {config.vocab_size}"
+    )
+
+
+def _head(task: str | None, inferred: str, source: str) -> str:
+  if task is None or task == "encoder":  # "encoder" takes the encoder of any checkpoint
+    return task or inferred
+  if task not in hf.TASKS:
+    raise CheckpointError(f"unknown task {task!r}; choose one of {hf.TASKS}")
+  if task != inferred:
+    raise CheckpointError(f"{source}: the weights carry a {inferred} head, not {task}")
+  return task
+
+
+def _drop_heads(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  return {k: v for k, v in tensors.items() if k.startswith("bert.")}
+
+
+def _assemble(
+  tensors,
+  original,
+  config: BertConfig,
+  hf_config: Mapping[str, Any],
+  task: str | None,
+  source: str,
+  config_source: str,
+):
+  if task in hf.CLASSIFIER_TASKS:  # the weights cannot tell these apart; architectures can
+    hf_config = {**hf_config, "architectures": [hf.ARCHITECTURES[task]]}
+  headless = not any(k.startswith(("cls.", "classifier.", "qa_outputs.")) for k in tensors)
+  if task == "encoder":
+    tensors = _drop_heads(tensors)
+  task = _head(task, hf.infer_task(tensors, hf_config, source), source)
+  num_labels, labels = None, ()
+  if task in ("sequence_classification", "token_classification"):
+    num_labels = (
+      int(np.shape(tensors["classifier.weight"])[0])
+      if ("classifier.weight" in tensors)
+      else int(hf_config.get("num_labels", 2))
+    )
+    labels = tuple(hf.iter_labels(hf_config))
+    if labels and len(labels) != num_labels:
+      raise CheckpointError(
+        f"{source}: the classifier has {num_labels} outputs but the config's "
+        f"id2label names {len(labels)} labels"
+      )
+  params, absent = hf.tensors_to_params(
+    tensors, config, task, num_labels or 2, source, original, config_source
+  )
+  if headless:  # a BertModel checkpoint: say that the pre-training heads are not there
+    absent = ("mlm", "nsp") + absent
+  return params, task, num_labels, labels, absent
+
+
+def _config(path: pathlib.Path) -> tuple[BertConfig, dict[str, Any]]:
+  d = _read_json(path)
+  for key, ok in (
+    ("position_embedding_type", "absolute"),
+    ("is_decoder", False),
+    ("add_cross_attention", False),
+  ):
+    if d.get(key, ok) != ok:
+      raise CheckpointError(
+        f"{path}: {key}={d[key]!r} is not supported (bert_jax is BERT with {key}={ok!r})"
+      )
+  if d.get("model_type", "bert") != "bert":
+    raise CheckpointError(f"{path}: model_type {d['model_type']!r} is not 'bert'")
+  try:
+    return BertConfig.from_dict(d, source=str(path)), d
+  except ValueError as e:
+    raise CheckpointError(str(e)) from e
+
+
+def load_huggingface(
+  directory, task: str | None = None, do_lower_case: bool | None = None
+) -> Pretrained:
+  directory = pathlib.Path(directory)
+  config, hf_config = _config(directory / "config.json")
+  tensors, source = hf.read_hf_tensors(directory)
+  tensors, original = hf.normalise_names(tensors, source)
+  params, task, num_labels, labels, absent = _assemble(
+    tensors, original, config, hf_config, task, source, str(directory / "config.json")
+  )
+  tokenizer = _tokenizer(directory, do_lower_case)
+  _check_vocab(config, tokenizer, str(directory))
+  return Pretrained(
+    params, config, tokenizer, "huggingface", task, num_labels, labels, absent, str(directory)
+  )
+
+
+def load_tensorflow(path, task: str | None = None, do_lower_case: bool | None = None) -> Pretrained:
+  path = pathlib.Path(path)
+  prefix = tf.find_checkpoint(path)
+  if prefix is None:
+    raise CheckpointError(f"{path}: no TensorFlow checkpoint (bert_model.ckpt.index) found")
+  directory = path if path.is_dir() else path.parent
+  config_path = directory / "bert_config.json"
+  if not config_path.is_file():
+    raise CheckpointError(f"{directory}: no bert_config.json beside the TensorFlow checkpoint")
+  config, tf_config = _config(config_path)
+  tensors, original = tf.read_tf_checkpoint(prefix)
+  params, task, num_labels, labels, absent = _assemble(
+    tensors,
+    original,
+    config,
+    {"architectures": ["BertForSequenceClassification"], **tf_config},
+    task,
+    prefix,
+    str(config_path),
+  )
+  tokenizer = _tokenizer(directory, do_lower_case)
+  _check_vocab(config, tokenizer, str(directory))
+  return Pretrained(
+    params, config, tokenizer, "tensorflow", task, num_labels, labels, absent, prefix
+  )
+
+
+def load_bert_jax(workdir, task: str | None = None) -> Pretrained:
+  """The latest checkpoint of a bert_jax workdir (through the Orbax manager), or a
+  parameters-only export (``params/`` beside ``model_config.json``)."""
+  from flax import traverse_util  # noqa: PLC0415
+  from flax.linen import meta  # noqa: PLC0415
+
+  workdir = pathlib.Path(workdir)
+  try:
+    if (workdir / "checkpoints").is_dir():
+      from bert_jax.checkpoint.manager import load_params  # noqa: PLC0415
+
+      params, config, tokenizer = load_params(str(workdir))
+    else:
+      from bert_jax.formats import params_only  # noqa: PLC0415
+
+      params, config, _, tokenizer = params_only.restore_params_only(str(workdir))
+  except FileNotFoundError as e:
+    raise CheckpointError(f"{workdir}: {e}") from e
+  params = traverse_util.unflatten_dict(
+    {k: np.asarray(v) for k, v in traverse_util.flatten_dict(dict(meta.unbox(params))).items()}
+  )
+  head = _read_json(workdir / "head.json") if (workdir / "head.json").is_file() else {}
+  if "qa_outputs" in params:
+    inferred = "question_answering"
+  elif "classifier" in params:
+    inferred = head.get("task") or "sequence_classification"
+  else:
+    inferred = "pretraining" if "nsp" in params or "mlm_output_bias" in params else "encoder"
+  found = _head(task, inferred, str(workdir))
+  absent = tuple(
+    g
+    for g, k in (("mlm", "mlm_output_bias"), ("nsp", "nsp"))
+    if k not in params
+    and found in ("pretraining", "encoder")
+    and inferred in ("pretraining", "encoder")
+  )
+  if found == "encoder":
+    params = {"bert": params["bert"]}
+  num_labels, labels = None, tuple(head.get("labels") or ())
+  if "classifier" in params and found != "multiple_choice":
+    num_labels = int(np.shape(params["classifier"]["kernel"])[-1])
+    n = head.get("num_labels")
+    if (n is not None and n != num_labels) or (labels and len(labels) != num_labels):
+      raise CheckpointError(
+        f"{workdir / 'head.json'}: num_labels {n} / {len(labels)} labels, but the classifier "
+        f"in the checkpoint has {num_labels} outputs"
+      )
+  _check_shapes(params, config, found, num_labels, absent, str(workdir))
+  return Pretrained(
+    params,
+    config,
+    tokenizer,
+    "bert_jax",
+    found,
+    num_labels,
+    labels if num_labels else (),
+    absent,
+    str(workdir),
+  )
+
+
+def _check_shapes(
+  params,
+  config: BertConfig,
+  task: str,
+  num_labels: int | None,
+  absent: tuple[str, ...],
+  source: str,
+) -> None:
+  """Params exactly shaped like the unboxed ``model.init`` of ``task``'s model."""
+  from flax import traverse_util  # noqa: PLC0415
+
+  want = hf.param_shapes(config, task, num_labels or 2)
+  skip = {"mlm": ("mlm_transform", "mlm_LayerNorm", "mlm_output_bias"), "nsp": ("nsp",)}
+  skipped = {k for g in absent for k in skip.get(g, ())}
+  want = {k: v for k, v in want.items() if k[0] not in skipped}
+  have = {k: tuple(np.shape(v)) for k, v in traverse_util.flatten_dict(params).items()}
+  problems = [f"{'/'.join(k)} is missing" for k in want if k not in have]
+  problems += [
+    f"{'/'.join(k)} has shape {list(have[k])}, model_config.json implies {list(v)}"
+    for k, v in want.items()
+    if k in have and have[k] != v
+  ]
+  problems += [
+    f"{'/'.join(k)} is not part of a {hf.ARCHITECTURES[task]}" for k in have if k not in want
+  ]
+  if problems:
+    raise CheckpointError(
+      f"{source}: the checkpoint's params do not fit its model: "
+      + "; ".join(problems[:8])
+      + (f" ... and {len(problems) - 8} more" if len(problems) > 8 else "")
+    )
+
+
+def detect(path) -> str:
+  """ "bert_jax", "huggingface" or "tensorflow": what kind of checkpoint ``path`` is."""
+  path = pathlib.Path(path)
+  if (
+    path.is_dir()
+    and (path / "model_config.json").is_file()
+    and ((path / "checkpoints").is_dir() or (path / "params").is_dir())
+  ):
+    return "bert_jax"
+  if path.is_dir() and hf.is_hf_directory(path):
+    return "huggingface"
+  if tf.find_checkpoint(path) is not None:
+    return "tensorflow"
+  if not path.exists() and not pathlib.Path(str(path) + ".index").exists():
+    raise CheckpointError(f"{path}: no such file or directory")
+  raise CheckpointError(
+    f"{path}: not a checkpoint bert_jax knows: expected a bert_jax workdir (model_config.json "
+    f"+ checkpoints/), a Hugging Face directory (config.json + model.safetensors or "
+    f"pytorch_model.bin) or a google-research/bert TensorFlow checkpoint (bert_config.json + "
+    f"bert_model.ckpt.index)"
+  )
+
+
+def load_pretrained(
+  path: str | os.PathLike, task: str | None = None, do_lower_case: bool | None = None
+) -> Pretrained:
+  """Reads any BERT checkpoint bert_jax knows into numpy params + BertConfig + tokenizer.
+
+  Args:
+    path: a bert_jax workdir, a Hugging Face model directory, or a google-research/bert
+      directory / checkpoint prefix.
+    task: the head to import (default: the one the checkpoint carries); another head is an
+      error. "encoder" takes only the encoder (params["bert"]) of any checkpoint.
+    do_lower_case: overrides the tokenizer's casing (default: tokenizer_config.json, else the
+      google-research directory name "uncased_..."/"cased_...", else lower-casing).
+
+  Raises:
+    CheckpointError (a ValueError) naming the file and tensor for anything unknown, missing,
+    mis-shaped or unreadable.
+  """
+  kind = detect(path)
+  if kind == "bert_jax":
+    return load_bert_jax(path, task)
+  if kind == "huggingface":
+    return load_huggingface(path, task, do_lower_case)
+  return load_tensorflow(path, task, do_lower_case)
