@@ -8,13 +8,15 @@ r"""Builds a BERT vocabulary from a text corpus: a WordPiece vocab.txt or a Sent
 The output directory gets vocab.txt (or sentencepiece.model and sentencepiece.vocab) and
 tokenizer_config.json, the layout of a bert_jax workdir, so it loads with
 ``bert_jax.tokenize.load_tokenizer(output)``. Input files are UTF-8 text (.gz/.bz2 too), one
-sentence or paragraph per line. See docs/tokenizers.md.
+sentence or paragraph per line. A user error (no input, an empty corpus, bad UTF-8) is one line
+``build_vocab: error: ...``; ``--verbose_errors`` adds the traceback. See docs/tokenizers.md.
 """
 
 import json
 
 from absl import app, flags
 
+from bert_jax import cli
 from bert_jax.tokenize import vocab
 
 _INPUT = flags.DEFINE_list(
@@ -46,28 +48,25 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a vocabulary already
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    summary = vocab.build_vocabulary(
-      _INPUT.value,
-      _OUTPUT.value,
-      kind=_KIND.value,
-      vocab_size=_VOCAB_SIZE.value,
-      do_lower_case=not _CASED.value,
-      model_type=_MODEL_TYPE.value,
-      min_frequency=_MIN_FREQUENCY.value,
-      num_unused=_NUM_UNUSED.value,
-      character_coverage=_CHARACTER_COVERAGE.value,
-      decode_errors=_DECODE_ERRORS.value,
-      overwrite=_OVERWRITE.value,
-    )
-  except ValueError as e:  # bad input: the message names the file, line or flag
-    raise SystemExit(f"build_vocab: error: {e}") from None
+  summary = vocab.build_vocabulary(
+    _INPUT.value,
+    _OUTPUT.value,
+    kind=_KIND.value,
+    vocab_size=_VOCAB_SIZE.value,
+    do_lower_case=not _CASED.value,
+    model_type=_MODEL_TYPE.value,
+    min_frequency=_MIN_FREQUENCY.value,
+    num_unused=_NUM_UNUSED.value,
+    character_coverage=_CHARACTER_COVERAGE.value,
+    decode_errors=_DECODE_ERRORS.value,
+    overwrite=_OVERWRITE.value,
+  )
   print(json.dumps(summary, indent=2))
 
 
 def run():
   """Console-script entry (bert-jax-build-vocab)."""
-  app.run(main)
+  cli.run(main, prog="build_vocab")
 
 
 if __name__ == "__main__":

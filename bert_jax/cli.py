@@ -83,7 +83,7 @@ def parse_flags(prog: str, argv: list[str]) -> list[str]:
     if override is None:
       _fail(prog, e, USAGE_EXIT, _verbose_in(argv), hint=True)
     flag_name, path, arg = override
-    message = f"unknown config key {path!r} in {arg} (--{flag_name} is locked: its keys are fixed)"
+    message = f"unknown config key {path!r} (from {arg}): --{flag_name}'s file defines no such key"
     _fail(prog, e, USAGE_EXIT, _verbose_in(argv), message=message, hint=True)
   except Exception as e:  # the config file is user code: any error in it is the input's
     message = f"{type(e).__name__}: {one_line(e)}"
@@ -124,8 +124,10 @@ def one_line(error: BaseException) -> str:
       message = f"key {message!r} not found"
   else:
     message = str(error) or type(error).__name__
-  if "Traceback (most recent call last)" in message:
-    return _last_line(message)
+  if "Traceback (most recent call last)" in message:  # ml_collections: an error in a config file
+    head = message.splitlines()[0]
+    prefix = head.partition(": Error whilst")[0] + ": " if head.startswith("flag --") else ""
+    return prefix + _last_line(message)
   return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 

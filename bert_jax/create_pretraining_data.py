@@ -8,11 +8,15 @@ seq 512 with 80):
     --vocab_file=/path/to/vocab.txt --max_seq_length=128,512 --max_predictions_per_seq=20,80 \
     --dupe_factor=10
 
-Output: {output_dir}/seq_{L}/{train,eval}-NNNNN-of-NNNNN.tfrecord. See docs/pretraining_data.md.
+Output: {output_dir}/seq_{L}/{train,eval}-NNNNN-of-NNNNN.tfrecord. The inputs and settings are
+checked before anything is written; a user error is one line ``create_pretraining_data: error:
+...`` (status 2 for usage errors, 1 otherwise), ``--verbose_errors`` adds the traceback. See
+docs/pretraining_data.md.
 """
 
 from absl import app, flags
 
+from bert_jax import cli
 from bert_jax.data import generate
 
 FLAGS = flags.FLAGS
@@ -57,15 +61,23 @@ flags.DEFINE_string("tfds_text_key", "text", "TFDS text feature.")
 flags.mark_flags_as_required(["input_file", "output_dir", "vocab_file"])
 
 
+def _ints(name: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(x) for x in FLAGS[name].value)
+  except ValueError:
+    raise app.UsageError(f"--{name} must be integers, got {','.join(FLAGS[name].value)}") from None
+
+
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   config = generate.GenerationConfig(
     tokenizer_path=FLAGS.vocab_file,
     do_lower_case=FLAGS.do_lower_case,
     input_format=FLAGS.input_format,
     doc_boundary=FLAGS.doc_boundary,
-    max_seq_lengths=tuple(int(x) for x in FLAGS.max_seq_length),
-    max_predictions_per_seq=tuple(int(x) for x in FLAGS.max_predictions_per_seq),
+    max_seq_lengths=_ints("max_seq_length"),
+    max_predictions_per_seq=_ints("max_predictions_per_seq"),
     masked_lm_prob=FLAGS.masked_lm_prob,
     short_seq_prob=FLAGS.short_seq_prob,
     dupe_factor=FLAGS.dupe_factor,
@@ -91,7 +103,7 @@ def main(argv):
 
 def run():
   """Console-script entry (bert-jax-create-pretraining-data)."""
-  app.run(main)
+  cli.run(main, prog="create_pretraining_data")
 
 
 if __name__ == "__main__":

@@ -8,15 +8,20 @@ The best checkpoint on dev (``<workdir>/best``) is used, else the latest. ``--sp
 (every dev split of the task), test (every test split) or a split's own name
 (dev_mismatched, test_matched, ax, ...). ``--set key=value`` replaces a run-config value, e.g.
 a data path that moved: ``--set data_dir=/data/glue``. Output: ``<output_dir>/metrics.json``
-and prediction files (default output_dir: ``<workdir>/eval_<split>``).
+and prediction files (default output_dir: ``<workdir>/eval_<split>``). A user error is one line
+``evaluate: error: ...`` (status 2 for usage errors, 1 otherwise); ``--verbose_errors`` adds
+the traceback.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
-from absl import app, flags, logging
+from absl import app, flags
+
+from bert_jax import cli
+from bert_jax.tasks.runner import evaluate
+from bert_jax.train.metrics import quiet_library_logs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A bert_jax fine-tuning workdir")
 _SPLIT = flags.DEFINE_string("split", "dev", "dev | test | a split name of the task")
@@ -43,21 +48,14 @@ def _parse_overrides(items):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from bert_jax.tasks.runner import evaluate  # noqa: PLC0415
-  from bert_jax.train.metrics import quiet_library_logs  # noqa: PLC0415
-
   quiet_library_logs()
-  try:
-    result = evaluate(_WORKDIR.value, _SPLIT.value, _OUTPUT_DIR.value, _parse_overrides(_SET.value))
-  except (ValueError, FileNotFoundError, KeyError) as e:
-    logging.error("%s", e)
-    sys.exit(f"error: {e}")
+  result = evaluate(_WORKDIR.value, _SPLIT.value, _OUTPUT_DIR.value, _parse_overrides(_SET.value))
   print(json.dumps(result["eval"], default=str))
 
 
 def run():
   """Console-script entry (bert-jax-evaluate)."""
-  app.run(main)
+  cli.run(main, prog="evaluate")
 
 
 if __name__ == "__main__":

@@ -6,15 +6,19 @@ r"""Extract contextual token features from a pre-trained BERT (google-research/b
 Each input line is a sentence or ``text_a ||| text_b``; each output line is a JSON object
 ``{"linex_index", "features": [{"token", "layers": [{"index", "values"}]}]}`` as the original
 writes it. --checkpoint is a bert_jax workdir, a Hugging Face directory or a google-research/bert
-TensorFlow checkpoint. See docs/extract_features.md.
+TensorFlow checkpoint. A user error is one line ``extract_features: error: ...`` (status 2 for
+usage errors, 1 otherwise); ``--verbose_errors`` adds the traceback. See
+docs/extract_features.md.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 from absl import app, flags
+
+from bert_jax import cli
+from bert_jax.features import extract_features
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "UTF-8 text, one sentence (or 'a ||| b') per line.")
@@ -43,33 +47,26 @@ def main(argv):
   missing = [f"--{n}" for n in ("input_file", "output_file", "checkpoint") if not FLAGS[n].value]
   if missing:
     raise app.UsageError(f"{', '.join(missing)} required")
-  from bert_jax.features import extract_features  # noqa: PLC0415
-
   try:
     layers = [int(x) for x in FLAGS.layers]
   except ValueError:
     raise app.UsageError(f"--layers must be integers, got {','.join(FLAGS.layers)}") from None
-  try:
-    summary = extract_features(
-      FLAGS.input_file,
-      FLAGS.output_file,
-      FLAGS.checkpoint,
-      layers,
-      FLAGS.max_seq_length,
-      FLAGS.batch_size,
-      FLAGS.do_lower_case,
-      FLAGS.allow_empty_lines,
-    )
-  except (ValueError, OSError) as e:
-    print(f"extract_features: error: {e}", file=sys.stderr)
-    return 2
+  summary = extract_features(
+    FLAGS.input_file,
+    FLAGS.output_file,
+    FLAGS.checkpoint,
+    layers,
+    FLAGS.max_seq_length,
+    FLAGS.batch_size,
+    FLAGS.do_lower_case,
+    FLAGS.allow_empty_lines,
+  )
   print(json.dumps(summary))
-  return 0
 
 
 def run():
   """Console-script entry (bert-jax-extract-features)."""
-  app.run(main)
+  cli.run(main, prog="extract_features", user_errors=(OSError,))
 
 
 if __name__ == "__main__":

@@ -11,16 +11,22 @@ TF checkpoint: its encoder is loaded, the head is new, and what was not loaded i
 Every config key can be overridden with ``--config.<key>=value`` (a key that does not exist is
 an error), e.g. the paper's grid: learning_rate, train_batch_size, num_train_epochs, seed.
 Re-running with the same workdir resumes. The workdir ends with metrics.json (the task's
-primary dev metric, for sweeps), summary.json, predictions/ and best/. See docs/finetuning.md.
+primary dev metric, for sweeps), summary.json, predictions/ and best/. A user error is one line
+``finetune: error: ...`` (status 2 for usage errors, 1 otherwise); ``--verbose_errors`` adds
+the traceback. See docs/finetuning.md.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from bert_jax import cli
+from bert_jax.tasks.runner import finetune
+from bert_jax.train.loop import NonFiniteLossError
+from bert_jax.train.metrics import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -37,16 +43,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from bert_jax.tasks.runner import finetune  # noqa: PLC0415
-  from bert_jax.train.loop import NonFiniteLossError  # noqa: PLC0415
-  from bert_jax.train.metrics import quiet_library_logs  # noqa: PLC0415
-
   quiet_library_logs()
-  try:
-    result = finetune(_CONFIG.value, _WORKDIR.value)
-  except (NonFiniteLossError, ValueError, FileNotFoundError) as e:
-    logging.error("%s", e)
-    sys.exit(f"error: {e}")
+  result = finetune(_CONFIG.value, _WORKDIR.value)
   if result.get("status") != "completed":
     logging.warning("Stopped (%s) at step %d; re-run to resume", result["status"], result["step"])
     return
@@ -65,7 +63,7 @@ def main(argv):
 
 def run():
   """Console-script entry (bert-jax-finetune)."""
-  app.run(main)
+  cli.run(main, prog="finetune", user_errors=(NonFiniteLossError,))
 
 
 if __name__ == "__main__":

@@ -7,15 +7,20 @@ r"""Pre-train BERT (masked LM + next sentence), sharded over a device mesh.
 
 Every config key can be overridden with ``--config.<key>=value``; a key that does not exist
 is an error. Re-running with the same workdir resumes from its latest checkpoint. SIGTERM
-saves a checkpoint and exits with status 0. See docs/pretraining.md.
+saves a checkpoint and exits with status 0. A user error (bad flag or config key, missing
+file) is one line ``pretrain: error: ...`` (status 2 for usage errors, 1 otherwise);
+``--verbose_errors`` adds the traceback. See docs/pretraining.md.
 """
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from bert_jax import cli
+from bert_jax.tasks.pretraining import run_pretraining
+from bert_jax.train.loop import NonFiniteLossError
+from bert_jax.train.metrics import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -32,19 +37,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from bert_jax.train.loop import NonFiniteLossError  # noqa: PLC0415
-  from bert_jax.train.metrics import quiet_library_logs  # noqa: PLC0415
-  from bert_jax.train.pretraining import run_pretraining  # noqa: PLC0415
-
   quiet_library_logs()
-  try:
-    summary = run_pretraining(_CONFIG.value, _WORKDIR.value)
-  except NonFiniteLossError as e:
-    logging.error("%s", e)
-    sys.exit(f"error: {e}")
-  except (ValueError, FileNotFoundError) as e:
-    logging.error("%s", e)
-    sys.exit(f"error: {e}")
+  summary = run_pretraining(_CONFIG.value, _WORKDIR.value)
   logging.info(
     "Done (%s) at step %d; summary in %s/summary.json",
     summary["status"],
@@ -55,7 +49,7 @@ def main(argv):
 
 def run():
   """Console-script entry (bert-jax-pretrain)."""
-  app.run(main)
+  cli.run(main, prog="pretrain", user_errors=(NonFiniteLossError,))
 
 
 if __name__ == "__main__":
