@@ -8,10 +8,13 @@ TSV layouts (the official files): CoLA has no header in train/dev (source, label
 original label, sentence) and a header ``index sentence`` in test; every other file has a header
 and columns are found by name (MRPC's header starts with a UTF-8 BOM, which is stripped). MNLI
 has dev_matched/dev_mismatched and test_matched/test_mismatched; AX (diagnostic) is a test-only
-set predicted by the MNLI model. A row with fewer fields than the header, a missing named
-column, or a label outside the task's label set is an error naming the file and line, unless
-``skip_malformed_rows`` (then such rows are skipped and counted; the official QQP train file has
-a handful).
+set predicted by the MNLI model. A row whose number of fields is not the header's (CoLA
+train/dev: 4), a missing named column, or a label outside the task's label set is an error
+naming the file and line, unless ``skip_malformed_rows`` (then such rows are skipped and
+counted in ``skipped_malformed``; the official QQP train file has a handful of short rows).
+More fields than the header means a tab inside a text (the files are unquoted TSV): reading the
+row would cut the text at the tab, or shift the label. A file with no example (a header only,
+or every row skipped) is an error naming it: every split read is trained on or evaluated.
 """
 
 from __future__ import annotations
@@ -236,13 +239,13 @@ def read_tsv(
   headerless = spec.name == "cola" and labelled
   if headerless:
     columns = {"label": 1, "sentence": 3}
-    body, first_line = rows, 1
+    body, first_line, num_fields = rows, 1, 4
   else:
     if not rows:
       raise GlueInputError(f"{path}:1: empty file (expected a header line)")
     header = [h.strip() for h in rows[0]]
     columns = {h: i for i, h in enumerate(header)}
-    body, first_line = rows[1:], 2
+    body, first_line, num_fields = rows[1:], 2, len(header)
     wanted = [spec.text_a] + ([spec.text_b] if spec.text_b else [])
     wanted += [spec.label] if labelled else []
     missing = [c for c in wanted if c not in columns]
@@ -252,14 +255,17 @@ def read_tsv(
   b_col = columns[spec.text_b] if spec.text_b else None
   label_col = columns[spec.label] if labelled else None
   index_col = columns.get("index", columns.get("id"))
-  width = max(c for c in (a_col, b_col, label_col, index_col) if c is not None) + 1
   for line_no, row in enumerate(body, start=first_line):
     where = f"{path}:{line_no}"
     if not row or (len(row) == 1 and not row[0].strip()):
       continue
     try:
-      if len(row) < width:
-        raise GlueInputError(f"{where}: {len(row)} field(s), expected at least {width}")
+      if len(row) != num_fields:
+        extra = " (a tab inside a text?)" if len(row) > num_fields else ""
+        raise GlueInputError(
+          f"{where}: {len(row)} fields, expected {num_fields}{extra}; fix the row or set "
+          "config.skip_malformed_rows=True to skip (and count) such rows"
+        )
       label = _label_value(spec, row[label_col], where) if labelled else None
     except GlueInputError:
       if skip_malformed_rows:
@@ -270,6 +276,9 @@ def read_tsv(
     examples.append(
       GlueExample(index, row[a_col], row[b_col] if b_col is not None else None, label)
     )
+  if not examples:
+    why = f" ({skipped} malformed row(s) skipped)" if skipped else ""
+    raise GlueInputError(f"{path}: no examples{why}; a split that is read must not be empty")
   return examples, skipped
 
 
@@ -314,6 +323,8 @@ def read_tfds(spec: GlueSpec, split: str, data_dir: str) -> list[GlueExample]:
         str(int(ex.get("idx", i))), dec(ex[text_a]), dec(ex[text_b]) if text_b else None, label
       )
     )
+  if not examples:
+    raise GlueInputError(f"{name}[{tfds_split}] in {data_dir}: no examples")
   if split.startswith("test") or split == "ax":
     for ex in examples:
       ex.label = None

@@ -5,7 +5,9 @@ File format: one token per line, its tag in the last whitespace-separated field 
 sentences, ``-DOCSTART-`` lines ignored. Tags are ``O`` or ``<B|I|E|S>-<type>`` (IOB1, IOB2 or
 IOBES). A line with a single field (no tag) or a malformed tag is an error naming the file and
 line, unless ``skip_malformed_lines`` (then it is dropped and counted; the shared
-ner_sci/bert_paper.bio has one such line, ``A;`` at line 8880).
+ner_sci/bert_paper.bio has one such line, ``A;`` at line 8880). A file with no sentence (empty,
+blank lines or ``-DOCSTART-`` only, or every line skipped) is an error naming it: every split
+read is trained on or evaluated.
 
 Packing: each word is split into WordPiece/SentencePiece pieces and labelled on its first piece
 (the other pieces get weight 0 in the loss and are not predicted), as in the paper (section
@@ -84,6 +86,13 @@ def read_conll(
       tags.append(fields[-1])
       lines.append(line_no)
   flush()
+  if not sentences:
+    skipped = stats["skipped_lines"]
+    why = f" ({skipped} malformed line(s) skipped)" if skipped else ""
+    raise ConllInputError(
+      f"{path}: no sentences{why}; expected one 'word TAG' line per token, a blank line "
+      "between sentences"
+    )
   return sentences
 
 
@@ -108,6 +117,11 @@ def split_sentences(sentences: Sequence[Sentence], fraction: float, seed: int):
   """(train, held_out): a seeded random ``fraction`` of the sentences held out as dev."""
   if not 0 < fraction < 1:
     raise ValueError(f"dev_fraction must be in (0, 1), got {fraction}")
+  if len(sentences) < 2:
+    raise ValueError(
+      f"dev_fraction needs at least 2 sentences to hold one out, the file has {len(sentences)}"
+      f"{' (' + sentences[0].path + ')' if sentences else ''}"
+    )
   order = np.random.default_rng(seed).permutation(len(sentences))
   n_dev = max(1, int(round(fraction * len(sentences))))
   dev = set(order[:n_dev].tolist())

@@ -11,7 +11,9 @@ Bad input:
     as the original does (training examples only; at evaluation every question is kept, since
     scoring uses the gold texts, not the offsets) and counted in ``stats["answer_mismatch"]``;
   * a question id seen twice is counted in ``stats["duplicate_ids"]``: predictions are keyed by
-    id, so the last one wins, which is also what the official evaluation scripts score.
+    id, so the last one wins, which is also what the official evaluation scripts score;
+  * a file with no question to read (``"data": []``, or every training answer skipped) is an
+    error naming the file: every file read is trained on or predicted.
 """
 
 from __future__ import annotations
@@ -186,6 +188,13 @@ def read_squad_examples(
             example.orig_answer_text = texts[0]
             example.start_position, example.end_position = span
         examples.append(example)
+  if not examples:
+    mismatched = stats["answer_mismatch"]
+    why = f" ({mismatched} answer(s) skipped: answer_start does not match)" if mismatched else ""
+    raise SquadFormatError(
+      f"{path}: no questions{why}; expected the official SQuAD layout "
+      '{"data": [{"paragraphs": [{"context": ..., "qas": [...]}]}]} with at least one question'
+    )
   stats["examples"] += len(examples)
   return examples
 

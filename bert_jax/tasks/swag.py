@@ -2,7 +2,9 @@
 
 Files: the original CSV (``train.csv``/``val.csv``/``test.csv``: columns ``sent1``, ``sent2``,
 ``ending0``..``ending3`` and, except in test, ``label``) or JSON lines with the same keys,
-chosen by the file's extension (.csv, .jsonl/.json). Each choice is packed as
+chosen by the file's extension (.csv, .jsonl/.json). A CSV row with more or fewer fields than
+the header, a missing field or a label outside 0..3 is an error naming the file and line; a file
+with no example is an error naming it. Each choice is packed as
 ``[CLS] sent1 [SEP] sent2 + " " + ending_i [SEP]`` (the paper: the given sentence, then a
 possible continuation), truncated longer-first as GLUE pairs (counted in ``stats``); the four
 rows of an example form one [4, L] input. Scored by accuracy. Predictions go to
@@ -58,7 +60,14 @@ def read_swag(path: str, labelled: bool) -> list[dict]:
       missing = [k for k in needed if k not in (reader.fieldnames or [])]
       if missing:
         raise SwagInputError(f"{path}:1: missing column(s) {missing} in header {reader.fieldnames}")
-      records = [(i + 2, r) for i, r in enumerate(reader)]
+      records = []
+      width = len(reader.fieldnames or [])
+      for r in reader:
+        line_no = reader.line_num  # physical line of the row's end (quoted fields may span lines)
+        fields = width + len(r.get(None, [])) - sum(v is None for v in r.values())
+        if fields != width:
+          raise SwagInputError(f"{path}:{line_no}: {fields} fields, expected {width}")
+        records.append((line_no, r))
   for line_no, r in records:
     missing = [k for k in needed if r.get(k) is None]
     if missing:
@@ -81,6 +90,8 @@ def read_swag(path: str, labelled: bool) -> list[dict]:
         "label": label,
       }
     )
+  if not rows:
+    raise SwagInputError(f"{path}: no examples; a split that is read must not be empty")
   return rows
 
 
