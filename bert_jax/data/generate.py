@@ -10,12 +10,19 @@ whatever the number of worker processes or hosts. Hosts split the shards by
 
 Output, per sequence length L: `{output_dir}/seq_{L}/{split}-{i:05d}-of-{n:05d}.tfrecord`
 for split in ("train", "eval"); eval holds the documents drawn for `eval_fraction` (per shard, by
-document, fixed by the seed). Files are written atomically; a shard whose files all exist is
-skipped (so an interrupted run resumes), unless `overwrite`.
+document, fixed by the seed). Nothing is written before the inputs, the tokenizer and the
+output directory are checked, so a run that fails on a bad argument leaves the output directory
+as it was (and a corrected rerun is not refused as "different settings"). Files are written
+atomically: under a hidden temporary name (``seq_L/.train-00000-of-00004.tfrecord.tmp-PID``,
+which neither ``train-*`` nor ``*.tfrecord`` globs match) renamed when complete; a write that
+fails (disk full) removes its temporary file, and the temporary files of a shard a run is about
+to write (left by a killed run) are removed first. A shard whose files all exist is skipped (so
+an interrupted run resumes), unless `overwrite`.
 """
 
 import dataclasses
 import functools
+import glob
 import hashlib
 import json
 import logging
@@ -24,8 +31,11 @@ import os
 import random
 import time
 
+from tqdm import tqdm
+
 from bert_jax.data import corpus, example_proto, masking
 from bert_jax.data import examples as examples_lib
+from bert_jax.tokenize import load_tokenizer
 
 SPLITS = ("train", "eval")
 AUTO_PARALLEL_MIN_BYTES = 4 << 20
@@ -89,8 +99,6 @@ def _seed(*parts) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer_and_spec(tokenizer_path: str, do_lower_case: bool | None):
-  from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
-
   tokenizer = load_tokenizer(tokenizer_path, do_lower_case=do_lower_case)
   return tokenizer, masking.MaskingSpec.from_tokenizer(tokenizer)
 
@@ -259,6 +267,46 @@ def summary_line(stats: dict) -> str:
   return "; ".join(parts)
 
 
+def temp_path(path: str) -> str:
+  """This process's temporary name for ``path``: hidden, and not ending in ``.tfrecord``."""
+  directory, name = os.path.split(path)
+  return os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+
+
+def _remove_temp_files(path: str) -> None:
+  """Removes every temporary file of ``path`` (any process's, any nesting of temp names)."""
+  directory, name = os.path.split(path)
+  for stale in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.tmp-*")):
+    try:
+      os.remove(stale)
+    except FileNotFoundError:
+      pass
+
+
+def _write_atomically(path: str, write) -> None:
+  """``write(tmp)`` then rename to ``path``; on any failure no temporary file is left."""
+  tmp = temp_path(path)
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  except BaseException:
+    _remove_temp_files(path)
+    raise
+
+
+def _write_json(path: str, value) -> None:
+  def write(tmp):
+    with open(tmp, "w") as f:
+      json.dump(value, f, indent=2, sort_keys=True)
+
+  _write_atomically(path, write)
+
+
+def _check_output_dir(output_dir: str) -> None:
+  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise NotADirectoryError(f"output_dir {output_dir} is a file, not a directory")
+
+
 def _check_or_write_config(
   output_dir: str, config: GenerationConfig, num_shards: int, overwrite: bool
 ) -> None:
@@ -267,8 +315,13 @@ def _check_or_write_config(
   wanted = dict(dataclasses.asdict(config), num_shards=num_shards)
   wanted = json.loads(json.dumps(wanted))
   if os.path.exists(path) and not overwrite:
-    with open(path) as f:
-      existing = json.load(f)
+    try:
+      with open(path) as f:
+        existing = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(
+        f"{path}:{e.lineno}: not valid JSON ({e.msg}); remove it or use overwrite=True"
+      ) from None
     if existing != wanted:
       diff = sorted(k for k in set(existing) | set(wanted) if existing.get(k) != wanted.get(k))
       raise ValueError(
@@ -277,10 +330,7 @@ def _check_or_write_config(
       )
     return
   os.makedirs(output_dir, exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(wanted, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  _write_json(path, wanted)
 
 
 def generate(
@@ -305,6 +355,7 @@ def generate(
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in [0, process_count={process_count})")
+  # Every input is checked before anything is written.
   shards = corpus.make_input_shards(
     inputs,
     config.input_format,
@@ -313,8 +364,13 @@ def generate(
     tfds_data_dir=tfds_data_dir,
     tfds_text_key=tfds_text_key,
   )
+  _load_tokenizer_and_spec(config.tokenizer_path, config.do_lower_case)
+  _check_output_dir(output_dir)
+  # TensorFlow only in this process: the workers (a fork server preloading this module) must
+  # not import it (see example_proto).
+  from bert_jax.data import tfrecord  # noqa: PLC0415 (TensorFlow, kept out of the workers)
+
   _check_or_write_config(output_dir, config, len(shards), overwrite)
-  from bert_jax.data import tfrecord  # noqa: PLC0415
 
   mine = [s for s in shards if s.index % process_count == process_index]
   stats = _new_stats()
@@ -334,8 +390,9 @@ def generate(
   workers = min(num_workers, max(len(mine), 1))
   start = time.time()
   tasks = [(s, config, output_dir) for s in mine]
-  from tqdm import tqdm  # noqa: PLC0415
-
+  for shard in mine:  # temporary files a killed run left for the shards written now
+    for path in _shard_outputs(shard, config, output_dir):
+      _remove_temp_files(path)
   bar = tqdm(total=len(tasks), desc="generating shards", unit="shard", disable=not progress)
   if workers <= 1:
     results = map(_worker, tasks)
@@ -353,7 +410,7 @@ def generate(
     for shard_stats, outputs in results:
       for path, records in outputs.items():
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tfrecord.write_records(path, records)
+        _write_atomically(path, functools.partial(tfrecord.write_records, records=records))
       _merge(stats, shard_stats)
       bar.update(1)
       bar.set_postfix(documents=stats["documents"])

@@ -65,6 +65,17 @@ def iter_corpus(
           yield line.lower() if lower else line
 
 
+def _check_not_empty(paths: Sequence[str], decode_errors: str) -> None:
+  """A corpus with no non-blank line is an error (it would build only the special tokens)."""
+  for _ in iter_corpus(paths, decode_errors):
+    return
+  shown = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+  raise ValueError(
+    f"the corpus ({len(paths)} file(s): {shown}) has no non-blank line: nothing to build a "
+    "vocabulary from"
+  )
+
+
 def _check_overwrite(path: pathlib.Path, overwrite: bool) -> None:
   if path.exists() and not overwrite:
     raise ValueError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
@@ -144,6 +155,7 @@ def build_wordpiece_vocab(
   if out_path.is_dir() or (not out_path.exists() and out_path.suffix != ".txt"):
     out_path = out_path / VOCAB_FILE
   _check_overwrite(out_path, overwrite)
+  _check_not_empty(paths, decode_errors)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   # The same normalizer and pre-tokenizer as the tokenizer that will use the vocabulary.
   shell = WordPieceTokenizer(list(base.SPECIAL_TOKENS), do_lower_case=do_lower_case)
@@ -165,6 +177,11 @@ def build_wordpiece_vocab(
   tokens = sorted(vocab, key=vocab.__getitem__)
   if tokens[: len(specials)] != specials:
     raise RuntimeError(f"WordPieceTrainer did not put {specials} first: {tokens[: len(specials)]}")
+  if len(tokens) == len(specials):
+    raise ValueError(
+      f"no token learned from the corpus ({len(paths)} file(s): {paths[0]}, ...): every piece "
+      f"is rarer than min_frequency={min_frequency}"
+    )
   # Write next to the target, then rename: a failed build never leaves half a vocabulary.
   tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
   try:
@@ -216,6 +233,7 @@ def build_sentencepiece_model(
   paths = expand_files(files)
   out_prefix = pathlib.Path(out_prefix)
   _check_overwrite(pathlib.Path(f"{out_prefix}.model"), overwrite)
+  _check_not_empty(paths, decode_errors)
   out_prefix.parent.mkdir(parents=True, exist_ok=True)
   spm.set_random_generator_seed(seed)
   try:
