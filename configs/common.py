@@ -47,7 +47,6 @@ def logical_axis_rules() -> tuple[tuple[str, object], ...]:
     ("vocab", "tensor"),
     ("mlp", "tensor"),
     ("heads", "tensor"),
-    ("joined_kv", "tensor"),
     ("kv", None),
     ("embed", "fsdp"),
   )

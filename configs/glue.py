@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from bert_jax.tasks import GLUE_TASKS  # the task registry's names, defined once there
 from configs import common
-
-GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
 
 def finetune_base(task: str) -> ml_collections.ConfigDict:
@@ -37,7 +36,8 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   # The new head's kernel: "normal" N(0, initializer_range^2) as Hugging Face initialises it, or
   # "truncated_normal" as google-research/bert does (std ~0.88 x initializer_range). At lr 2e-5
   # Adam moves a head weight by at most ~lr per step, so a short fine-tune keeps the head near
-  # its initial scale, and the smaller one learns measurably less (docs/finetuning.md).
+  # its initial scale, and the smaller one learns measurably less
+  # (benchmarks/RESULTS_finetune_glue.md).
   config.head_init = "normal"
   # Training (google-research/bert flag names).
   config.max_seq_length = 128

@@ -1,11 +1,13 @@
-"""Pre-training configs: presets tiny..large, and the paper's recipes base_paper / large_paper.
+"""Pre-training configs: presets tiny..large; base and large are the paper's recipes.
 
   python -m bert_jax.pretrain --config configs/pretrain.py:tiny --workdir workdir/tiny
-  python -m bert_jax.pretrain --config configs/pretrain.py:base_paper --workdir gs://b/base \
+  python -m bert_jax.pretrain --config configs/pretrain.py:base --workdir gs://b/base \
       --config.input_files='gs://b/data/seq128/*.tfrecord' \
       --config.phase2.input_files='gs://b/data/seq512/*.tfrecord' --config.mesh.fsdp=8
 
-The preset picks the model size (``bert_jax.model.PRESETS``) and a run sized for it. Key names
+The preset picks the model size (``bert_jax.model.PRESETS``) and a run sized for it; ``base`` and
+``large`` run the paper's recipe (appendix A.2): batch 256, 1M steps, lr 1e-4, 10k warmup steps,
+weight decay 0.01, the last 10% of the steps at seq 512 with batch 256. Key names
 follow google-research/bert's flags. The config is locked: overriding a key that does not exist
 is an error. With no ``input_files`` the built-in default corpus is prepared under the workdir
 (tokenizer, TFRecords at both phase lengths) and used.
@@ -20,7 +22,8 @@ import ml_collections
 
 from configs import common
 
-# name: (train_batch_size, num_train_steps, num_warmup_steps, learning_rate)
+# name: (train_batch_size, num_train_steps, num_warmup_steps, learning_rate); base and large are
+# Devlin et al. 2019, appendix A.2.
 _RUNS = {
   "tiny": (32, 300, 30, 2e-3),
   "mini": (64, 10_000, 1_000, 5e-4),
@@ -32,13 +35,12 @@ _RUNS = {
 
 
 def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
-  paper = preset.endswith("_paper")
-  size = preset[: -len("_paper")] if paper else preset
-  if size not in _RUNS or (paper and size not in ("base", "large")):
+  if preset not in _RUNS:
     raise ValueError(
-      f"unknown pre-training preset {preset!r}; choose one of "
-      f"{sorted(_RUNS) + ['base_paper', 'large_paper']}"
+      f"unknown pre-training preset {preset!r}; choose one of {sorted(_RUNS)} "
+      "(base and large are the paper's recipes)"
     )
+  size = preset
   batch, steps, warmup, lr = _RUNS[size]
 
   config = ml_collections.ConfigDict()
@@ -98,15 +100,5 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   if size == "tiny":
     config.logging.log_every_steps = 50
 
-  if paper:  # Devlin et al. 2019, appendix A.2
-    config.train_batch_size = 256
-    config.num_train_steps = 1_000_000
-    config.learning_rate = 1e-4
-    config.num_warmup_steps = 10_000
-    config.optimizer.weight_decay = 0.01
-    config.phase2.fraction = 0.1
-    config.phase2.max_seq_length = 512
-    config.phase2.train_batch_size = 256
-    config.phase2.learning_rate = -1.0
   config.lock()
   return config
