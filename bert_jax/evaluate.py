@@ -20,6 +20,7 @@ import json
 from absl import app, flags
 
 from bert_jax import cli
+from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.tasks.runner import evaluate
 from bert_jax.train.metrics import quiet_library_logs
 
@@ -55,7 +56,7 @@ def main(argv):
 
 def run():
   """Console-script entry (bert-jax-evaluate)."""
-  cli.run(main, prog="evaluate")
+  cli.run(main, prog="evaluate", user_errors=(WorkdirLockError,))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bert_jax import cli
+from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.tasks.runner import finetune
 from bert_jax.train.loop import NonFiniteLossError
 from bert_jax.train.metrics import quiet_library_logs
@@ -63,7 +64,7 @@ def main(argv):
 
 def run():
   """Console-script entry (bert-jax-finetune)."""
-  cli.run(main, prog="finetune", user_errors=(NonFiniteLossError,))
+  cli.run(main, prog="finetune", user_errors=(NonFiniteLossError, WorkdirLockError))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bert_jax import cli
+from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.tasks.pretraining import run_pretraining
 from bert_jax.train.loop import NonFiniteLossError
 from bert_jax.train.metrics import quiet_library_logs
@@ -49,7 +50,7 @@ def main(argv):
 
 def run():
   """Console-script entry (bert-jax-pretrain)."""
-  cli.run(main, prog="pretrain", user_errors=(NonFiniteLossError,))
+  cli.run(main, prog="pretrain", user_errors=(NonFiniteLossError, WorkdirLockError))
 
 
 if __name__ == "__main__":
