@@ -262,13 +262,14 @@ class BertEncoder(nn.Module):
       x_BxLxD = self.layers[-1](x_BxLxD, mask_Bx1x1xL, deterministic)
       hidden.append(x_BxLxD)
       out = {"sequence_output": x_BxLxD}
+      cls_BxD = x_BxLxD[:, 0]
     else:  # [CLS] first, for the pooler
       cls_Bx1 = jnp.zeros(output_positions_BxP.shape[:1] + (1,), jnp.int32)
       positions_Bx1pP = jnp.concatenate([cls_Bx1, output_positions_BxP.astype(jnp.int32)], 1)
       x_Bx1pPxD = self.layers[-1](x_BxLxD, mask_Bx1x1xL, deterministic, positions_Bx1pP)
-      x_BxLxD = x_Bx1pPxD  # row 0 is [CLS]
       out = {"gathered_output": x_Bx1pPxD[:, 1:]}
-    out["pooled_output"] = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
+      cls_BxD = x_Bx1pPxD[:, 0]  # row 0 is [CLS]
+    out["pooled_output"] = jnp.tanh(self.pooler(cls_BxD))
     if output_hidden_states:
       out["hidden_states"] = tuple(hidden)
     return out

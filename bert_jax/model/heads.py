@@ -66,23 +66,24 @@ class BertForPreTraining(nn.Module):
       output_hidden_states,
       output_positions_BxP=masked_lm_positions if sparse else None,
     )
+    # N: the rows MLM logits are computed for, P masked positions or all L positions.
     if sparse:
-      h_BxPxD = out["gathered_output"]
+      h_BxNxD = out["gathered_output"]  # N = P
     elif masked_lm_positions is not None:
-      h_BxPxD = gather_positions(out["sequence_output"], masked_lm_positions)
+      h_BxNxD = gather_positions(out["sequence_output"], masked_lm_positions)  # N = P
     else:
-      h_BxPxD = out["sequence_output"]
-    h_BxPxD = dense(c, c.hidden_size, ("embed", None), "mlm_transform")(h_BxPxD)
-    h_BxPxD = layer_norm(c, "mlm_LayerNorm")(activation(c.hidden_act)(h_BxPxD))
+      h_BxNxD = out["sequence_output"]  # N = L
+    h_BxNxD = dense(c, c.hidden_size, ("embed", None), "mlm_transform")(h_BxNxD)
+    h_BxNxD = layer_norm(c, "mlm_LayerNorm")(activation(c.hidden_act)(h_BxNxD))
     bias_V = self.param(
       "mlm_output_bias",
       nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
       (c.vocab_size,),
       c.param_dtype,
     )
-    logits_BxPxV = encoder.attend(h_BxPxD) + bias_V.astype(c.dtype)
+    logits_BxNxV = encoder.attend(h_BxNxD) + bias_V.astype(c.dtype)
     nsp_Bx2 = dense(c, 2, ("embed", None), "nsp")(out["pooled_output"])
-    out.update(mlm_logits=logits_BxPxV, nsp_logits=nsp_Bx2)
+    out.update(mlm_logits=logits_BxNxV, nsp_logits=nsp_Bx2)
     return out
 
 
