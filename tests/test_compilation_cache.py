@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
@@ -23,25 +24,28 @@ print(json.dumps({"path": path, "hits": len(hits)}))
 """
 
 
-def _run(cache_dir) -> dict:
+def _run(cache_dir, env) -> dict:
   proc = subprocess.run(
-    [sys.executable, "-c", _PROGRAM, str(cache_dir)], capture_output=True, text=True, timeout=300
+    [sys.executable, "-c", _PROGRAM, str(cache_dir)],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_second_process_loads_from_the_cache(tmp_path):
+def test_second_process_loads_from_the_cache(tmp_path, subprocess_env):
   cache = tmp_path / "jax_cache"
-  first = _run(cache)
+  env = subprocess_env(1)
+  first = _run(cache, env)
   assert first["path"] == str(cache) and first["hits"] == 0
   assert any(cache.iterdir())  # the compiled program was written
-  assert _run(cache)["hits"] >= 1  # and read back by a new process
+  assert _run(cache, env)["hits"] >= 1  # and read back by a new process
 
 
 def test_empty_dir_leaves_jax_alone_and_bad_dir_names_the_key(tmp_path):
-  import jax
-
   before = jax.config.jax_compilation_cache_dir
   assert (
     enable_compilation_cache({"dir": "", "min_compile_time_secs": 1.0, "max_size_bytes": -1})
