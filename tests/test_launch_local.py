@@ -14,6 +14,7 @@ import sys
 import time
 
 from launch.job import Job
+from launch.launch import launch
 from launch.targets import LocalTarget
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -171,8 +172,6 @@ time.sleep(120)
 
 
 def test_launch_json_of_an_earlier_launch_is_kept(tmp_path):
-  from launch.launch import launch
-
   python = fake_python(tmp_path, "pass")
   workdir = tmp_path / "run"
   job = Job(

@@ -18,11 +18,12 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 
 from launch import sweep
 from launch.job import Job, LaunchError
 from launch.results import build_tables, collect, write_results
-from launch.targets import LocalTarget
+from launch.targets import KubernetesTarget, LocalTarget, TpuTarget
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 GLUE = "configs/glue.py:rte"
@@ -169,10 +170,6 @@ def test_complete_runs_are_skipped(tmp_path):
 
 
 def test_remote_sweep_gives_each_run_its_own_job():
-  import yaml
-
-  from launch.targets import KubernetesTarget
-
   root = "/mnt/workdir/grid"  # on a PersistentVolumeClaim mounted in every pod
   runs = sweep.plan_sweep(
     Job("finetune", GLUE, ""),
@@ -196,8 +193,6 @@ def test_remote_sweep_gives_each_run_its_own_job():
 
 
 def test_tpu_sweep_ships_the_code_once(monkeypatch):
-  from launch.targets import TpuTarget
-
   monkeypatch.setattr(sweep, "exists", lambda path: False)  # no bucket to look into here
   runs = sweep.plan_sweep(
     Job("finetune", GLUE, ""), sweep.axis("seed", [0, 1, 2]), "gs://bucket/grid"

@@ -8,7 +8,14 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
+import transformers
+
+from bert_jax.checkpoint.exporter import export
+from bert_jax.checkpoint.manager import load_params
+from bert_jax.model import BertForSequenceClassification
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -73,14 +80,6 @@ def test_local_sweep_of_four_finetuning_runs(tmp_path, shared_data, minilm_dir):
 
   # A run of the sweep is a real fine-tuned checkpoint: export its best checkpoint to
   # transformers and compare the classifier's logits with bert_jax's on the same weights.
-  import numpy as np
-  import torch
-  import transformers
-
-  from bert_jax.checkpoint.exporter import export
-  from bert_jax.checkpoint.manager import load_params
-  from bert_jax.model import BertForSequenceClassification
-
   run = root / rows[0]["run"]
   out = export(str(run), "hf", str(tmp_path / "hf"))
   model = transformers.BertForSequenceClassification.from_pretrained(out).eval()
