@@ -1,18 +1,25 @@
 """The Orbax checkpoint manager: round trip of state + input position + meta, keep-last-k,
 refusing another model's checkpoint without touching it, the resume > pretrained > scratch
-order with an exact report, and load_params."""
+order with an exact report (the encoder alone for fine-tuning), load_params, and a failed
+asynchronous save surfacing at the next check with nothing left behind."""
 
+import asyncio
+import errno
 import json
 import os
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from bert_jax import parallel
 from bert_jax.checkpoint import (
   CheckpointManager,
+  CheckpointSaveError,
   load_params,
   merge_pretrained_params,
   restore_or_initialize,
@@ -107,7 +114,7 @@ def test_checkpoint_of_another_model_is_refused_and_left_untouched(tmp_path):
   assert _listing(tmp_path) == before
 
 
-def test_restore_order_resume_then_pretrained_then_scratch(tmp_path, monkeypatch):
+def test_restore_order_resume_then_pretrained_then_scratch(tmp_path):
   _, tx, abstract, shardings, make = _setup(model_cls=BertForSequenceClassification, num_labels=3)
   with_params = lambda s, p: state_with_params(s, p, tx, shardings)
   manager = CheckpointManager(str(tmp_path / "run"), keep=2, async_save=False)
@@ -119,14 +126,13 @@ def test_restore_order_resume_then_pretrained_then_scratch(tmp_path, monkeypatch
   pre_params = jax.tree_util.tree_map(np.asarray, jax.device_get(make_pre().params))
   pre_params = jax.tree_util.tree_map(lambda x: x + 1.0, pre_params)
 
-  class Fake:
-    params = pre_params
-
-  import bert_jax.checkpoint.pretrained as pretrained_lib
-
-  monkeypatch.setattr(pretrained_lib, "load_pretrained", lambda path: Fake)
   state, _, _, report = restore_or_initialize(
-    manager, abstract, make, init_checkpoint="PRE", with_params=with_params
+    manager,
+    abstract,
+    make,
+    init_checkpoint="PRE",
+    pretrained_params=lambda: pre_params,
+    with_params=with_params,
   )
   assert report.source == "pretrained"
   assert report.not_loaded == [
@@ -151,7 +157,12 @@ def test_restore_order_resume_then_pretrained_then_scratch(tmp_path, monkeypatch
   manager.save(7, state, input_state={"position": 3}, meta={"phase": "train"})
   manager.wait()
   state2, inp, meta, report = restore_or_initialize(
-    manager, abstract, make, init_checkpoint="PRE", with_params=with_params
+    manager,
+    abstract,
+    make,
+    init_checkpoint="PRE",
+    pretrained_params=lambda: pytest.fail("a resumed run reads no pretrained checkpoint"),
+    with_params=with_params,
   )
   assert report.source == "resumed" and report.step == 7 and inp == {"position": 3}
   manager.close()
@@ -167,3 +178,99 @@ def test_merge_refuses_shape_mismatch():
   np.testing.assert_array_equal(merged["bert"]["w"], 1.0)
   with pytest.raises(ValueError, match=r"bert/w: checkpoint \(3, 3\) vs model \(2, 3\)"):
     merge_pretrained_params(params, {"bert": {"w": np.ones((3, 3))}}, "some/ckpt")
+
+
+def test_pretrained_subtrees_take_the_encoder_only(tmp_path):
+  """Fine-tuning from a fine-tuned checkpoint of the same shape: only "bert" is taken; its
+  classifier (which would fit) is reported as not loaded and the new one is freshly drawn."""
+  _, tx, abstract, shardings, make = _setup(model_cls=BertForSequenceClassification, num_labels=3)
+  with_params = lambda s, p: state_with_params(s, p, tx, shardings)
+  pre_params = jax.tree_util.tree_map(lambda x: np.asarray(x) + 1.0, jax.device_get(make().params))
+  manager = CheckpointManager(str(tmp_path / "run"), keep=2, async_save=False)
+  state, _, _, report = restore_or_initialize(
+    manager,
+    abstract,
+    make,
+    init_checkpoint="FT",
+    pretrained_params=pre_params,  # already loaded
+    pretrained_subtrees=("bert",),
+    with_params=with_params,
+  )
+  assert report.source == "pretrained"
+  assert report.not_loaded == ["classifier/bias", "classifier/kernel"]
+  assert report.newly_initialized == ["classifier/bias", "classifier/kernel"]
+  fresh = make().params
+  np.testing.assert_array_equal(
+    np.asarray(state.params["classifier"]["kernel"]), np.asarray(fresh["classifier"]["kernel"])
+  )
+  np.testing.assert_array_equal(
+    np.asarray(state.params["bert"]["pooler"]["kernel"]), pre_params["bert"]["pooler"]["kernel"]
+  )
+  with pytest.raises(ValueError, match=r"^NOENC: no 'bert' parameters found"):
+    restore_or_initialize(
+      manager,
+      abstract,
+      make,
+      init_checkpoint="NOENC",
+      pretrained_params={"classifier": pre_params["classifier"]},
+      pretrained_subtrees=("bert",),
+      with_params=with_params,
+    )
+  manager.close()
+
+
+def _wait_for_save_threads():
+  """Until Orbax's background threads of an asynchronous save (commit, finalize) have ended.
+  Polled, not joined: Orbax's finalize thread re-raises its error in a thread that joins it."""
+  names = ("async_save", "save_finalize")
+  while any(t.name in names for t in threading.enumerate()):
+    time.sleep(0.01)
+
+
+def _failing_json_save(release: threading.Event):
+  """A JSON item writer that fails like a full disk once ``release`` is set (in Orbax's
+  background thread, after ``save`` returned)."""
+
+  async def save(self, x, directory):
+    while not release.is_set():
+      await asyncio.sleep(0.01)
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  return save
+
+
+def test_failed_async_save_is_raised_by_the_next_check_and_leaves_nothing(tmp_path, monkeypatch):
+  _, _, _, _, make = _setup()
+  state = make()
+  release = threading.Event()
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", _failing_json_save(release))
+  manager = CheckpointManager(str(tmp_path), keep=2, async_save=True)
+  manager.save(5, state, input_state={"position": 5}, meta={})
+  for _ in range(3):  # steps while the save is still being written: nothing to report
+    manager.check_for_errors()
+  release.set()
+  _wait_for_save_threads()
+  tmp_dirs = lambda: list((tmp_path / "checkpoints").glob("5.orbax-checkpoint-tmp*"))
+  assert tmp_dirs()  # what the failed save left, before the check
+  with pytest.raises(CheckpointSaveError, match=r"step 5 .*No space left on device"):
+    manager.check_for_errors()  # the first check after the save ended
+  assert tmp_dirs() == [] and manager.all_steps() == []
+  manager.check_for_errors()  # reported once
+  monkeypatch.undo()  # the disk has room again: the next save works
+  manager.save(6, state, input_state={"position": 6}, meta={})
+  manager.wait()
+  assert manager.all_steps() == [6]
+  manager.close()
+
+
+def test_failed_async_save_is_raised_by_wait(tmp_path, monkeypatch):
+  _, _, _, _, make = _setup()
+  release = threading.Event()
+  release.set()
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", _failing_json_save(release))
+  manager = CheckpointManager(str(tmp_path), keep=2, async_save=True)
+  manager.save(3, make(), input_state={}, meta={})
+  with pytest.raises(CheckpointSaveError, match=r"step 3 .*No space left on device"):
+    manager.wait()
+  assert os.listdir(tmp_path / "checkpoints") == []
+  manager.close()

@@ -7,9 +7,16 @@
 ``pretrained.py`` / ``exporter.py`` re-export the moved names until their last callers switch.
 """
 
-from bert_jax.checkpoint.files import atomic_write, read_json, replace_dir, write_json
+from bert_jax.checkpoint.files import (
+  atomic_write,
+  ensure_replaceable,
+  read_json,
+  replace_dir,
+  write_json,
+)
 from bert_jax.checkpoint.manager import (
   CheckpointManager,
+  CheckpointSaveError,
   InitReport,
   load_params,
   merge_pretrained_params,
@@ -18,8 +25,10 @@ from bert_jax.checkpoint.manager import (
 
 __all__ = [
   "CheckpointManager",
+  "CheckpointSaveError",
   "InitReport",
   "atomic_write",
+  "ensure_replaceable",
   "load_params",
   "merge_pretrained_params",
   "read_json",

@@ -69,20 +69,26 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     raise
 
 
+def ensure_replaceable(out_dir: str | os.PathLike, overwrite: bool = False) -> None:
+  """FileExistsError when ``replace_dir(out_dir, overwrite)`` would refuse: ``out_dir`` is a file,
+  or a non-empty directory and not ``overwrite``. For checking before slow work."""
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise FileExistsError(f"{out_dir} exists and is not a directory")
+  if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
+    raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")
+
+
 @contextlib.contextmanager
 def replace_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[str]:
   """Yields an empty directory beside local ``out_dir`` that takes its place when the block
   succeeds: afterwards ``out_dir`` holds exactly what was written there (nothing stale from
   before). On any error the temp directory is removed and ``out_dir`` is left as it was.
 
-  A non-empty ``out_dir`` is a FileExistsError unless ``overwrite`` (checked before anything is
-  written).
+  A non-empty ``out_dir`` is a FileExistsError unless ``overwrite`` (``ensure_replaceable``,
+  checked before anything is written). ``overwrite`` replaces the directory as a whole.
   """
   out_dir = os.path.abspath(out_dir)
-  if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
-    raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")
-  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    raise FileExistsError(f"{out_dir} exists and is not a directory")
+  ensure_replaceable(out_dir, overwrite)
   os.makedirs(os.path.dirname(out_dir), exist_ok=True)
   tmp = _sibling(out_dir, "new")
   os.mkdir(tmp)  # mode 0777 & ~umask, like any directory the user creates

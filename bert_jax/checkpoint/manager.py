@@ -6,14 +6,18 @@ A checkpoint (``<workdir>/checkpoints/<step>/``) holds three items:
   meta   small JSON facts about the run at that step (e.g. the curriculum phase)
 
   manager = CheckpointManager(workdir, keep=3, async_save=True)
-  state, start = restore_or_initialize(manager, abstract_state, init_fn, init_checkpoint=path,
-                                       tx=tx, shardings=shardings)
+  state, input_state, meta, report = restore_or_initialize(
+      manager, abstract_state, init_fn, init_checkpoint=path,
+      pretrained_params=lambda: bert_jax.formats.load_pretrained(path).params,
+      pretrained_subtrees=("bert",),  # fine-tuning: the encoder only
+      with_params=lambda state, params: state_with_params(state, params, tx, shardings))
   manager.save(step, state, input_state={...}, meta={...})
+  manager.check_for_errors()  # after every step: a failed background save raises here
 
 ``restore_or_initialize`` follows one documented order:
   1. resume this run: the latest complete checkpoint in ``workdir/checkpoints``;
-  2. else initialise from a pretrained checkpoint (``init_checkpoint``: a bert_jax workdir, a
-     Hugging Face directory or a TF checkpoint, via ``bert_jax.checkpoint.pretrained``): params
+  2. else initialise from a pretrained checkpoint (``init_checkpoint``, whose params the caller
+     passes or gives a loader for: this package never imports ``bert_jax.formats``): params
      only, fresh optimizer state; it reports exactly which checkpoint tensors were not loaded and
      which params were newly initialised, and refuses a tensor whose shape differs;
   3. else from scratch.
@@ -26,7 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -34,8 +39,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
 
 from bert_jax.checkpoint.files import read_json, write_json  # noqa: F401 (older imports)
+from bert_jax.model.config import BertConfig
+from bert_jax.tokenize import load_tokenizer
 
 
 def _path_str(path) -> str:
@@ -46,8 +54,22 @@ def _flat(tree: Any) -> dict[str, Any]:
   return {_path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+_ORBAX_WRITER_MODULE = "orbax.checkpoint._src.futures"
+_WRITER_TIMEOUT_SECS = 600.0
+
+
+class CheckpointSaveError(RuntimeError):
+  """A checkpoint save failed in the background (disk full, permissions, ...)."""
+
+
 class CheckpointManager:
-  """An Orbax CheckpointManager over ``<workdir>/checkpoints`` keeping the last ``keep``."""
+  """An Orbax CheckpointManager over ``<workdir>/checkpoints`` keeping the last ``keep``.
+
+  An asynchronous save that fails is reported by the first ``check_for_errors()`` (cheap, never
+  blocks: the training loop calls it after every step) or ``wait()`` after it ended, and by the
+  next ``save``: a CheckpointSaveError naming the step and the cause. Its temporary directory
+  (``<step>.orbax-checkpoint-tmp*``) is removed then, so nothing half-written is left behind.
+  """
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
     workdir = workdir if "://" in str(workdir) else os.path.abspath(workdir)
@@ -61,6 +83,8 @@ class CheckpointManager:
       meta=ocp.JsonCheckpointHandler(),
     )
     self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    self._async = async_save
+    self._pending: int | None = None  # the step of an asynchronous save not yet checked
 
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
@@ -71,9 +95,12 @@ class CheckpointManager:
   def save(
     self, step: int, state: Any, input_state: dict | None = None, meta: dict | None = None
   ) -> None:
-    """Saves (asynchronously when configured); a step already saved is skipped."""
+    """Saves (asynchronously when configured); a step already saved is skipped. Waits for the
+    previous asynchronous save first, raising its error if it failed."""
+    self.wait()
     if step in self._mngr.all_steps():
       return
+    self._pending = step if self._async else None
     self._mngr.save(
       step,
       args=ocp.args.Composite(
@@ -142,12 +169,48 @@ class CheckpointManager:
     )
     return out["state"]["params"]
 
+  def check_for_errors(self) -> None:
+    """Raises CheckpointSaveError if an asynchronous save has ended with an error; returns at
+    once otherwise (also while a save is still running)."""
+    if self._pending is not None and not self._mngr.is_saving_in_progress():
+      self.wait()  # the save has ended: this returns at once, raising its error if any
+
   def wait(self) -> None:
-    """Blocks until any asynchronous save has finished (and surfaces its error)."""
-    self._mngr.wait_until_finished()
+    """Blocks until any asynchronous save has finished; CheckpointSaveError if it failed."""
+    step, self._pending = self._pending, None
+    try:
+      self._mngr.wait_until_finished()
+    except Exception as e:
+      if step is None:
+        raise
+      self._remove_partial(step)
+      raise CheckpointSaveError(
+        f"saving the checkpoint of step {step} to {self.directory} failed: "
+        f"{type(e).__name__}: {e} (its temporary directory was removed)"
+      ) from e
+
+  def _remove_partial(self, step: int) -> None:
+    """Removes what a failed save of ``step`` left: Orbax's temporary directory.
+
+    Orbax reports the first failed write while the save's other writes may still be running
+    in their own threads (its commit futures, ``orbax.checkpoint._src.futures``); they are
+    waited for first, or they would write into the directory again after it was removed.
+    """
+    for t in threading.enumerate():
+      if type(t).__module__.startswith(_ORBAX_WRITER_MODULE):
+        threading.Thread.join(t, timeout=_WRITER_TIMEOUT_SECS)  # never raises its error
+    if jax.process_index() != 0:
+      return
+    for tmp in epath.Path(self.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
+      logging.warning("Removing %s, left by the failed save of step %d", tmp, step)
+      tmp.rmtree(missing_ok=True)
 
   def close(self) -> None:
-    self._mngr.close()
+    """Waits for an asynchronous save (CheckpointSaveError if it failed), then closes."""
+    try:
+      self.wait()
+    finally:
+      self._mngr.close()
 
 
 @dataclasses.dataclass
@@ -210,12 +273,29 @@ def restore_or_initialize(
   init_fn: Callable[[], Any],
   *,
   init_checkpoint: str = "",
+  pretrained_params: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
+  pretrained_subtrees: Sequence[str] | None = None,
   with_params: Callable[[Any, Any], Any] | None = None,
 ) -> tuple[Any, dict, dict, InitReport]:
   """(state, input position, meta, report) by the order in the module docstring.
 
-  ``init_fn()`` makes a fresh sharded state; ``with_params(state, host_params)`` returns it
-  with new params and a fresh optimizer state (``bert_jax.train.state.state_with_params``).
+  Args:
+    manager: the run's checkpoints (resumed from when it holds one).
+    abstract_state: the run's state as ``jax.ShapeDtypeStruct`` with shardings.
+    init_fn: ``init_fn()`` makes a fresh sharded state.
+    init_checkpoint: the pretrained checkpoint's path, for the report and errors; empty: none
+      (from scratch).
+    pretrained_params: its params (a nested dict of host arrays), already loaded, or a
+      zero-argument loader of them, e.g. ``lambda: bert_jax.formats.load_pretrained(path).params``,
+      called only when there is nothing to resume (a resumed run never reads the pretrained
+      checkpoint). Required with ``init_checkpoint``: this package reads only its own run state
+      and never imports the formats (``bert_jax.formats`` imports it).
+    pretrained_subtrees: take only these top-level subtrees of the pretrained params (e.g.
+      ``("bert",)``, the encoder, for fine-tuning); every tensor of the others is listed in the
+      report's ``not_loaded``. A requested subtree the checkpoint lacks is a ValueError. None:
+      take every tensor the model has.
+    with_params: ``with_params(state, host_params)`` returns the state with new params and a
+      fresh optimizer state (``bert_jax.train.state.state_with_params``).
   """
   step = manager.latest_step()
   if step is not None:
@@ -228,24 +308,32 @@ def restore_or_initialize(
     report = InitReport("scratch")
     logging.info("Checkpoint: %s", report.describe())
     return state, {}, {}, report
-  from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415 (optional helper)
-
-  pretrained = load_pretrained(init_checkpoint)
+  if pretrained_params is None or with_params is None:
+    raise ValueError(
+      f"init_checkpoint={init_checkpoint!r} needs pretrained_params= (its params or a loader, "
+      "e.g. lambda: bert_jax.formats.load_pretrained(path).params) and with_params="
+    )
+  pretrained = dict(pretrained_params() if callable(pretrained_params) else pretrained_params)
+  unused = []
+  if pretrained_subtrees is not None:
+    missing = [k for k in pretrained_subtrees if k not in pretrained]
+    if missing:
+      raise ValueError(
+        f"{init_checkpoint}: no {' / '.join(map(repr, missing))} parameters found (it has: "
+        f"{', '.join(sorted(pretrained)) or 'none'})"
+      )
+    unused = sorted(_flat({k: v for k, v in pretrained.items() if k not in pretrained_subtrees}))
+    pretrained = {k: pretrained[k] for k in pretrained_subtrees}
   host_params = (
     jax.tree_util.tree_map(np.asarray, jax.device_get(state.params))
     if jax.process_count() == 1
-    else _host_params_multi(state.params)
+    else multihost_utils.process_allgather(state.params, tiled=True)
   )
-  merged, report = merge_pretrained_params(host_params, pretrained.params, init_checkpoint)
+  merged, report = merge_pretrained_params(host_params, pretrained, init_checkpoint)
+  report.not_loaded = sorted(report.not_loaded + unused)
   state = with_params(state, merged)
   logging.info("Checkpoint: %s", report.describe())
   return state, {}, {}, report
-
-
-def _host_params_multi(params: Any) -> Any:
-  from jax.experimental import multihost_utils  # noqa: PLC0415
-
-  return multihost_utils.process_allgather(params, tiled=True)
 
 
 def load_params(workdir: str, step: int | None = None):
@@ -253,8 +341,6 @@ def load_params(workdir: str, step: int | None = None):
 
   The tokenizer is None when the workdir holds no tokenizer files.
   """
-  from bert_jax.model import BertConfig  # noqa: PLC0415
-
   config_path = epath.Path(workdir) / "model_config.json"
   if not config_path.exists():
     raise FileNotFoundError(f"{workdir} is not a bert_jax workdir: no model_config.json")
@@ -266,7 +352,5 @@ def load_params(workdir: str, step: int | None = None):
     manager.close()
   tokenizer = None
   if any((epath.Path(workdir) / n).exists() for n in ("vocab.txt", "sentencepiece.model")):
-    from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
-
     tokenizer = load_tokenizer(workdir)
   return params, config, tokenizer
