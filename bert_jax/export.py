@@ -6,15 +6,16 @@ r"""Export a bert_jax checkpoint (pre-trained or fine-tuned) for use elsewhere.
 
 The head comes from the workdir's head.json (or the weights); ``--task`` asks for a particular
 one ("encoder" exports any checkpoint's encoder alone). A checkpoint whose head does not fit
-the requested one is an error before anything is written. See docs/export.md.
+the requested one is an error before anything is written; ``--overwrite`` replaces the output
+folder as a whole. ``--checkpoint`` picks a fine-tuning workdir's best (``best/``) or latest
+checkpoint (``bert_jax.tasks.best_checkpoint``). See docs/export.md.
 """
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags
 
+from bert_jax import cli
 from bert_jax.formats import FORMATS, export
 from bert_jax.tasks.best_checkpoint import CHOICES, checkpoint_dir
 
@@ -45,19 +46,14 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.workdir or not FLAGS.output:
     raise app.UsageError("--workdir and --output are required")
-  try:
-    source = checkpoint_dir(FLAGS.workdir, FLAGS.checkpoint)
-    out = export(source, FLAGS.format, FLAGS.output, FLAGS.task, FLAGS.overwrite)
-  except (ValueError, FileNotFoundError, FileExistsError) as e:
-    print(f"export: error: {e}", file=sys.stderr)
-    return 2
+  source = checkpoint_dir(FLAGS.workdir, FLAGS.checkpoint)
+  out = export(source, FLAGS.format, FLAGS.output, FLAGS.task, FLAGS.overwrite)
   print(f"export: wrote {FLAGS.format} to {out}")
-  return 0
 
 
 def run():
-  """Console-script entry (bert-jax-export)."""
-  app.run(main)
+  """Console-script entry (bert-jax-export); a user error is one line ``export: error: ...``."""
+  cli.run(main, prog="export")
 
 
 if __name__ == "__main__":

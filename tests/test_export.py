@@ -7,6 +7,7 @@ classes and TensorFlow executing the jax2tf-converted graph.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -309,6 +310,46 @@ def test_entry_point_reports_a_clear_error(workdirs, tmp_path):
     text=True,
     cwd=os.path.dirname(os.path.dirname(__file__)),
   )
-  assert proc.returncode == 2, proc.stderr
+  assert proc.returncode == 1, proc.stderr  # bert_jax.cli: 1 for a user error, 2 for usage
   assert "export: error:" in proc.stderr and "Traceback" not in proc.stderr
   assert not out.exists()
+
+
+def _tree(directory):
+  """Sorted (relative path, is a directory, st_mode & 0o777) of everything under ``directory``;
+  Orbax's content-addressed data files (new names, and a varying number, in every export) all
+  read ``d/<data>`` (one entry per mode)."""
+  out = []
+  for root, dirs, files in os.walk(directory):
+    for name in dirs + files:
+      path = os.path.join(root, name)
+      rel = os.path.relpath(path, directory)
+      mode = os.stat(path).st_mode & 0o777
+      out.append((re.sub(r"/d/[0-9a-f]{32}$", "/d/<data>", rel), os.path.isdir(path), mode))
+  return sorted(set(out))
+
+
+@pytest.mark.parametrize(
+  "fmt", ["hf", pytest.param("saved_model", marks=pytest.mark.slow), "params"]
+)
+def test_overwrite_replaces_the_output_whole_with_the_umask_modes(fmt, workdirs, tmp_path):
+  workdir, _ = workdirs["sequence_classification"]
+  out = tmp_path / "out"
+  export(str(workdir), fmt, str(out))
+  first = _tree(out)
+  # Modes as the umask gives them to any file the user creates (as open() and mkdir() do).
+  umask = os.umask(0)
+  os.umask(umask)
+  for path, is_dir, mode in first:
+    want = 0o777 & ~umask if is_dir else 0o666 & ~umask
+    assert mode == want, f"{path}: {oct(mode)}, the umask gives {oct(want)}"
+  # Files of an earlier export, or anything else, in the output folder.
+  (out / "stale.txt").write_text("from an earlier export")
+  (out / "old").mkdir()
+  (out / "old" / "weights.bin").write_bytes(b"stale")
+  with pytest.raises(FileExistsError, match="--overwrite"):
+    export(str(workdir), fmt, str(out))
+  assert (out / "stale.txt").exists()
+  export(str(workdir), fmt, str(out), overwrite=True)
+  assert _tree(out) == first  # exactly what one export writes: nothing stale survives
+  assert os.listdir(tmp_path) == ["out"]  # no staging directory left beside it

@@ -8,7 +8,8 @@ output)`` writes any of ``FORMATS``. The run state (Orbax checkpoints of a run) 
 """
 
 from bert_jax.formats.exporter import FORMATS, export
-from bert_jax.formats.hf import TASKS, CheckpointError, save_hf
+from bert_jax.formats.heads import TASKS, CheckpointError
+from bert_jax.formats.hf import save_hf
 from bert_jax.formats.pretrained import Pretrained, detect, load_pretrained
 
 __all__ = [

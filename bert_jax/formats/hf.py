@@ -6,51 +6,41 @@ weights are ``[out, in]``; bert_jax ``DenseGeneral`` kernels are ``[in..., out..
 attention projections split the hidden axis into heads x head_dim). TensorFlow checkpoints
 (``tf.py``) are first renamed onto the Hugging Face names, so both imports share one validation.
 
-Reading a directory (``read_hf_directory``), turning tensors into params (``tensors_to_params``)
-and writing a directory that ``transformers`` loads with ``from_pretrained`` (``save_hf``).
+Reading a directory's tensors (``read_hf_tensors``, ``normalise_names``, ``infer_task``),
+turning tensors into params (``tensors_to_params``) and back (``params_to_tensors``), and writing
+a directory that ``transformers`` loads with ``from_pretrained`` (``save_hf``). The heads
+themselves (which tasks, which classes, which shapes) are ``heads.py``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import pathlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import flax.linen as nn
 import numpy as np
+import safetensors
+import safetensors.numpy
+from flax import traverse_util
 
+from bert_jax.checkpoint import ensure_replaceable, read_json, replace_dir, write_json
+from bert_jax.formats.heads import (
+  ARCHITECTURES,
+  CLASSIFIER_TASKS,
+  IMPORT_ARCHITECTURES,
+  LABELLED_TASKS,
+  NO_POOLER,
+  CheckpointError,
+  check_task,
+  listing,
+  param_shapes,
+)
 from bert_jax.model.config import BertConfig
 
-TASKS = (
-  "encoder",
-  "pretraining",
-  "sequence_classification",
-  "token_classification",
-  "question_answering",
-  "multiple_choice",
-)
-ARCHITECTURES = {
-  "encoder": "BertModel",
-  "pretraining": "BertForPreTraining",
-  "sequence_classification": "BertForSequenceClassification",
-  "token_classification": "BertForTokenClassification",
-  "question_answering": "BertForQuestionAnswering",
-  "multiple_choice": "BertForMultipleChoice",
-}
-# Heads with a "classifier" tensor.
-CLASSIFIER_TASKS = ("sequence_classification", "token_classification", "multiple_choice")
-# Hugging Face classes whose encoder has no pooler (add_pooling_layer=False).
-NO_POOLER = ("token_classification", "question_answering")
-# Architectures found in the wild that import onto one of our tasks.
-IMPORT_ARCHITECTURES = {
-  **{v: k for k, v in ARCHITECTURES.items()},
-  "BertForMaskedLM": "pretraining",
-  "BertForNextSentencePrediction": "pretraining",
-  "BertLMHeadModel": "pretraining",
-}
 # Parameter groups that a checkpoint may lack (named in Pretrained.absent).
 OPTIONAL_GROUPS = ("bert/pooler", "mlm", "nsp")
 # Buffers, not parameters, that Hugging Face checkpoints may carry.
@@ -59,10 +49,6 @@ BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 # Layouts: "same" (identical arrays), "vector" (a bias flattened in HF) or an int n: a kernel
 # whose first n bert_jax axes are the inputs, stored [out, in] by PyTorch.
 Layout = Any
-
-
-class CheckpointError(ValueError):
-  """A checkpoint that cannot be imported or exported; the message names file and tensor."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,12 +98,12 @@ def entries(
     out += _layer_norm(("mlm_LayerNorm",), "cls.predictions.transform.LayerNorm", "mlm")
     out.append(Entry(("mlm_output_bias",), "cls.predictions.bias", "same", "mlm"))
     out += _linear(("nsp",), "cls.seq_relationship", 1, "nsp")
-  elif task in ("sequence_classification", "token_classification", "multiple_choice"):
+  elif task in CLASSIFIER_TASKS:
     out += _linear(("classifier",), "classifier", 1, "classifier")
   elif task == "question_answering":
     out += _linear(("qa_outputs",), "qa_outputs", 1, "qa_outputs")
   elif task != "encoder":
-    raise CheckpointError(f"unknown head task {task!r}; choose one of {TASKS}")
+    check_task(task)
   return out
 
 
@@ -142,44 +128,6 @@ def to_hf_layout(x: np.ndarray, layout: Layout) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(-1))
   n_in = math.prod(x.shape[:layout])
   return np.ascontiguousarray(x.reshape(n_in, -1).T)
-
-
-def param_shapes(config: BertConfig, task: str, num_labels: int) -> dict[tuple[str, ...], tuple]:
-  """The shapes of the unboxed ``model.init(...)["params"]`` of ``task``'s model (no compute)."""
-  import flax.linen as nn  # noqa: PLC0415
-  import jax  # noqa: PLC0415
-  import jax.numpy as jnp  # noqa: PLC0415
-  from flax import traverse_util  # noqa: PLC0415
-
-  from bert_jax import model as models  # noqa: PLC0415
-
-  ids = jnp.zeros((1, 2), jnp.int32)
-  kwargs = {}
-  if task in ("encoder", "pretraining"):
-    module = models.BertForPreTraining(config)
-    kwargs["masked_lm_positions"] = jnp.zeros((1, 1), jnp.int32)
-  elif task == "sequence_classification":
-    module = models.BertForSequenceClassification(config, num_labels)
-  elif task == "token_classification":
-    module = models.BertForTokenClassification(config, num_labels)
-  elif task == "question_answering":
-    module = models.BertForQuestionAnswering(config)
-  elif task == "multiple_choice":
-    module = models.BertForMultipleChoice(config)
-    ids = jnp.zeros((1, 1, 2), jnp.int32)
-  else:
-    raise CheckpointError(f"unknown head task {task!r}; choose one of {TASKS}")
-  variables = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), ids, **kwargs))
-  flat = traverse_util.flatten_dict(nn.meta.unbox(variables["params"]))
-  if task == "encoder":
-    flat = {k: v for k, v in flat.items() if k[0] == "bert"}
-  return {k: tuple(v.shape) for k, v in flat.items()}
-
-
-def _listing(names: Sequence[str], limit: int = 8) -> str:
-  names = sorted(names)
-  more = f" ... and {len(names) - limit} more" if len(names) > limit else ""
-  return ", ".join(names[:limit]) + more
 
 
 def _init_like(shape, config: BertConfig, seed: int) -> np.ndarray:
@@ -234,13 +182,13 @@ def tensors_to_params(
     )
     raise CheckpointError(
       f"{source}: unknown tensor(s) for a {ARCHITECTURES[task]}{hint}: "
-      + _listing([describe(n) for n in unknown])
+      + listing([describe(n) for n in unknown])
     )
   missing = [e.name for e in wanted if e.name not in tensors]
   if missing:
     raise CheckpointError(
       f"{source}: missing tensor(s) for a {ARCHITECTURES[task]}: "
-      + _listing([describe(n) for n in missing])
+      + listing([describe(n) for n in missing])
     )
   flat = {}
   for e in wanted:
@@ -292,8 +240,6 @@ def params_to_tensors(
   params: Mapping[str, Any], config: BertConfig, task: str, num_labels: int
 ) -> dict[str, np.ndarray]:
   """Nested params -> the state dict of the Hugging Face class for ``task``."""
-  from flax import traverse_util  # noqa: PLC0415
-
   flat = traverse_util.flatten_dict(dict(params))
   prefix = "" if task == "encoder" else "bert."
   wanted = entries(config, task, num_labels, prefix)
@@ -302,7 +248,7 @@ def params_to_tensors(
   shapes = param_shapes(config, task, num_labels)
   missing = ["/".join(e.path) for e in wanted if e.path not in flat]
   if missing:
-    raise CheckpointError(f"params lack what a {ARCHITECTURES[task]} needs: {_listing(missing)}")
+    raise CheckpointError(f"params lack what a {ARCHITECTURES[task]} needs: {listing(missing)}")
   known = {e.path for e in entries(config, task, num_labels)}
   # "encoder" exports the encoder of any model: its head is left out on purpose.
   extra = [
@@ -311,7 +257,7 @@ def params_to_tensors(
   if extra:
     raise CheckpointError(
       f"params have entries a {ARCHITECTURES[task]} has no place for: "
-      f"{_listing(extra)}; pass the right head (and num_labels)"
+      f"{listing(extra)}; pass the right head (and num_labels)"
     )
   out = {}
   for e in wanted:
@@ -340,12 +286,9 @@ def is_hf_directory(path: pathlib.Path) -> bool:
 
 
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-  from safetensors import SafetensorError  # noqa: PLC0415
-  from safetensors.numpy import load_file  # noqa: PLC0415
-
   try:
-    return load_file(str(path))
-  except (SafetensorError, OSError, ValueError, TypeError) as e:
+    return safetensors.numpy.load_file(str(path))
+  except (safetensors.SafetensorError, OSError, ValueError, TypeError) as e:
     raise CheckpointError(
       f"{path}: not a readable safetensors file (truncated or corrupt?): {e}"
     ) from e
@@ -374,8 +317,8 @@ def read_hf_tensors(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str
       continue
     if name.endswith(".index.json"):
       try:
-        weight_map = json.loads(path.read_text())["weight_map"]
-      except (ValueError, KeyError) as e:
+        weight_map = read_json(path)["weight_map"]
+      except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path}: not a valid index (needs a 'weight_map'): {e}") from e
       files = sorted(set(weight_map.values()))
     else:
@@ -455,7 +398,7 @@ def hf_config_dict(
     "torch_dtype": "float32",
     "use_cache": True,
   }
-  if task in ("sequence_classification", "token_classification"):
+  if task in LABELLED_TASKS:
     names = list(labels) if labels else [f"LABEL_{i}" for i in range(num_labels)]
     if len(names) != num_labels:
       raise CheckpointError(f"{len(names)} labels given for num_labels={num_labels}")
@@ -464,17 +407,6 @@ def hf_config_dict(
     if task == "sequence_classification":
       d["problem_type"] = "regression" if num_labels == 1 else "single_label_classification"
   return d
-
-
-def _atomic_write(path: pathlib.Path, write: Callable[[str], None]) -> None:
-  tmp = str(path.parent / f".{path.name}.{os.getpid()}.tmp")
-  try:
-    write(tmp)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
 
 
 def save_hf(
@@ -489,53 +421,50 @@ def save_hf(
 ) -> pathlib.Path:
   """Write a Hugging Face directory: model.safetensors, config.json and the tokenizer files.
 
-  ``head`` is one of TASKS ("encoder" writes a BertModel). ``num_labels`` defaults to
+  ``head`` is one of ``heads.TASKS`` ("encoder" writes a BertModel). ``num_labels`` defaults to
   ``len(labels)`` or the classifier's width. The directory loads with
   ``transformers.AutoModel*.from_pretrained(directory)`` / ``BertFor*.from_pretrained``.
-  Existing files are never replaced unless ``overwrite``; each file is written atomically.
-  Call it on one process (e.g. ``jax.process_index() == 0``) with params it can read in full
-  (numpy, or arrays gathered with ``jax.experimental.multihost_utils.process_allgather``).
+  It is written whole or not at all (``bert_jax.checkpoint.replace_dir``): a non-empty
+  ``directory`` is refused unless ``overwrite``, and then replaced as a whole (no file of an
+  earlier export survives). Call it on one process (e.g. ``jax.process_index() == 0``) with
+  params it can read in full (numpy, or arrays gathered with
+  ``jax.experimental.multihost_utils.process_allgather``).
   """
-  import flax.linen as nn  # noqa: PLC0415
-  from safetensors.numpy import save_file  # noqa: PLC0415
-
-  if head not in TASKS:
-    raise CheckpointError(f"unknown head {head!r}; choose one of {TASKS}")
+  check_task(head)
+  try:
+    ensure_replaceable(directory, overwrite)
+  except FileExistsError as e:
+    raise CheckpointError(f"refusing to overwrite: {e}") from e
   params = nn.meta.unbox(dict(params))
   if num_labels is None:
     if labels:
       num_labels = len(labels)
-    elif head in ("sequence_classification", "token_classification"):
+    elif head in LABELLED_TASKS:
       if "classifier" not in params:
         raise CheckpointError(f"params have no 'classifier' for head {head!r}")
       num_labels = int(np.shape(params["classifier"]["kernel"])[-1])
     else:
       num_labels = 2
-  directory = pathlib.Path(directory)
-  directory.mkdir(parents=True, exist_ok=True)
   tensors = params_to_tensors(params, config, head, num_labels)
   pad_id = getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0
   hf_config = hf_config_dict(config, head, num_labels, labels, pad_id)
-  targets = [directory / "model.safetensors", directory / "config.json"]
-  if not overwrite:
-    clash = [str(p) for p in targets + [directory / "vocab.txt"] if p.exists()]
-    if clash:
-      raise CheckpointError(f"refusing to overwrite {', '.join(clash)} (pass overwrite=True)")
-  _atomic_write(targets[0], lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-  _atomic_write(
-    targets[1],
-    lambda p: pathlib.Path(p).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n"),
-  )
-  if tokenizer is not None:
-    tokenizer.save(str(directory))
-    tok_config_path = directory / "tokenizer_config.json"
-    tok_config = json.loads(tok_config_path.read_text()) if tok_config_path.is_file() else {}
-    if (directory / "vocab.txt").is_file():
-      tok_config.setdefault("tokenizer_class", "BertTokenizer")
-    tok_config.setdefault("do_lower_case", bool(getattr(tokenizer, "do_lower_case", True)))
-    tok_config.setdefault("model_max_length", config.max_position_embeddings)
-    tok_config_path.write_text(json.dumps(tok_config, indent=2, sort_keys=True) + "\n")
-  return directory
+  with replace_dir(directory, overwrite) as tmp:
+    # Serialised in memory and written with open(): the file gets the mode the umask gives
+    # (safetensors' save_file creates its files 0600).
+    data = safetensors.numpy.save(tensors, metadata={"format": "pt"})
+    with open(os.path.join(tmp, "model.safetensors"), "wb") as f:
+      f.write(data)
+    write_json(os.path.join(tmp, "config.json"), hf_config)
+    if tokenizer is not None:
+      tokenizer.save(tmp)
+      tok_config_path = os.path.join(tmp, "tokenizer_config.json")
+      tok_config = read_json(tok_config_path) if os.path.isfile(tok_config_path) else {}
+      if os.path.isfile(os.path.join(tmp, "vocab.txt")):
+        tok_config.setdefault("tokenizer_class", "BertTokenizer")
+      tok_config.setdefault("do_lower_case", bool(getattr(tokenizer, "do_lower_case", True)))
+      tok_config.setdefault("model_max_length", config.max_position_embeddings)
+      write_json(tok_config_path, tok_config)
+  return pathlib.Path(directory)
 
 
 def iter_labels(hf_config: Mapping[str, Any]) -> Iterator[str]:

@@ -15,16 +15,18 @@ with shardings to place them on a mesh); :func:`restore_params_only` returns eve
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
-from bert_jax.formats.staging import staged_dir, write_model_files
+from bert_jax.checkpoint import read_json, replace_dir
+from bert_jax.formats.heads import HEAD_FILE, MODEL_CONFIG_FILE, write_model_files
 from bert_jax.model.config import BertConfig
+from bert_jax.tokenize import load_tokenizer
 
 PARAMS_DIR = "params"
 
@@ -37,11 +39,10 @@ def export_params_only(
   tokenizer=None,
   overwrite: bool = False,
 ) -> str:
-  """Writes the layout above to ``out_dir`` (via a temporary directory, moved when complete)."""
-  import orbax.checkpoint as ocp  # noqa: PLC0415
-
+  """Writes the layout above to ``out_dir``, whole or not at all (``replace_dir``: a non-empty
+  ``out_dir`` is refused unless ``overwrite``, and then replaced as a whole)."""
   params = jax.tree_util.tree_map(np.asarray, dict(params))
-  with staged_dir(out_dir, overwrite, prefix=".params_only_") as tmp:
+  with replace_dir(out_dir, overwrite) as tmp:
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
     checkpointer.wait_until_finished()
@@ -52,23 +53,17 @@ def export_params_only(
 
 def restore_params_only(out_dir: str) -> tuple[dict[str, Any], BertConfig, dict[str, Any], Any]:
   """(params as numpy, BertConfig, head dict, tokenizer or None) from an export above."""
-  import orbax.checkpoint as ocp  # noqa: PLC0415
-
-  config_path = os.path.join(out_dir, "model_config.json")
+  config_path = os.path.join(out_dir, MODEL_CONFIG_FILE)
   if not os.path.isfile(config_path) or not os.path.isdir(os.path.join(out_dir, PARAMS_DIR)):
     raise FileNotFoundError(
       f"{out_dir} is not a parameters-only export (expected model_config.json and {PARAMS_DIR}/)"
     )
-  with open(config_path) as f:
-    config = BertConfig.from_dict(json.load(f), source=config_path)
-  with open(os.path.join(out_dir, "head.json")) as f:
-    head = json.load(f)
+  config = BertConfig.from_dict(read_json(config_path), source=config_path)
+  head = read_json(os.path.join(out_dir, HEAD_FILE))
   checkpointer = ocp.StandardCheckpointer()
   params = checkpointer.restore(os.path.join(os.path.abspath(out_dir), PARAMS_DIR))
   checkpointer.close()
   tokenizer = None
   if any(os.path.exists(os.path.join(out_dir, n)) for n in ("vocab.txt", "sentencepiece.model")):
-    from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
-
     tokenizer = load_tokenizer(out_dir)
   return jax.tree_util.tree_map(np.asarray, params), config, head, tokenizer

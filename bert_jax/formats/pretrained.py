@@ -3,7 +3,7 @@
 Detected by what ``path`` holds:
 
 * a bert_jax workdir (``model_config.json`` + ``checkpoints/``): the latest Orbax checkpoint,
-  through ``bert_jax.checkpoint.manager.load_params``; or a parameters-only export
+  through ``bert_jax.checkpoint.load_params``; or a parameters-only export
   (``model_config.json`` + ``params/``, ``bert_jax.formats.params_only``);
 * a Hugging Face directory (``config.json`` + ``model.safetensors`` / ``pytorch_model.bin``,
   possibly sharded), any ``BertModel`` / ``BertFor*`` class, with or without the ``bert.``
@@ -18,17 +18,20 @@ The result's params are a plain nested dict of float32 numpy arrays shaped like 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from flax import traverse_util
+from flax.linen import meta
 
-from bert_jax.formats import hf, tf
-from bert_jax.formats.hf import CheckpointError
+from bert_jax.checkpoint import load_params
+from bert_jax.formats import heads, hf, params_only, tf
+from bert_jax.formats.heads import CheckpointError
 from bert_jax.model.config import BertConfig
+from bert_jax.tokenize import load_tokenizer
 
 
 @dataclasses.dataclass
@@ -69,19 +72,7 @@ class Pretrained:
     return {"task": self.task, "num_labels": self.num_labels, "labels": list(self.labels)}
 
 
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
-  try:
-    d = json.loads(path.read_text(encoding="utf-8"))
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f"{path}: not a readable JSON file: {e}") from e
-  if not isinstance(d, dict):
-    raise CheckpointError(f"{path}: expected a JSON object, got {type(d).__name__}")
-  return d
-
-
 def _tokenizer(directory: pathlib.Path, do_lower_case: bool | None):
-  from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
-
   has_vocab = (directory / "vocab.txt").is_file() or any(directory.glob("*.model"))
   if not has_vocab:
     return None
@@ -106,8 +97,8 @@ def _check_vocab(config: BertConfig, tokenizer, source: str) -> None:
 def _head(task: str | None, inferred: str, source: str) -> str:
   if task is None or task == "encoder":  # "encoder" takes the encoder of any checkpoint
     return task or inferred
-  if task not in hf.TASKS:
-    raise CheckpointError(f"unknown task {task!r}; choose one of {hf.TASKS}")
+  if task not in heads.TASKS:
+    raise CheckpointError(f"unknown task {task!r}; choose one of {heads.TASKS}")
   if task != inferred:
     raise CheckpointError(f"{source}: the weights carry a {inferred} head, not {task}")
   return task
@@ -126,14 +117,14 @@ def _assemble(
   source: str,
   config_source: str,
 ):
-  if task in hf.CLASSIFIER_TASKS:  # the weights cannot tell these apart; architectures can
-    hf_config = {**hf_config, "architectures": [hf.ARCHITECTURES[task]]}
+  if task in heads.CLASSIFIER_TASKS:  # the weights cannot tell these apart; architectures can
+    hf_config = {**hf_config, "architectures": [heads.ARCHITECTURES[task]]}
   headless = not any(k.startswith(("cls.", "classifier.", "qa_outputs.")) for k in tensors)
   if task == "encoder":
     tensors = _drop_heads(tensors)
   task = _head(task, hf.infer_task(tensors, hf_config, source), source)
   num_labels, labels = None, ()
-  if task in ("sequence_classification", "token_classification"):
+  if task in heads.LABELLED_TASKS:
     num_labels = (
       int(np.shape(tensors["classifier.weight"])[0])
       if ("classifier.weight" in tensors)
@@ -154,7 +145,7 @@ def _assemble(
 
 
 def _config(path: pathlib.Path) -> tuple[BertConfig, dict[str, Any]]:
-  d = _read_json(path)
+  d = heads.read_object(path)
   for key, ok in (
     ("position_embedding_type", "absolute"),
     ("is_decoder", False),
@@ -219,25 +210,18 @@ def load_tensorflow(path, task: str | None = None, do_lower_case: bool | None = 
 def load_bert_jax(workdir, task: str | None = None) -> Pretrained:
   """The latest checkpoint of a bert_jax workdir (through the Orbax manager), or a
   parameters-only export (``params/`` beside ``model_config.json``)."""
-  from flax import traverse_util  # noqa: PLC0415
-  from flax.linen import meta  # noqa: PLC0415
-
   workdir = pathlib.Path(workdir)
   try:
     if (workdir / "checkpoints").is_dir():
-      from bert_jax.checkpoint.manager import load_params  # noqa: PLC0415
-
       params, config, tokenizer = load_params(str(workdir))
     else:
-      from bert_jax.formats import params_only  # noqa: PLC0415
-
       params, config, _, tokenizer = params_only.restore_params_only(str(workdir))
   except FileNotFoundError as e:
     raise CheckpointError(f"{workdir}: {e}") from e
   params = traverse_util.unflatten_dict(
     {k: np.asarray(v) for k, v in traverse_util.flatten_dict(dict(meta.unbox(params))).items()}
   )
-  head = _read_json(workdir / "head.json") if (workdir / "head.json").is_file() else {}
+  head = heads.read_head(workdir)
   if "qa_outputs" in params:
     inferred = "question_answering"
   elif "classifier" in params:
@@ -257,13 +241,8 @@ def load_bert_jax(workdir, task: str | None = None) -> Pretrained:
   num_labels, labels = None, tuple(head.get("labels") or ())
   if "classifier" in params and found != "multiple_choice":
     num_labels = int(np.shape(params["classifier"]["kernel"])[-1])
-    n = head.get("num_labels")
-    if (n is not None and n != num_labels) or (labels and len(labels) != num_labels):
-      raise CheckpointError(
-        f"{workdir / 'head.json'}: num_labels {n} / {len(labels)} labels, but the classifier "
-        f"in the checkpoint has {num_labels} outputs"
-      )
-  _check_shapes(params, config, found, num_labels, absent, str(workdir))
+    heads.check_head(head, num_labels, str(workdir / heads.HEAD_FILE))
+  heads.check_params(params, config, found, num_labels, str(workdir), absent)
   return Pretrained(
     params,
     config,
@@ -277,46 +256,13 @@ def load_bert_jax(workdir, task: str | None = None) -> Pretrained:
   )
 
 
-def _check_shapes(
-  params,
-  config: BertConfig,
-  task: str,
-  num_labels: int | None,
-  absent: tuple[str, ...],
-  source: str,
-) -> None:
-  """Params exactly shaped like the unboxed ``model.init`` of ``task``'s model."""
-  from flax import traverse_util  # noqa: PLC0415
-
-  want = hf.param_shapes(config, task, num_labels or 2)
-  skip = {"mlm": ("mlm_transform", "mlm_LayerNorm", "mlm_output_bias"), "nsp": ("nsp",)}
-  skipped = {k for g in absent for k in skip.get(g, ())}
-  want = {k: v for k, v in want.items() if k[0] not in skipped}
-  have = {k: tuple(np.shape(v)) for k, v in traverse_util.flatten_dict(params).items()}
-  problems = [f"{'/'.join(k)} is missing" for k in want if k not in have]
-  problems += [
-    f"{'/'.join(k)} has shape {list(have[k])}, model_config.json implies {list(v)}"
-    for k, v in want.items()
-    if k in have and have[k] != v
-  ]
-  problems += [
-    f"{'/'.join(k)} is not part of a {hf.ARCHITECTURES[task]}" for k in have if k not in want
-  ]
-  if problems:
-    raise CheckpointError(
-      f"{source}: the checkpoint's params do not fit its model: "
-      + "; ".join(problems[:8])
-      + (f" ... and {len(problems) - 8} more" if len(problems) > 8 else "")
-    )
-
-
 def detect(path) -> str:
   """ "bert_jax", "huggingface" or "tensorflow": what kind of checkpoint ``path`` is."""
   path = pathlib.Path(path)
   if (
     path.is_dir()
-    and (path / "model_config.json").is_file()
-    and ((path / "checkpoints").is_dir() or (path / "params").is_dir())
+    and (path / heads.MODEL_CONFIG_FILE).is_file()
+    and ((path / "checkpoints").is_dir() or (path / params_only.PARAMS_DIR).is_dir())
   ):
     return "bert_jax"
   if path.is_dir() and hf.is_hf_directory(path):

@@ -38,7 +38,8 @@ import jax
 import numpy as np
 
 from bert_jax import model as models
-from bert_jax.formats.staging import staged_dir, write_model_files
+from bert_jax.checkpoint import ensure_replaceable, replace_dir
+from bert_jax.formats.heads import model_for_task, write_model_files
 from bert_jax.model.config import BertConfig
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
@@ -54,23 +55,6 @@ HEAD_OUTPUTS = {
   "question_answering": ("start_logits", "end_logits"),
   "multiple_choice": ("logits",),
 }
-
-
-def model_for_task(config: BertConfig, task: str, num_labels: int | None = None):
-  """The Flax module whose params a ``task`` checkpoint holds (encoder: BertEncoder)."""
-  if task == "encoder":
-    return models.BertEncoder(config)
-  if task == "pretraining":
-    return models.BertForPreTraining(config)
-  if task == "sequence_classification":
-    return models.BertForSequenceClassification(config, num_labels)
-  if task == "token_classification":
-    return models.BertForTokenClassification(config, num_labels)
-  if task == "question_answering":
-    return models.BertForQuestionAnswering(config)
-  if task == "multiple_choice":
-    return models.BertForMultipleChoice(config)
-  raise ValueError(f"unknown task {task!r}; choose one of {sorted(HEAD_OUTPUTS)}")
 
 
 def serving_fn(
@@ -126,16 +110,13 @@ def export_saved_model(
 ) -> str:
   """Writes a SavedModel of ``task``'s model with ``params`` to ``out_dir``; returns it.
 
-  The model is written to a temporary directory beside ``out_dir`` and moved into place only
-  when complete, so a failure leaves no half-written export (and an existing ``out_dir`` is
-  kept unless ``overwrite``).
+  Written whole or not at all (``replace_dir``): a failure leaves no half-written export, a
+  non-empty ``out_dir`` is refused unless ``overwrite`` and then replaced as a whole.
   """
   import tensorflow as tf  # noqa: PLC0415 (heavy; only here)
   from jax.experimental import jax2tf  # noqa: PLC0415
 
-  if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
-    # Checked before the (slow) conversion; staged_dir checks again before writing.
-    raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True)")
+  ensure_replaceable(out_dir, overwrite)  # before the (slow) conversion; replace_dir checks again
   params = jax.tree_util.tree_map(np.asarray, dict(params))
   fn = serving_fn(config, task, num_labels)
   spec = polymorphic_spec(task)
@@ -171,7 +152,7 @@ def export_saved_model(
 
     module.serve_masked_lm = serve_masked_lm
     signatures[MASKED_LM_SIGNATURE] = serve_masked_lm
-  with staged_dir(out_dir, overwrite, prefix=".saved_model_") as tmp:
+  with replace_dir(out_dir, overwrite) as tmp:
     tf.saved_model.save(module, tmp, signatures=signatures)
     write_model_files(
       os.path.join(tmp, "assets.extra"),

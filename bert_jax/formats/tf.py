@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from bert_jax.formats.hf import CheckpointError
+from bert_jax.formats.heads import CheckpointError, listing
 
 SKIPPED = re.compile(
   r"(^global_step$|/adam_[mv]$|^_CHECKPOINTABLE_OBJECT_GRAPH$|"
@@ -104,10 +104,7 @@ def read_tf_checkpoint(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, st
       x = x.T
     tensors[hf_name], original[hf_name] = x, name
   if unknown:
-    shown = ", ".join(unknown[:8]) + (
-      f" ... and {len(unknown) - 8} more" if len(unknown) > 8 else ""
-    )
     raise CheckpointError(
-      f"{prefix}: unknown variable(s) for a google-research/bert checkpoint: {shown}"
+      f"{prefix}: unknown variable(s) for a google-research/bert checkpoint: {listing(unknown)}"
     )
   return tensors, original
