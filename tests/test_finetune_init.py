@@ -1,4 +1,5 @@
-"""The fine-tuning state init: one compiled program for every seed, same values as before."""
+"""The trainer's state init (Assembled.init_state): one compiled program for every seed, same
+values as with the mesh given."""
 
 import jax
 import numpy as np
@@ -7,7 +8,7 @@ import numpy as np
 def test_init_train_state_takes_the_seed_as_an_argument(minilm_dir, tmp_path):
   from bert_jax import parallel
   from bert_jax.model import BertConfig
-  from bert_jax.tasks import create_task, runner
+  from bert_jax.tasks import create_task
   from bert_jax.tokenize import load_tokenizer
   from bert_jax.train import optimizers
   from bert_jax.train import state as state_lib
@@ -42,7 +43,7 @@ def test_init_train_state_takes_the_seed_as_an_argument(minilm_dir, tmp_path):
     counts, states = [], []
     for seed in (3, 4):
       before = len(hits)
-      states.append(runner.init_train_state(init_params, tx, shardings, seed))
+      states.append(state_lib.init_train_state(init_params, tx, None, None, seed, shardings))
       counts.append(len(hits) - before)
     ref = state_lib.init_train_state(init_params, tx, mesh, rules, 3, shardings)
     for a, b in zip(

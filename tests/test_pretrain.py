@@ -1,4 +1,4 @@
-"""The pre-training entry point end to end, in subprocesses: kill (SIGTERM, and SIGKILL between
+"""The pre-training entry point end to end, in subprocesses: kill (SIGTERM, Ctrl-C, and SIGKILL between
 checkpoints) and restart gives exactly the uninterrupted loss trajectory across the 128 -> 512
 phase change; the result loads for fine-tuning; bad input is a clear error."""
 
@@ -149,6 +149,13 @@ def test_kill_and_resume_is_exact_across_the_phase_change(tmp_path, tfrecords):
   assert "Saved step" in out and "after the stop signal" in out
   first_stop = max(int(s) for s in os.listdir(os.path.join(cut_dir, "checkpoints")) if s.isdigit())
   assert first_stop < 8
+  # Ctrl-C (SIGINT) saves like SIGTERM: the resumed run stops again at step 5, cleanly.
+  code, out = run(cut_dir, *overrides, kill_at=5, sig=signal.SIGINT)
+  assert code == 0 and "Ctrl-C" in out and "after the stop signal" in out, out[-3000:]
+  assert "Traceback" not in out
+  second_stop = max(int(s) for s in os.listdir(os.path.join(cut_dir, "checkpoints")) if s.isdigit())
+  assert first_stop < second_stop < 8
+  assert json.load(open(os.path.join(cut_dir, "summary.json")))["status"] == "preempted"
   # SIGKILL in phase 2 (seq 512), between checkpoints: the restart repeats the lost steps.
   code, out = run(cut_dir, *overrides, kill_at=7, sig=signal.SIGKILL)
   assert code == -signal.SIGKILL and "resumed from" in out and "[seq512]" in out, out[-3000:]
@@ -160,7 +167,7 @@ def test_kill_and_resume_is_exact_across_the_phase_change(tmp_path, tfrecords):
   assert [resumed[s] for s in range(1, 9)] == [reference[s] for s in range(1, 9)]
 
   # The result is what fine-tuning loads: params, model config, tokenizer.
-  from bert_jax.checkpoint.manager import load_params
+  from bert_jax.checkpoint import load_params
 
   params, config, tokenizer = load_params(cut_dir)
   assert config.num_hidden_layers == 1 and config.vocab_size == tokenizer.vocab_size
@@ -206,7 +213,7 @@ def test_bad_config_key_and_bad_batch_are_clear_errors(tmp_path):
 
 def test_workdir_of_another_model_and_nan_loss(tmp_path):
   from bert_jax.train.loop import NonFiniteLossError
-  from bert_jax.train.pretraining import run_pretraining
+  from bert_jax.tasks.pretraining import run_pretraining
   from configs import pretrain as pretrain_config
 
   def config(mesh_data=-1, **kw):

@@ -5,6 +5,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 
 @jax.tree_util.register_dataclass
@@ -22,6 +23,9 @@ class _Manager:
     pass
 
   def wait(self):
+    pass
+
+  def check_for_errors(self):
     pass
 
   def latest_step(self):
@@ -67,3 +71,17 @@ def test_tokens_per_sec_counts_each_batch_at_its_own_length():
     np.testing.assert_allclose(
       m["train/tokens_per_sec"] / m["train/examples_per_sec"], np.mean(rows), rtol=1e-9
     )
+
+
+def test_ctrl_c_asks_for_a_save_and_a_second_one_aborts():
+  import signal
+
+  from bert_jax.train.loop import PreemptionWatcher
+
+  with PreemptionWatcher() as watcher:
+    assert not watcher.requested()
+    signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: save and stop at the next step
+    assert watcher.requested()
+    with pytest.raises(KeyboardInterrupt):
+      signal.raise_signal(signal.SIGINT)  # the second: at once
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

@@ -37,4 +37,27 @@ def create_task(config: Any, tokenizer: Any) -> Task:
   return get_task_class(config.task)(config, tokenizer)
 
 
-__all__ = ["GLUE_TASKS", "TASKS", "SplitData", "Task", "create_task", "get_task_class"]
+def build_job(config: Any, workdir: str | None = None, mesh: Any = None, *, abstract: bool = False):
+  """The ``bert_jax.train.job.Job`` of any run config: fine-tuning when it names a ``task``,
+  else pre-training. ``abstract=True`` (or no workdir): shapes only, for compiling the run's
+  steps without its data (``python -m bert_jax.compile``); nothing is read or written."""
+  if abstract:
+    workdir = None
+  if "task" in config:
+    from bert_jax.tasks.runner import build_finetune_job  # noqa: PLC0415 (imports this module)
+
+    return build_finetune_job(config, workdir, mesh)
+  from bert_jax.tasks.pretraining import build_pretraining_job  # noqa: PLC0415 (TF: heavy)
+
+  return build_pretraining_job(config, workdir, mesh)
+
+
+__all__ = [
+  "GLUE_TASKS",
+  "TASKS",
+  "SplitData",
+  "Task",
+  "build_job",
+  "create_task",
+  "get_task_class",
+]

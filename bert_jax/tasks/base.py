@@ -187,6 +187,18 @@ class Task(abc.ABC):
     length = int(self.config.max_seq_length)
     return {k: np.zeros((batch_size, length), np.int32) for k in INPUT_KEYS}
 
+  def target_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The arrays besides the model inputs that ``loss`` reads from a training batch (shapes and
+    dtypes as ``load_split`` makes them), so a run's step can be compiled without data."""
+    return {}
+
+  def train_batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """One global training batch's shapes and dtypes: the model inputs and the targets."""
+    inputs = {
+      k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in self.init_batch(batch_size).items()
+    }
+    return {**inputs, **self.target_spec(batch_size)}
+
   @abc.abstractmethod
   def loss(
     self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]

@@ -23,11 +23,11 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import parallel
 from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.length_buckets import LengthBucketer, parse_buckets
+from bert_jax.train.train_step import jit_eval_step
 
 
 def make_bucketer(task: Task, config: Any) -> LengthBucketer:
@@ -112,12 +112,17 @@ class Predictor:
     batch_size: int,
     bucketer: LengthBucketer | None = None,
     max_seq_length: int = 0,
+    step=None,
   ):
+    """``step``: the jitted ``(params, batch) -> task.predict(outputs)`` that runs under the
+    mesh (the trainer's evaluation step); None jits one here."""
     self.mesh, self.rules, self.batch_size = mesh, rules, batch_size
     self.bucketer, self.max_seq_length = bucketer, max_seq_length
     self.prediction_axes = dict(task.prediction_axes)
-    fn = lambda params, batch: task.predict(task.apply(model, params, batch, True))
-    self._fn = jax.jit(fn, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    if step is None:
+      fn = lambda params, batch: task.predict(task.apply(model, params, batch, True))
+      step = jit_eval_step(fn, mesh, rules)
+    self._step = step
 
   def __call__(self, params, data: SplitData) -> dict[str, np.ndarray]:
     n, b = data.num_rows, self.batch_size
@@ -131,9 +136,7 @@ class Predictor:
       rows = {k: v[_host_share(idx, b)] for k, v in data.arrays.items()}
       if bucketed:
         rows = self.bucketer.cut(rows, self.bucketer.bucket_for(int(need_N[idx].max())))
-      batch = parallel.make_global_batch(rows, self.mesh, self.rules)
-      with parallel.mesh_context(self.mesh, self.rules):
-        out = self._fn(params, batch)
+      out = self._step(params, parallel.make_global_batch(rows, self.mesh, self.rules))
       out = {k: np.asarray(v.addressable_data(0)) for k, v in out.items()}
       if bucketed:
         out = LengthBucketer.pad(out, self.prediction_axes, self.max_seq_length)

@@ -134,6 +134,10 @@ class GlueTask(Task):
     )
 
   # --- model outputs ------------------------------------------------------------------------
+  def target_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    dtype = np.float32 if self.spec.is_regression else np.int32
+    return {"label": jax.ShapeDtypeStruct((batch_size,), dtype)}
+
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):
     logits = outputs["logits"].astype(jnp.float32)
     if self.spec.is_regression:

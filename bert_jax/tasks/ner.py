@@ -139,6 +139,13 @@ class NerTask(Task):
       bert_config, num_labels=self.num_labels, head_init=self.config.head_init
     )
 
+  def target_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    shape = (batch_size, int(self.config.max_seq_length))
+    return {
+      "label_ids": jax.ShapeDtypeStruct(shape, np.int32),
+      "label_weights": jax.ShapeDtypeStruct(shape, np.float32),
+    }
+
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):
     return masked_token_loss(outputs["logits"], batch["label_ids"], batch["label_weights"])
 

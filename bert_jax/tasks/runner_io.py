@@ -4,7 +4,7 @@ Where the encoder and tokenizer come from, in order:
   1. resuming (the workdir already holds ``model_config.json`` and checkpoints): the workdir's
      own model config and tokenizer files, so a resumed run is the same model;
   2. ``config.init_checkpoint`` (a bert_jax workdir, a Hugging Face directory, a TF checkpoint,
-     via ``bert_jax.checkpoint.pretrained.load_pretrained``): its BertConfig and tokenizer;
+     via ``bert_jax.formats.load_pretrained``): its BertConfig and tokenizer;
   3. from scratch: ``BertConfig.from_preset(config.model_preset)`` sized to the tokenizer.
 ``config.vocab_file`` (with ``do_lower_case``) replaces the tokenizer in cases 2 and 3. The run
 config's numerics (``dtype``, dropout rates) are applied on top of the architecture.
@@ -19,15 +19,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from typing import Any
 
 import jax
 import ml_collections
 
-from bert_jax.checkpoint.manager import write_json
+from bert_jax.checkpoint import write_json
+from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
+from bert_jax.tokenize import load_tokenizer
 
-BEST_DIR = "best"
 # Run-config keys added after workdirs were first written, with the value that reproduces what
 # such an older run did (no bucketing; JAX's own compilation-cache setting).
 _ADDED_KEYS = {
@@ -41,7 +43,7 @@ PREDICTIONS_DIR = "predictions"
 class ModelSetup:
   bert_config: BertConfig
   tokenizer: Any
-  pretrained: Any = None  # bert_jax.checkpoint.pretrained.Pretrained when initialising
+  pretrained: Any = None  # bert_jax.formats.Pretrained when initialising
 
 
 def has_checkpoint(workdir: str) -> bool:
@@ -58,8 +60,6 @@ def read_model_config(workdir: str) -> BertConfig:
 
 
 def _tokenizer(path: str, do_lower_case):
-  from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
-
   return load_tokenizer(path, do_lower_case=do_lower_case)
 
 
@@ -70,8 +70,6 @@ def resolve_model(config: ml_collections.ConfigDict, workdir: str) -> ModelSetup
   else:
     pretrained, tokenizer, bert_config = None, None, None
     if config.init_checkpoint:
-      from bert_jax.checkpoint.pretrained import load_pretrained  # noqa: PLC0415
-
       pretrained = load_pretrained(config.init_checkpoint)
       bert_config, tokenizer = pretrained.config, pretrained.tokenizer
     if config.vocab_file:
@@ -119,8 +117,6 @@ def write_run_files(
 
 def copy_model_files(workdir: str, target: str) -> None:
   """model_config.json, head.json and the tokenizer files of ``workdir`` into ``target``."""
-  import shutil  # noqa: PLC0415
-
   if jax.process_index() != 0:
     return
   os.makedirs(target, exist_ok=True)
@@ -151,25 +147,3 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict:
   if "logical_axis_rules" in d:
     d["logical_axis_rules"] = tuple(tuple(r) for r in d["logical_axis_rules"])
   return ml_collections.ConfigDict(d)
-
-
-def json_safe(x: Any) -> Any:
-  """Floats, ints, strings, lists and dicts only (numpy scalars converted)."""
-  if isinstance(x, dict):
-    return {str(k): json_safe(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [json_safe(v) for v in x]
-  if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
-    return x.item()
-  return x
-
-
-def scalar_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
-  """Flattened numeric entries of a (nested) metrics dict, for TensorBoard and console."""
-  out = {}
-  for k, v in metrics.items():
-    if isinstance(v, dict):
-      out.update(scalar_metrics(v, f"{prefix}{k}/"))
-    elif isinstance(v, (int, float)) or (hasattr(v, "ndim") and v.ndim == 0):
-      out[f"{prefix}{k}"] = float(v)
-  return out

@@ -162,6 +162,11 @@ class SquadTask(Task):
     )
 
   # --- model outputs ------------------------------------------------------------------------
+  def target_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    return {
+      k: jax.ShapeDtypeStruct((batch_size,), np.int32) for k in ("start_positions", "end_positions")
+    }
+
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):
     return qa_loss(
       outputs["start_logits"],

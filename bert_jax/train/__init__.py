@@ -1,3 +1,4 @@
-"""Training machinery shared by every entry point: optimizers and schedules, the train state,
-the generic train step, the loop (see ``bert_jax.train.loop`` for how a task plugs in),
-metrics/FLOPs, and pre-training itself (``bert_jax.train.pretraining.run_pretraining``)."""
+"""The one trainer and its machinery, knowing no task: ``trainer`` (assemble and run any
+task's ``job.Job``), ``loop``, ``train_step``, ``state``, ``optimizers`` (schedules,
+per-parameter groups), ``eval_history``, ``run_config`` (range checks), metrics and FLOPs.
+Tasks, pre-training included, live in ``bert_jax.tasks``."""

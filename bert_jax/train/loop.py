@@ -1,44 +1,13 @@
-"""The training loop shared by pre-training and fine-tuning: step -> log -> eval -> checkpoint.
+"""The training loop of every run: step -> log -> eval -> checkpoint.
 
-How a task plugs in (fine-tuning does exactly this; ``bert_jax/train/pretraining.py`` is the
-worked example):
-
-  1. Mesh and rules:  mesh = parallel.create_mesh(config.mesh)
-                      rules = parallel.normalize_rules(config.logical_axis_rules)
-  2. Model + loss:    model = BertForSequenceClassification(bert_config, num_labels)
-                      def loss_fn(params, batch, rng, deterministic) -> (loss, {metric: scalar})
-                      (call ``model.apply({"params": params}, ..., deterministic=deterministic,
-                      rngs={"dropout": rng})``; metrics are means over the batch)
-  3. Optimizer:       schedule = optimizers.warmup_linear_decay(lr, warmup, num_train_steps)
-                      tx = optimizers.create_optimizer(config.optimizer, schedule)
-  4. State:           init_params = lambda rng: model.init(rng, *dummy_inputs)["params"]
-                      abstract, shardings = state.abstract_train_state(init_params, tx, mesh,
-                                                                      rules, config.seed)
-                      manager = CheckpointManager(workdir, keep, async_save)
-                      st, input_state, meta, report = restore_or_initialize(
-                          manager, abstract,
-                          lambda: state.init_train_state(init_params, tx, mesh, rules,
-                                                         config.seed, shardings),
-                          init_checkpoint=path,   # e.g. a pre-training workdir
-                          with_params=lambda s, p: state.state_with_params(s, p, tx, shardings))
-     Fine-tuning from a pre-trained encoder: ``init_checkpoint`` loads every tensor the new model
-     has by name (the encoder under "bert"); the head is reported as newly initialised.
-  5. Step:            step = train_step.jit_train_step(
-                          train_step.make_train_step(loss_fn, tx, schedule, grad_accum, mesh),
-                          shardings, mesh, rules)
-  6. Phases:          [Phase(name, end_step, make_input, step, global_batch_size, seq_len,
-                      flops_per_example)] -- one phase for fine-tuning; ``make_input()`` returns
-                      an iterator of this host's numpy batches with get_state()/set_state(dict)
-                      (or without them: then a resumed run restarts its input from the start).
-  7. Eval hook:       eval_fn(state) -> {name: float}, run every ``eval_every_steps`` and at the
-                      end (e.g. GLUE dev accuracy), logged under eval/ and put in summary.json.
-  8. Run:             summary = train_loop(state, phases, manager, LoopOptions(...), writer,
-                                           mesh, rules, input_state=input_state)
-
-The loop saves a checkpoint every ``save_every_steps`` and at the end (asynchronously; state,
-the current phase's input position and ``{"phase": name}``), stops cleanly on SIGTERM after
-saving, and stops on a non-finite loss naming the step and the last good checkpoint (a state is
-only saved after every loss up to it was checked finite). It returns the summary dict.
+``bert_jax.train.trainer`` assembles a job's phases (each with its jitted step and input) and
+calls ``train_loop``; nothing here knows a task. The loop saves a checkpoint every
+``save_every_steps`` and at the end (asynchronously; state, the current phase's input position
+and ``{"phase": name}``), checks after every step that no background save has failed (a
+failure is raised at once, naming the step), calls ``before_save`` (the workdir lock's check)
+before each save, stops cleanly on SIGTERM or Ctrl-C (SIGINT) after saving (a second Ctrl-C
+aborts at once), and stops on a non-finite loss naming the step and the last good checkpoint (a
+state is only saved after every loss up to it was checked finite). It returns the summary dict.
 """
 
 from __future__ import annotations
@@ -89,28 +58,35 @@ class LoopOptions:
   save_on_preemption: bool = True
   eval_fn: Callable[[Any], dict] | None = None
   eval_at_end: bool = True
+  before_save: Callable[[], None] | None = None  # e.g. the workdir lock's check
 
 
 class PreemptionWatcher:
-  """Sets a flag on SIGTERM (installed only in the main thread); agreed across processes."""
+  """Sets a flag on SIGTERM or SIGINT (handlers installed only in the main thread); agreed
+  across processes. A second SIGINT (Ctrl-C) raises KeyboardInterrupt at once."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self._flag = False
-    self._previous = None
+    self._previous: dict[int, Any] = {}
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+      self._previous = {s: signal.signal(s, self._on_signal) for s in self.SIGNALS}
     return self
 
   def _on_signal(self, signum, frame):
     del frame
-    logging.warning("Received signal %d: saving a checkpoint and stopping", signum)
+    if signum == signal.SIGINT and self._flag:
+      raise KeyboardInterrupt("second Ctrl-C: stopping without saving")
+    what = "Ctrl-C (again to abort at once)" if signum == signal.SIGINT else f"signal {signum}"
+    logging.warning("Received %s: saving a checkpoint and stopping", what)
     self._flag = True
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for s, previous in self._previous.items():
+      signal.signal(s, previous)
 
   def requested(self) -> bool:
     if jax.process_count() == 1:
@@ -205,6 +181,8 @@ def train_loop(
 
   def save(now_step: int) -> None:
     flush(now_step)
+    if options.before_save is not None:
+      options.before_save()
     input_pos = inputs.get_state() if inputs is not None and hasattr(inputs, "get_state") else {}
     manager.save(
       now_step,
@@ -250,6 +228,7 @@ def train_loop(
       )
       state, metrics = phases[idx].train_step(state, batch)
       step += 1
+      manager.check_for_errors()  # a failed background save surfaces within one step
       pending.append((step, metrics))
       if step - start_step == 1:
         flush(step)  # the first step (compilation) is timed apart from the rest

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 
@@ -90,3 +91,25 @@ def quiet_library_logs(markers: tuple[str, ...] = ("orbax", "xla_bridge")) -> No
   handler = absl_logging.get_absl_handler()
   if not any(isinstance(f, _LibraryInfoFilter) for f in handler.filters):
     handler.addFilter(_LibraryInfoFilter(markers))
+
+
+def json_safe(x: Any) -> Any:
+  """Floats, ints, strings, lists and dicts only (numpy and JAX scalars converted)."""
+  if isinstance(x, dict):
+    return {str(k): json_safe(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [json_safe(v) for v in x]
+  if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+    return x.item()
+  return x
+
+
+def scalar_metrics(metrics: Mapping, prefix: str = "") -> dict[str, float]:
+  """Flattened numeric entries of a (nested) metrics dict, for TensorBoard and console."""
+  out = {}
+  for k, v in metrics.items():
+    if isinstance(v, Mapping):
+      out.update(scalar_metrics(v, f"{prefix}{k}/"))
+    elif isinstance(v, (int, float)) or (hasattr(v, "ndim") and v.ndim == 0):
+      out[f"{prefix}{k}"] = float(v)
+  return out

@@ -16,7 +16,7 @@ optax's Adam applies the usual bias correction (it matters only in the first ~1/
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -92,3 +92,31 @@ def create_optimizer(
   if cfg["max_grad_norm"] > 0:
     tx = optax.chain(optax.clip_by_global_norm(cfg["max_grad_norm"]), tx)
   return tx
+
+
+def _names(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def with_param_groups(
+  tx: optax.GradientTransformation, lr_scale: Callable[[tuple[str, ...]], float]
+) -> optax.GradientTransformation:
+  """``tx`` whose update of each parameter is multiplied by ``lr_scale(path)`` (its group's
+  learning-rate factor; 0 freezes the parameter: no gradient step and no weight decay).
+
+  The scaling comes last and is stateless, so the optimizer state's tree (and so its shardings
+  and checkpoints) is the same as without groups. Frozen updates are exactly zero.
+  """
+
+  def scale(updates, params=None):
+    del params
+
+    def one(path, u):
+      factor = float(lr_scale(_names(path)))
+      if factor == 1.0:
+        return u
+      return jnp.zeros_like(u) if factor == 0.0 else u * factor
+
+    return jax.tree_util.tree_map_with_path(one, updates)
+
+  return optax.chain(tx, optax.stateless(scale))

@@ -121,4 +121,5 @@ def jit_eval_step(
     with mesh_context(mesh, rules):
       return jitted(params, batch)
 
+  run.jitted = jitted
   return run

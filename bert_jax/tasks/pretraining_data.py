@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from bert_jax.train.synthetic_input import SyntheticPretrainInput
+from bert_jax.tasks.synthetic_input import SyntheticPretrainInput
 
 
 @dataclasses.dataclass
@@ -82,6 +82,12 @@ def _prepare_default(config, workdir: str, lengths, predictions):
     if jax.process_index() != 0:
       data = prepare_default_data(out_dir, **kwargs)
   return data
+
+
+def abstract_sources(config) -> DataSources:
+  """Each phase's shapes without reading or writing anything (for compiling a run's steps):
+  no tokenizer; the vocabulary size is BERT's 30,522 unless config.bert_config_file sets it."""
+  return DataSources(None, 30522, [PhaseData(l, p, "", "") for l, p, *_ in _phase_settings(config)])
 
 
 def resolve_data(config, workdir: str) -> DataSources:

@@ -1,0 +1,256 @@
+"""BERT pre-training as a task: masked LM + next sentence, the 128 -> 512 curriculum.
+
+  summary = run_pretraining(config, workdir)      # python -m bert_jax.pretrain
+  job = build_pretraining_job(config, workdir, mesh)   # what the trainer runs
+  job = build_pretraining_job(config)             # abstract: shapes only (bert_jax.compile)
+
+The config is ``configs/pretrain.py``'s. The task supplies the model (``BertForPreTraining``),
+the loss, the learning-rate schedule over both phases, one phase per sequence length (its
+input: TFRecords, the built-in corpus or synthetic batches) and the held-out evaluation; the
+trainer (``bert_jax.train.trainer``) does the rest. The workdir's model_config.json, if any,
+must describe the same model (checked before anything is written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from etils import epath
+
+from bert_jax import parallel
+from bert_jax.checkpoint import read_json, write_json
+from bert_jax.formats import load_pretrained
+from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.tasks.pretraining_data import (
+  DataSources,
+  abstract_sources,
+  eval_batches,
+  input_factory,
+  resolve_data,
+)
+from bert_jax.tasks.pretraining_loss import (
+  make_pretraining_eval,
+  make_pretraining_loss,
+  summarize_eval,
+)
+from bert_jax.train import flops as flops_lib
+from bert_jax.train import optimizers, trainer
+from bert_jax.train.job import EvalResult, Job, PhaseSpec
+from bert_jax.train.loop import phase_index
+
+
+def phase_boundary(config) -> int:
+  """The first step of phase 2 (== num_train_steps when there is no phase 2)."""
+  total = config.num_train_steps
+  if not 0 <= config.phase2.fraction < 1:
+    raise ValueError(f"config.phase2.fraction must be in [0, 1), got {config.phase2.fraction}")
+  return total - int(round(config.phase2.fraction * total))
+
+
+def learning_rate_schedule(config):
+  """Phase 1's warmup + linear decay over the whole run; phase 2 continues it, or (with
+  phase2.learning_rate >= 0) restarts with its own warmup and decay to 0 at the end."""
+  kind = config.optimizer.schedule
+  s1 = optimizers.warmup_linear_decay(
+    config.learning_rate, config.num_warmup_steps, config.num_train_steps, kind
+  )
+  boundary = phase_boundary(config)
+  if boundary >= config.num_train_steps or config.phase2.learning_rate < 0:
+    return s1
+  s2 = optimizers.warmup_linear_decay(
+    config.phase2.learning_rate,
+    config.phase2.num_warmup_steps,
+    config.num_train_steps - boundary,
+    kind,
+  )
+  return optimizers.join_schedules([s1, s2], [boundary])
+
+
+def bert_config_from(config, vocab_size: int) -> BertConfig:
+  if config.bert_config_file:
+    bert = BertConfig.from_dict(read_json(config.bert_config_file), source=config.bert_config_file)
+    if bert.vocab_size != vocab_size:
+      raise ValueError(
+        f"{config.bert_config_file}: vocab_size {bert.vocab_size} differs from "
+        f"the tokenizer's {vocab_size} (config.vocab_file)"
+      )
+  else:
+    bert = BertConfig.from_preset(config.model_preset, vocab_size=vocab_size)
+  bert = bert.replace(dtype=config.dtype, remat=config.remat)
+  longest = max(
+    config.max_seq_length, config.phase2.max_seq_length if config.phase2.fraction > 0 else 0
+  )
+  if longest > bert.max_position_embeddings:
+    raise ValueError(
+      f"config.max_seq_length/phase2.max_seq_length {longest} exceeds the "
+      f"model's max_position_embeddings {bert.max_position_embeddings}"
+    )
+  return bert
+
+
+def _check_workdir_model(workdir: str, bert: BertConfig) -> None:
+  path = epath.Path(workdir) / "model_config.json"
+  if not path.exists():
+    return
+  existing = read_json(path)
+  new = bert.to_dict()
+  diff = {k: (existing.get(k), v) for k, v in new.items() if existing.get(k) != v}
+  if diff:
+    shown = ", ".join(f"{k}: {a} in the workdir vs {b} now" for k, (a, b) in diff.items())
+    raise ValueError(
+      f"{path}: this workdir holds another model ({shown}); use another "
+      "--workdir or the same model settings. Nothing was changed."
+    )
+
+
+def _run_files_writer(config, bert: BertConfig, sources: DataSources):
+  def write(workdir: str) -> None:
+    write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
+    write_json(os.path.join(workdir, "model_config.json"), bert.to_dict())
+    write_json(
+      os.path.join(workdir, "head.json"),
+      {"task": "pretraining", "num_labels": 2, "labels": ["IsNext", "NotNext"]},
+    )
+    if sources.tokenizer is not None:
+      sources.tokenizer.save(workdir)
+
+  return write
+
+
+def _validate(config, mesh) -> None:
+  if config.save_checkpoints_steps <= 0:
+    raise ValueError(
+      f"config.save_checkpoints_steps must be positive, got {config.save_checkpoints_steps}"
+    )
+  checks = [
+    ("train_batch_size", config.train_batch_size, config.grad_accum_steps, "grad_accum_steps"),
+    ("eval_batch_size", config.eval_batch_size, 1, ""),
+  ]
+  if config.phase2.fraction > 0:
+    checks.append(
+      (
+        "phase2.train_batch_size",
+        config.phase2.train_batch_size,
+        config.phase2.grad_accum_steps,
+        "phase2.grad_accum_steps",
+      )
+    )
+  for key, batch, accum, accum_key in checks:
+    if accum < 1 or batch % accum:
+      raise ValueError(f"config.{key}={batch} is not divisible by config.{accum_key}={accum}")
+    parallel.check_batch_size(batch // accum, mesh, key if accum == 1 else f"{key} / {accum_key}")
+
+
+def batch_spec(batch: int, seq_len: int, predictions: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """One global pre-training batch (google-research/bert's TFRecord features, as fed)."""
+  i32 = np.int32
+  return {
+    "input_ids": jax.ShapeDtypeStruct((batch, seq_len), i32),
+    "input_mask": jax.ShapeDtypeStruct((batch, seq_len), i32),
+    "segment_ids": jax.ShapeDtypeStruct((batch, seq_len), i32),
+    "masked_lm_positions": jax.ShapeDtypeStruct((batch, predictions), i32),
+    "masked_lm_ids": jax.ShapeDtypeStruct((batch, predictions), i32),
+    "masked_lm_weights": jax.ShapeDtypeStruct((batch, predictions), np.float32),
+    "next_sentence_labels": jax.ShapeDtypeStruct((batch,), i32),
+  }
+
+
+def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
+  """The pre-training ``Job``; with ``workdir=None``, abstract (no data read, nothing written)."""
+  abstract = workdir is None
+  if not abstract:
+    _validate(config, mesh)
+  sources = abstract_sources(config) if abstract else resolve_data(config, workdir)
+  vocab_size = sources.vocab_size
+  if abstract and config.bert_config_file:
+    vocab_size = int(read_json(config.bert_config_file)["vocab_size"])
+  bert = bert_config_from(config, vocab_size)
+  if not abstract:
+    _check_workdir_model(workdir, bert)
+  model = BertForPreTraining(bert)
+  p0 = sources.phases[0]
+
+  def init_params(rng):
+    ids = jnp.zeros((1, p0.max_seq_length), jnp.int32)
+    preds = jnp.zeros((1, p0.max_predictions_per_seq), jnp.int32)
+    return model.init(rng, ids, ids, ids, preds)["params"]
+
+  boundary = phase_boundary(config)
+  settings = [(config.train_batch_size, config.grad_accum_steps, boundary)]
+  if boundary < config.num_train_steps:
+    settings.append(
+      (config.phase2.train_batch_size, config.phase2.grad_accum_steps, config.num_train_steps)
+    )
+  phases = [
+    PhaseSpec(
+      name=f"seq{data.max_seq_length}",
+      end_step=end,
+      global_batch_size=batch,
+      seq_len=data.max_seq_length,
+      batch_spec=batch_spec(batch, data.max_seq_length, data.max_predictions_per_seq),
+      grad_accum_steps=accum,
+      flops_per_example=flops_lib.train_flops_per_example(
+        bert, data.max_seq_length, data.max_predictions_per_seq
+      ),
+      make_input=None
+      if abstract
+      else input_factory(config, sources, data, parallel.host_batch_size(batch)),
+    )
+    for data, (batch, accum, end) in zip(sources.phases, settings)
+  ]
+  eval_step = make_pretraining_eval(model)
+  last = sources.phases[-1]
+  job = Job(
+    name="pretraining",
+    init_params=init_params,
+    loss_fn=make_pretraining_loss(model),
+    schedule=learning_rate_schedule(config),
+    phases=phases,
+    eval_step=eval_step,
+    eval_batch_spec=batch_spec(
+      config.eval_batch_size, last.max_seq_length, last.max_predictions_per_seq
+    ),
+    init_checkpoint=config.init_checkpoint,
+    pretrained_params=(lambda: load_pretrained(config.init_checkpoint).params)
+    if config.init_checkpoint
+    else None,
+    eval_every_steps=int(config.eval_every_steps),
+    save_every_steps=int(config.save_checkpoints_steps),
+    describe=(
+      f"Pre-training {config.model_preset}: {bert.num_hidden_layers} layers, hidden "
+      f"{bert.hidden_size}, vocab {bert.vocab_size}"
+    ),
+  )
+  if abstract:
+    return job
+  job.write_run_files = _run_files_writer(config, bert, sources)
+  if config.synthetic_data or any(d.eval_input_files for d in sources.phases):
+    job.evaluate = _evaluator(config, sources, phases, mesh)
+  return job
+
+
+def _evaluator(config, sources: DataSources, phases, mesh):
+  """Held-out MLM/NSP loss and accuracy at the phase of the step evaluated."""
+  rules = parallel.normalize_rules(config.logical_axis_rules)
+  host_batch = parallel.host_batch_size(config.eval_batch_size)
+
+  def evaluate(params, step: int, jitted) -> EvalResult:
+    data = sources.phases[phase_index(phases, max(step - 1, 0))]
+    sums = None
+    for batch in eval_batches(config, sources, data, host_batch):
+      out = jitted(params, parallel.make_global_batch(batch, mesh, rules))
+      sums = out if sums is None else jax.tree_util.tree_map(jnp.add, sums, out)
+    metrics = summarize_eval(jax.device_get(sums)) if sums is not None else {}
+    return EvalResult(metrics=metrics, record=dict(metrics))
+
+  return evaluate
+
+
+def run_pretraining(config, workdir: str) -> dict[str, Any]:
+  """Pre-trains (or resumes pre-training) into ``workdir``; returns the summary dict."""
+  return trainer.run(config, workdir, build_pretraining_job)

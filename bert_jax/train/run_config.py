@@ -1,0 +1,78 @@
+"""Range checks of a run config's numbers, before anything runs or is written.
+
+``check_run_config(config)`` raises one ValueError naming every key whose value is out of range
+(a negative learning rate would train by gradient ascent and report "completed"; a learning
+rate of 0 trains nothing). A rule applies to a key only where the config has it: pre-training
+and fine-tuning configs share most keys, and each rule says what its values mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+_Rule = tuple[str, Callable[[Any], bool], str]
+
+
+def _finite(x) -> bool:
+  return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+_RULES: tuple[_Rule, ...] = (
+  ("learning_rate", lambda v: _finite(v) and v > 0, "a positive number"),
+  ("train_batch_size", lambda v: v > 0, "positive"),
+  ("eval_batch_size", lambda v: v > 0, "positive"),
+  ("grad_accum_steps", lambda v: v >= 1, ">= 1"),
+  ("num_train_epochs", lambda v: _finite(v) and v > 0, "a positive number"),
+  ("warmup_proportion", lambda v: _finite(v) and 0 <= v <= 1, "in [0, 1]"),
+  ("save_checkpoints_steps", lambda v: v >= 0, ">= 0"),
+  ("eval_every_steps", lambda v: v >= 0, ">= 0"),
+  ("masked_lm_prob", lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
+  ("max_predictions_per_seq", lambda v: v > 0, "positive"),
+  ("max_seq_length", lambda v: v > 1, "> 1"),
+  ("hidden_dropout_prob", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+  ("attention_probs_dropout_prob", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+  ("phase2.fraction", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+  ("phase2.train_batch_size", lambda v: v > 0, "positive"),
+  ("phase2.grad_accum_steps", lambda v: v >= 1, ">= 1"),
+  ("phase2.num_warmup_steps", lambda v: v >= 0, ">= 0"),
+  ("phase2.learning_rate", lambda v: _finite(v) and v != 0, "> 0 (or < 0: continue phase 1's)"),
+  ("optimizer.weight_decay", lambda v: _finite(v) and v >= 0, ">= 0"),
+  ("optimizer.b1", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+  ("optimizer.b2", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+  ("optimizer.eps", lambda v: _finite(v) and v > 0, "positive"),
+  ("checkpoint.keep_checkpoint_max", lambda v: v >= 1, ">= 1"),
+  ("logging.log_every_steps", lambda v: v >= 1, ">= 1"),
+)
+
+
+def _lookup(config, dotted: str) -> tuple[bool, Any]:
+  node = config
+  for part in dotted.split("."):
+    if part not in node:
+      return False, None
+    node = node[part]
+  return True, node
+
+
+def check_run_config(config) -> None:
+  """ValueError naming each out-of-range key (see the module docstring)."""
+  problems = []
+  for key, ok, what in _RULES:
+    present, value = _lookup(config, key)
+    if present and not ok(value):
+      problems.append(f"config.{key}={value!r} (must be {what})")
+  present, warmup = _lookup(config, "num_warmup_steps")
+  if present:
+    # Fine-tuning configs (which have warmup_proportion) use -1 for "from the proportion".
+    floor = -1 if "warmup_proportion" in config else 0
+    if warmup < floor:
+      problems.append(f"config.num_warmup_steps={warmup!r} (must be >= {floor})")
+  present, steps = _lookup(config, "num_train_steps")
+  if present:
+    floor = 0 if "num_train_epochs" in config else 1  # fine-tuning: 0 = from the epochs
+    if steps < floor:
+      problems.append(f"config.num_train_steps={steps!r} (must be >= {floor})")
+  if problems:
+    raise ValueError("invalid config: " + "; ".join(problems))
