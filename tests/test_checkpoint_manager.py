@@ -15,14 +15,19 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 
 from bert_jax import parallel
 from bert_jax.checkpoint import (
   CheckpointManager,
   CheckpointSaveError,
+  atomic_write,
   load_params,
   merge_pretrained_params,
+  read_json,
+  replace_dir,
   restore_or_initialize,
+  write_json,
 )
 from bert_jax.model import BertConfig, BertForPreTraining, BertForSequenceClassification
 from bert_jax.train import optimizers
@@ -274,3 +279,48 @@ def test_failed_async_save_is_raised_by_wait(tmp_path, monkeypatch):
     manager.wait()
   assert os.listdir(tmp_path / "checkpoints") == []
   manager.close()
+
+
+def test_file_primitives_leave_nothing_half_written(tmp_path, monkeypatch):
+  path = tmp_path / "a.json"
+  write_json(path, {"b": 1, "a": [1, 2]})
+  assert json.loads(path.read_text()) == {"a": [1, 2], "b": 1} and read_json(path)["b"] == 1
+
+  def full_disk(self, target):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  with monkeypatch.context() as m:  # the temp file is written, then the rename fails
+    m.setattr(type(epath.Path(tmp_path)), "replace", full_disk)
+    with pytest.raises(OSError, match="No space"):
+      write_json(path, {"b": 2})
+  assert os.listdir(tmp_path) == ["a.json"] and read_json(path)["b"] == 1  # old file kept
+  (tmp_path / "bad.json").write_text('{"a": 1,}')
+  with pytest.raises(ValueError, match=r"bad\.json: not valid JSON"):
+    read_json(tmp_path / "bad.json")
+  with pytest.raises(FileNotFoundError, match=r"absent\.json"):
+    read_json(tmp_path / "absent.json")
+
+  def failing(tmp):
+    with open(tmp, "w") as f:
+      f.write("partial")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  with pytest.raises(OSError):
+    atomic_write(tmp_path / "a.json", failing)
+  assert sorted(os.listdir(tmp_path)) == ["a.json", "bad.json"]
+
+  out = tmp_path / "out"
+  with replace_dir(out) as tmp:
+    open(os.path.join(tmp, "one"), "w").close()
+  with pytest.raises(FileExistsError, match="not empty"):
+    with replace_dir(out):
+      pass
+  with pytest.raises(RuntimeError):
+    with replace_dir(out, overwrite=True) as tmp:
+      open(os.path.join(tmp, "two"), "w").close()
+      raise RuntimeError("the export failed")
+  assert os.listdir(out) == ["one"]  # left as it was
+  with replace_dir(out, overwrite=True) as tmp:
+    open(os.path.join(tmp, "two"), "w").close()
+  assert os.listdir(out) == ["two"]  # replaced whole: nothing of before survives
+  assert sorted(os.listdir(tmp_path)) == ["a.json", "bad.json", "out"]  # no temp left

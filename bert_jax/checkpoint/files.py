@@ -85,7 +85,9 @@ def replace_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator
   before). On any error the temp directory is removed and ``out_dir`` is left as it was.
 
   A non-empty ``out_dir`` is a FileExistsError unless ``overwrite`` (``ensure_replaceable``,
-  checked before anything is written). ``overwrite`` replaces the directory as a whole.
+  checked before anything is written). ``overwrite`` replaces the directory as a whole: the old
+  one is renamed aside, the new one renamed into place (the old one is put back if that
+  fails), then the old one is removed.
   """
   out_dir = os.path.abspath(out_dir)
   ensure_replaceable(out_dir, overwrite)
