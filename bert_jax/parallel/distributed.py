@@ -28,9 +28,7 @@ def _resolve(cfg: Mapping[str, Any], key: str, env: str, default: Any) -> Any:
 
 def initialize_distributed(cfg: Mapping[str, Any]) -> bool:
   """Joins the job's processes; returns True when jax.distributed was initialised here."""
-  from jax._src import distributed as _dist  # noqa: PLC0415 (the one way to ask "already?")
-
-  if _dist.global_state.client is not None:
+  if jax.distributed.is_initialized():
     return False
   num_processes = int(_resolve(cfg, "num_processes", "JAX_NUM_PROCESSES", 1))
   if cfg["auto_detect"] and num_processes <= 1:
