@@ -13,10 +13,11 @@ from it, and generates seq-128 and seq-512 TFRecords with a held-out eval split.
 import ast
 import dataclasses
 import json
-import logging
 import os
 import re
 import sysconfig
+
+from absl import logging
 
 from bert_jax.data import generate as generate_lib
 from bert_jax.data import sentences as sentences_lib

@@ -13,10 +13,9 @@ Host split: with at least as many files as hosts, host i reads files i, i + n, .
 otherwise every host reads all files and keeps records i, i + n, ... .
 """
 
-import logging
-
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from bert_jax.data import corpus, masking, tfrecord
 from bert_jax.data import dynamic_masking as dynamic_masking_lib

@@ -10,13 +10,13 @@ punctuation, then greedy longest-match-first pieces with the "##" prefix; a word
 
 from __future__ import annotations
 
-import logging
 import os
 import pathlib
 import re
 import unicodedata
 from collections.abc import Sequence
 
+from absl import logging
 from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as RustTokenizer
 
@@ -91,7 +91,7 @@ def _warn_on_case_mismatch(tokens: Sequence[str], do_lower_case: bool, source: s
   ]
   upper = sum(1 for t in words if any(c.isupper() for c in t))
   if do_lower_case and upper > max(20, 0.02 * len(words)):
-    logging.getLogger(__name__).warning(
+    logging.warning(
       "%s: %d of %d word tokens hold capitals (a cased vocabulary?) but do_lower_case=True: "
       "they can never match; pass do_lower_case=False or write tokenizer_config.json",
       source,
@@ -99,7 +99,7 @@ def _warn_on_case_mismatch(tokens: Sequence[str], do_lower_case: bool, source: s
       len(words),
     )
   elif not do_lower_case and len(words) > 1000 and upper < 0.001 * len(words):
-    logging.getLogger(__name__).warning(
+    logging.warning(
       "%s: no word token holds capitals (an uncased vocabulary?) but do_lower_case=False: "
       "capitalised words will split badly; pass do_lower_case=True",
       source,
