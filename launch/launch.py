@@ -10,8 +10,9 @@
 
 Order: the config is loaded and every override applied (unknown key -> LaunchError), the
 target's settings are checked (missing zone/project/partition/image -> LaunchError), and only
-then is ``launch.json`` (command, resolved config, git commit, target settings) written into
-the workdir and the job started. ``dry_run`` prints exactly what would run and starts nothing.
+then (TPU target with an accelerator_type: the job compiled for the slice, refused when it
+does not fit: launch/preflight.py) is ``launch.json`` (command, resolved config, git commit,
+target settings, pre-flight result) written into the workdir and the job started. ``dry_run`` prints exactly what would run and starts nothing.
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ def launch(
   if dry_run:
     out.write(plan + "\n")
     return 0
+  checked = target.preflight(job, config) if hasattr(target, "preflight") else None
   record = launch_record(job, config, target.name, target_settings(target), num_processes(target))
+  if checked is not None:
+    record["preflight"] = checked
+    out.write("".join(f"launch: pre-flight: {line}\n" for line in checked.get("summary", [])))
   if can_write(job.workdir) and (target.name != "kubernetes" or job.workdir.startswith("gs://")):
     write_launch_record(job.workdir, record)
   else:

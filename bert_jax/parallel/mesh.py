@@ -3,7 +3,8 @@
   mesh = create_mesh(config.mesh)            # sizes {data: -1, fsdp: 2, tensor: 1} on 8 devices
   mesh.shape -> {'data': 4, 'fsdp': 2, 'tensor': 1}
 
-One size may be -1 (the rest of the devices). Sizes whose product is not the device count, or a
+One size may be -1 (the rest of the devices). Devices from several TPU slices (a multi-slice
+topology, ``bert_jax.parallel.topology``) get ``data`` (then ``fsdp``) split across the slices. Sizes whose product is not the device count, or a
 mesh larger than the devices there are, raise ValueError naming the ``mesh`` config keys.
 """
 
@@ -15,6 +16,8 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 from jax.experimental import mesh_utils
+
+from bert_jax.parallel.topology import num_slices_of
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -58,16 +61,21 @@ def create_mesh(
   """
   devices = list(jax.devices() if devices is None else devices)
   shape = resolve_mesh_shape(dict(sizes), len(devices))
+  slices = num_slices_of(devices)
+  if slices > 1:  # TPU slices joined by the data-center network (e.g. a compile-only topology)
+    ici, dcn = split_across(shape, slices)
+    if ici is None:
+      raise ValueError(
+        f"config.mesh: {dict(zip(MESH_AXES, shape))} cannot be split across {slices} slices: "
+        "data x fsdp must be a multiple of the number of slices"
+      )
+    arr = mesh_utils.create_hybrid_device_mesh(
+      ici, dcn, devices, process_is_granule=False, allow_split_physical_axes=True
+    )
+    return jax.sharding.Mesh(arr, MESH_AXES)
   if jax.process_count() > 1 and devices[0].platform != "cpu":
-    per_host = jax.local_device_count()
-    dcn = [1, 1, 1]
-    ici = list(shape)
-    # Split the data axis (then fsdp) across hosts.
-    hosts = jax.process_count()
-    for i in range(len(MESH_AXES)):
-      g = math.gcd(hosts, ici[i])
-      dcn[i], ici[i], hosts = g, ici[i] // g, hosts // g
-    if hosts == 1 and math.prod(ici) == per_host:
+    ici, dcn = split_across(shape, jax.process_count())
+    if ici is not None and math.prod(ici) == jax.local_device_count():
       arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
       return jax.sharding.Mesh(arr, MESH_AXES)
   try:
@@ -75,6 +83,17 @@ def create_mesh(
   except (ValueError, NotImplementedError, AssertionError):
     arr = np.asarray(devices).reshape(shape)
   return jax.sharding.Mesh(arr, MESH_AXES)
+
+
+def split_across(shape: Sequence[int], groups: int):
+  """(within-group sizes, across-group sizes) with the data axis (then fsdp, then tensor) split
+  across ``groups`` (hosts or slices); (None, None) when the sizes do not allow it."""
+  dcn = [1] * len(shape)
+  ici = list(shape)
+  for i in range(len(shape)):
+    g = math.gcd(groups, ici[i])
+    dcn[i], ici[i], groups = g, ici[i] // g, groups // g
+  return (ici, dcn) if groups == 1 else (None, None)
 
 
 def data_parallel_size(mesh: jax.sharding.Mesh) -> int:

@@ -31,6 +31,7 @@ from ..job import (
   LaunchError,
   git_state,
 )
+from ..preflight import preflight
 
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
 SHIP_METHODS = ("scp", "git", "none")
@@ -54,6 +55,8 @@ class TpuTarget:
     install: the install command run in remote_dir on each worker.
     coordinator_port: the jax.distributed coordinator's port on worker 0.
     log_file: each worker's log (tee'd; the same path on every worker).
+    skip_preflight: launch without first compiling the job for accelerator_type (the
+      pre-flight, launch/preflight.py, refuses a job whose step does not fit in HBM).
   """
 
   tpu_name: str = ""
@@ -69,8 +72,16 @@ class TpuTarget:
   install: str = "python3 -m pip install -q -U 'jax[tpu]' -e ."
   coordinator_port: int = 8476
   log_file: str = "$HOME/bert_jax_job.log"
+  skip_preflight: bool = False
 
   name = "tpu"
+
+  def preflight(self, job: Job, config) -> dict | None:
+    """Compiles the job for ``accelerator_type`` before anything is created (LaunchError when
+    it does not fit); None when skipped or when no accelerator type is given."""
+    if self.skip_preflight or not self.accelerator_type or config is None:
+      return None
+    return preflight(job, config, self.accelerator_type)
 
   def validate(self, job: Job) -> None:
     missing = [k for k in ("tpu_name", "zone", "project") if not getattr(self, k)]

@@ -1,0 +1,107 @@
+r"""The paper's pre-training runs planned for TPU slices: layout, memory per chip, estimated step
+time and time to train, each from the XLA TPU compiler (no TPU needed; libtpu must be installed).
+
+  python -m benchmarks.bench_plan --runs=large-512-256@v5e-256            # one run
+  python -m benchmarks.bench_plan --runs=all --max_meshes=3 --out=/tmp/plan.json
+  python -m benchmarks.bench_plan --list
+
+A run is ``<size>-<seq>-<global batch>@<accelerator type>``: BERT-base/large (bf16 compute,
+fp32 params), one phase at ``seq`` with BERT's predictions per sequence (20 at 128, 80 at 512),
+AdamW at the paper's batch (256) and LAMB at the LAMB-scale batches (You et al. 2020: 65,536 at
+128, 32,768 at 512). Each run goes through ``bert_jax.plan.planner.make_plan`` (cached on disk,
+so a re-run prints at once). Time to train is the paper's schedule (Devlin et al. 2019, A.2:
+1,000,000 steps of 256 sequences, 90% at 128 and 10% at 512) and needs both of a size's
+batch-256 runs on the same slice. Compiling BERT-large for 256 chips takes minutes per
+candidate on a 2-core host.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from absl import app, flags
+
+from bert_jax.parallel.topology import parse_topology
+from bert_jax.plan.planner import format_plan, make_plan
+from configs import pretrain
+
+SLICES = ("v5e-256", "v4-128", "v5p-128", "v5e-32", "v4-64", "v5p-64")
+RUNS = tuple(
+  f"{size}-{seq}-{batch}@{acc}"
+  for acc in SLICES
+  for size in ("large", "base")
+  for seq, batches in ((512, (256, 32768)), (128, (256, 65536)))
+  for batch in batches
+)
+FLAGS = flags.FLAGS
+flags.DEFINE_list("runs", [RUNS[0]], "runs to plan ('all' = every run, in priority order)")
+flags.DEFINE_integer("max_meshes", 4, "mesh layouts tried per run")
+flags.DEFINE_string("cache", "~/.cache/bert_jax/plans", "the planner's compile cache")
+flags.DEFINE_string("out", "", "write every plan here (JSON)")
+flags.DEFINE_bool("list", False, "list the runs and exit")
+
+
+def run_config(size: str, seq: int, batch: int):
+  c = pretrain.get_config(size)
+  c.unlock()
+  c.dtype = "bfloat16"
+  c.phase2.fraction = 0.0
+  c.max_seq_length = seq
+  c.max_predictions_per_seq = 20 if seq == 128 else 80
+  c.train_batch_size = batch
+  c.eval_batch_size = 64
+  if batch > 256:
+    c.optimizer.name = "lamb"
+  return c
+
+
+def parse_run(run: str):
+  spec, _, acc = run.partition("@")
+  size, seq, batch = spec.split("-")
+  return size, int(seq), int(batch), acc
+
+
+def time_to_train(plans: dict, size: str, acc: str) -> float | None:
+  """Seconds for the paper's schedule from the batch-256 plans at 128 and 512, or None."""
+  a, b = plans.get(f"{size}-128-256@{acc}"), plans.get(f"{size}-512-256@{acc}")
+  if not (a and b and a["best"] and b["best"]):
+    return None
+  return (
+    900_000 * a["best"]["estimate"]["step_seconds"]
+    + 100_000 * b["best"]["estimate"]["step_seconds"]
+  )
+
+
+def main(argv):
+  del argv
+  if FLAGS.list:
+    print("\n".join(RUNS))
+    return
+  runs = list(RUNS) if FLAGS.runs == ["all"] else FLAGS.runs
+  plans = {}
+  for run in runs:
+    size, seq, batch, acc = parse_run(run)
+    start = time.perf_counter()
+    plan = make_plan(
+      run_config(size, seq, batch),
+      parse_topology(acc),
+      max_meshes=FLAGS.max_meshes,
+      cache_dir=FLAGS.cache,
+    )
+    plan["wall_seconds"] = time.perf_counter() - start
+    plans[run] = plan
+    print(f"== {run} ({plan['wall_seconds']:.0f} s)")
+    print(format_plan(plan), flush=True)
+    if FLAGS.out:
+      with open(FLAGS.out, "w") as f:
+        json.dump(plans, f, indent=1)
+  for size in ("base", "large"):
+    for acc in SLICES:
+      t = time_to_train(plans, size, acc)
+      if t is not None:
+        print(f"BERT-{size} on {acc}: paper schedule (1M steps x 256) ~ {t / 86400:.2f} days")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,205 @@
+"""Collectives read from a compiled program's HLO text: kind, count, bytes, and the mesh axes
+they run over.
+
+  stats = collectives(compiled.as_text(), mesh)
+  [{"kind": "all-gather", "axes": "fsdp", "count": 48, "bytes": ..., "moved_bytes": ...,
+    "network": "ici"}, ...]
+
+Each collective is counted once per execution: an op inside a ``while`` body (gradient
+accumulation's scan) counts ``known_trip_count`` times; copies of one op that the TPU compiler
+spreads over async start/done computations share a ``channel_id`` and count once. ``bytes`` is
+the op's result per chip (for reduce-scatter, its input); ``moved_bytes`` what one chip sends
+over the network for it in a ring algorithm (all-gather and all-to-all (n-1)/n of the full
+array, reduce-scatter (n-1)/n of its input, all-reduce twice that, collective-permute the
+array). The axes come from the replica groups (explicit ``{{0,1},...}``, iota ``[2,2]<=[4]``
+or the ``mesh[...]`` form), matched against the groups each combination of mesh axes makes;
+``network`` is "dcn" when a group spans TPU slices.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+_DTYPE_BYTES = {
+  "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+  "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+}  # fmt: skip
+_SHAPE = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_COMP_START = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*->.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_OP = re.compile(r"\s(" + "|".join(KINDS) + r")(-start)?\(")
+_CALLEE = re.compile(r"(?:calls|to_apply|body|condition|computations?)=\{?([^}]*?)\}?(?:,\s|$)")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def shape_bytes(type_text: str) -> float:
+  """Bytes of an HLO type (a shape or a tuple of shapes)."""
+  total = 0.0
+  for dtype, dims in _SHAPE.findall(type_text):
+    size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else 0)
+    total += size * math.prod(int(d) for d in dims.split(",") if d)
+  return total
+
+
+def _split_computations(hlo: str) -> tuple[dict[str, list[str]], str]:
+  comps: dict[str, list[str]] = {}
+  entry, current = "", None
+  for line in hlo.splitlines():
+    m = _COMP_START.match(line)
+    if m and not line.startswith(" "):
+      current = m.group(2)
+      comps[current] = []
+      if m.group(1):
+        entry = current
+    elif line.startswith("}"):
+      current = None
+    elif current is not None:
+      comps[current].append(line)
+  return comps, entry
+
+
+def _multiplicities(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
+  """How many times each computation runs per execution of the entry computation."""
+  edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
+  for name, lines in comps.items():
+    for line in lines:
+      trip = _TRIP.search(line)
+      factor = int(trip.group(1)) if (trip and " while(" in line) else 1
+      for group in _CALLEE.findall(line):
+        for callee in re.findall(r"%?([\w.\-]+)", group):
+          if callee in comps and callee != name:
+            edges[name].append((callee, factor))
+  mult: dict[str, int] = {}
+  stack = [(entry, 1)]
+  while stack:
+    name, m = stack.pop()
+    if mult.get(name, 0) >= m:
+      continue
+    mult[name] = m
+    stack.extend((callee, m * f) for callee, f in edges[name])
+  return mult
+
+
+def _replica_groups(attrs: str, num_devices: int) -> list[tuple[int, ...]] | None:
+  """Device groups of a collective from its attributes; None when not stated/parseable."""
+  m = re.search(r"replica_groups=\{(\{[\d,\s{}]*\})\}", attrs)
+  if m:
+    return [
+      tuple(int(x) for x in g.split(",") if x.strip())
+      for g in re.findall(r"\{([^{}]*)\}", m.group(1))
+    ]
+  m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)
+  if m:
+    ids = _iota(m.group(2), m.group(3))
+    shape = [int(x) for x in m.group(1).split(",")]
+    return [tuple(r) for r in ids.reshape(shape[0], -1).tolist()]
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}", attrs)  # fmt: skip
+  if m:
+    axes = re.findall(r"'([\w]+)'=(\d+)", m.group(1))
+    names = [a for a, _ in axes]
+    sizes = [int(s) for _, s in axes]
+    ids = _iota(m.group(2), m.group(3)) if m.group(2) else np.arange(math.prod(sizes))
+    ids = ids.reshape(sizes)
+    over = [names.index(a) for a in re.findall(r"'([\w]+)'", m.group(4)) if a in names]
+    rest = [i for i in range(len(sizes)) if i not in over]
+    ids = ids.transpose(rest + over).reshape(-1, math.prod(sizes[i] for i in over) if over else 1)
+    return [tuple(r) for r in ids.tolist()]
+  if "replica_groups={}" in attrs or "replica_groups" not in attrs:
+    return [tuple(range(num_devices))]
+  return None
+
+
+def _iota(dims: str, perm: str | None) -> np.ndarray:
+  shape = [int(x) for x in dims.split(",")]
+  ids = np.arange(math.prod(shape)).reshape(shape)
+  if perm:
+    ids = ids.transpose([int(x) for x in perm.split(",")])
+  return ids.reshape(-1)
+
+
+def _axis_partitions(mesh) -> dict[frozenset, str]:
+  """{partition of flat device positions: "axis" or "axis+axis"} for every set of mesh axes."""
+  names = list(mesh.axis_names)
+  pos = np.arange(mesh.devices.size).reshape(mesh.devices.shape)
+  out: dict[frozenset, str] = {}
+  for r in range(1, len(names) + 1):
+    for combo in itertools.combinations(range(len(names)), r):
+      rest = [i for i in range(len(names)) if i not in combo]
+      groups = pos.transpose(rest + list(combo)).reshape(-1, math.prod(pos.shape[i] for i in combo))
+      key = frozenset(frozenset(g) for g in groups.tolist())
+      label = "+".join(names[i] for i in combo if pos.shape[i] > 1) or "-"
+      out.setdefault(key, label)
+  return out
+
+
+def collectives(hlo: str, mesh) -> list[dict[str, Any]]:
+  """Aggregated collectives of a compiled module (see the module docstring), largest first."""
+  comps, entry = _split_computations(hlo)
+  mult = _multiplicities(comps, entry)
+  n = mesh.devices.size
+  partitions = _axis_partitions(mesh)
+  slice_of = [getattr(d, "slice_index", 0) for d in mesh.devices.flat]
+  seen: dict[Any, dict] = {}
+  for name, lines in comps.items():
+    times = mult.get(name, 0)
+    if not times:
+      continue
+    for line in lines:
+      m = _INSTR.match(line)
+      op = _OP.search(line) if m else None
+      if not op:
+        continue
+      kind, start = op.group(1), op.group(2)
+      type_text = line[line.index("=") + 1 : op.start() + 1]
+      if start:  # async start: (operand(s), result, ...) -- the largest element is the data
+        sizes = [shape_bytes(f"{d}[{s}]") for d, s in _SHAPE.findall(type_text)]
+        nbytes = max(sizes, default=0.0)
+      else:
+        nbytes = shape_bytes(type_text)
+      attrs = line[op.end() :]
+      channel = re.search(r"channel_id=(\d+)", attrs)
+      key = (kind, channel.group(1)) if channel else (kind, name, m.group(1))
+      groups = _replica_groups(attrs, n)
+      size = len(groups[0]) if groups else n
+      if kind == "collective-permute":
+        pairs = re.findall(r"\{(\d+),(\d+)\}", attrs.split("source_target_pairs=")[-1][:2000])
+        axes = "permute"
+        dcn = any(
+          slice_of[int(a)] != slice_of[int(b)] for a, b in pairs if int(a) < n and int(b) < n
+        )
+        moved = nbytes
+      else:
+        axes = partitions.get(frozenset(frozenset(g) for g in groups), "?") if groups else "?"
+        dcn = bool(groups) and any(len({slice_of[i] for i in g if i < n}) > 1 for g in groups)
+        frac = (size - 1) / size if size > 1 else 0.0
+        moved = {
+          "all-gather": nbytes * frac,
+          "reduce-scatter": nbytes * (size - 1),
+          "all-reduce": 2 * nbytes * frac,
+          "all-to-all": nbytes * frac,
+        }[kind]
+        if kind == "reduce-scatter":
+          nbytes *= size  # report the input, the array being reduced
+      prev = seen.get(key)
+      if prev is None or prev["times"] < times:
+        seen[key] = dict(
+          kind=kind, axes=axes, times=times, bytes=nbytes, moved=moved, dcn=dcn, size=size
+        )
+  agg: dict[tuple, dict] = {}
+  for c in seen.values():
+    k = (c["kind"], c["axes"], "dcn" if c["dcn"] else "ici")
+    a = agg.setdefault(
+      k, dict(kind=k[0], axes=k[1], network=k[2], count=0, bytes=0.0, moved_bytes=0.0)
+    )
+    a["count"] += c["times"]
+    a["bytes"] += c["bytes"] * c["times"]
+    a["moved_bytes"] += c["moved"] * c["times"]
+  return sorted(agg.values(), key=lambda a: -a["moved_bytes"])

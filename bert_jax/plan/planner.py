@@ -1,0 +1,188 @@
+"""The mesh planner: which data x fsdp x tensor layout, remat and gradient accumulation to run.
+
+  plan = make_plan(config, topo, phase=0, max_meshes=6, cache_dir="~/.cache/bert_jax/plans")
+  print(format_plan(plan)); plan["best"]
+
+Candidates: every factorisation of the chip count into data x fsdp x tensor (tensor 1-8; data x
+fsdp must divide the phase's global batch), in the order tensor, then fsdp, ascending (the
+layouts that communicate least first), at most ``max_meshes`` of them. For each mesh: remat
+off, then on; for each, gradient accumulation 1, 2, 4, ... (the per-chip micro-batch halving)
+until the compiler accepts the step, down to one sequence per chip. Remat on is compiled only
+when remat off does not fit at accumulation 1 (recomputing the forward pass only adds work).
+Every compile is cached on disk (JSON, one file per candidate, keyed by the config with the
+candidate's overrides, the topology, jax and libtpu versions), so a re-plan or a pre-flight of
+a planned config costs no compile. Rows: fits first, fastest estimated step first; then the
+candidates that do not fit, with the compiler's numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+from typing import Any
+
+import jax
+
+from bert_jax.parallel.topology import Topology, topology_devices
+from bert_jax.plan.compiler import compile_for_topology
+
+
+def mesh_candidates(num_devices: int, global_batch: int, max_tensor: int = 8) -> list[tuple]:
+  """(data, fsdp, tensor) with product ``num_devices``, tensor a power of two <= max_tensor and
+  data x fsdp dividing ``global_batch``; fewest tensor, then fewest fsdp, first."""
+  out = []
+  t = 1
+  while t <= min(max_tensor, num_devices):
+    if num_devices % t == 0:
+      dp = num_devices // t
+      for f in range(1, dp + 1):
+        if dp % f == 0 and global_batch % dp == 0:
+          out.append((dp // f, f, t))
+    t *= 2
+  return out
+
+
+def _versions() -> str:
+  try:
+    libtpu = importlib.metadata.version("libtpu")
+  except importlib.metadata.PackageNotFoundError:
+    libtpu = "none"
+  return f"jax {jax.__version__} libtpu {libtpu}"
+
+
+def _candidate_config(config, mesh: tuple, remat: bool, accum: int, phase: int):
+  c = config.copy_and_resolve_references()
+  c.unlock()
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
+  c.remat = remat
+  if phase == 0:
+    c.grad_accum_steps = accum
+  else:
+    c.phase2.grad_accum_steps = accum
+  return c
+
+
+def _key(config, topo: Topology, phase: int) -> str:
+  text = json.dumps(
+    [json.loads(config.to_json_best_effort()), topo.name, topo.num_slices, phase, _versions()],
+    sort_keys=True,
+  )
+  return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def compile_cached(config, topo: Topology, phase: int, cache_dir: str, devices=None) -> dict:
+  """One candidate's train-step report (``compile_for_topology`` of one phase, no eval),
+  read from ``cache_dir`` when this exact config was compiled before."""
+  path = os.path.join(os.path.expanduser(cache_dir), f"{_key(config, topo, phase)}.json")
+  if cache_dir and os.path.exists(path):
+    with open(path) as f:
+      return dict(json.load(f), cached=True)
+  result = compile_for_topology(config, topo, phases=[phase], with_eval=False, devices=devices)
+  result.pop("reports")
+  if cache_dir:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+      json.dump(result, f)
+    os.replace(tmp, path)
+  return dict(result, cached=False)
+
+
+def make_plan(
+  config,
+  topo: Topology,
+  *,
+  phase: int = 0,
+  max_meshes: int = 6,
+  cache_dir: str = "~/.cache/bert_jax/plans",
+  log=print,
+) -> dict[str, Any]:
+  """Compiles the candidates (module docstring); ``log`` gets a line per compile."""
+  batch = config.train_batch_size if phase == 0 else config.phase2.train_batch_size
+  meshes = mesh_candidates(topo.num_devices, batch)[:max_meshes]
+  if not meshes:
+    raise ValueError(
+      f"no data x fsdp x tensor layout of {topo.num_devices} chips divides the global batch {batch}"
+    )
+  devices = topology_devices(topo)
+  rows = []
+  for mesh in meshes:
+    dp = mesh[0] * mesh[1]
+    for remat in (False, True):
+      accum = 1
+      while True:
+        cfg = _candidate_config(config, mesh, remat, accum, phase)
+        log(f"compiling data={mesh[0]} fsdp={mesh[1]} tensor={mesh[2]} remat={remat} "
+            f"grad_accum={accum} ...")  # fmt: skip
+        res = compile_cached(cfg, topo, phase, cache_dir, devices)
+        step = res["steps"][0]
+        rows.append(
+          dict(
+            mesh=dict(zip(("data", "fsdp", "tensor"), mesh)),
+            remat=remat,
+            grad_accum_steps=accum,
+            micro_batch_per_chip=batch // accum / dp,
+            fits=step["fits"],
+            memory=step["memory"],
+            estimate=step["estimate"],
+            compile_seconds=step["compile_seconds"],
+            cached=res["cached"],
+            error=step["error"],
+          )
+        )
+        if step["fits"] or batch // (2 * accum) < dp or (batch // accum) % 2:
+          break
+        accum *= 2
+      if remat is False and rows[-1]["fits"] and accum == 1:
+        break  # remat would only recompute
+  fitting = sorted((r for r in rows if r["fits"]), key=lambda r: r["estimate"]["step_seconds"])
+  rest = [r for r in rows if not r["fits"]]
+  return dict(
+    topology=topo.to_dict(),
+    phase=phase,
+    global_batch_size=batch,
+    candidates=fitting + rest,
+    best=fitting[0] if fitting else None,
+    versions=_versions(),
+  )
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+  t = plan["topology"]
+  lines = [
+    f"Plan for {t['name']}{' x ' + str(t['num_slices']) if t['num_slices'] > 1 else ''} "
+    f"({t['num_chips']} chips), phase {plan['phase']}, global batch {plan['global_batch_size']}",
+    "  rank  data fsdp tensor remat accum seq/chip  fits  total GiB  est. step      tok/s  MFU"
+    "  compile",
+  ]
+  for i, r in enumerate(plan["candidates"], 1):
+    m, e = r["mesh"], r["estimate"]
+    mem = r["memory"].get("total_bytes") or r["memory"].get("needed_bytes") or 0
+    rank = str(i) if r["fits"] else "-"
+    timing = (
+      f"{e['step_seconds'] * 1e3:>8.1f}ms {e['tokens_per_second']:>10,.0f} {e['mfu']:>4.0%}"
+      if r["fits"]
+      else f"{'':>25}"
+    )
+    src = "cached" if r["cached"] else f"{r['compile_seconds']:.0f}s"
+    lines.append(
+      f"  {rank:>4}  {m['data']:>4} {m['fsdp']:>4} {m['tensor']:>6} {'on' if r['remat'] else 'off':>5}"
+      f" {r['grad_accum_steps']:>5} {r['micro_batch_per_chip']:>8g}  {'yes' if r['fits'] else 'NO':>4}"
+      f" {mem / 1024**3:>10.2f} {timing}  {src}"
+    )
+  if plan["best"] is None:
+    lines.append("  No candidate fits.")
+  lines.append("  (total: per chip, compiler's; for a row that does not fit, what it needed)")
+  return "\n".join(lines)
+
+
+def best_overrides(plan: dict[str, Any]) -> list[str]:
+  """The ``--config.*`` flags that select the plan's best candidate."""
+  b = plan["best"]
+  if b is None:
+    return []
+  accum_key = "grad_accum_steps" if plan["phase"] == 0 else "phase2.grad_accum_steps"
+  out = [f"--config.mesh.{k}={v}" for k, v in b["mesh"].items()]
+  return out + [f"--config.remat={b['remat']}", f"--config.{accum_key}={b['grad_accum_steps']}"]

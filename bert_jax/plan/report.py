@@ -1,0 +1,245 @@
+"""What one compiled step costs on one chip, and how long a step should take (a roofline).
+
+  rep = step_report("train seq128", lowered, asm, phase, topo)   # compiles; never raises on OOM
+  rep.fits, rep.memory["total_bytes"], rep.estimate["step_seconds"], rep.collectives
+  print(format_report(reports, topo))
+
+Memory per chip: parameters and optimizer state are computed from the abstract state's
+shardings (each array's shard); arguments, outputs (minus those aliased to donated inputs),
+temporaries and the program come from the compiler's ``memory_analysis()``. "Fits" is the
+compiler's verdict: when the program does not fit, the TPU compiler refuses it, and the numbers
+of its message (needed, available, over by) are reported instead.
+
+Time per step (per chip; every chip runs the same SPMD program):
+  compute  = max(compiler FLOPs, model FLOPs / chips) / peak bf16 FLOP/s
+  hbm      = compiler "bytes accessed" / HBM bandwidth
+  ici, dcn = bytes each chip moves in collectives over that network / its bandwidth
+  step     = max(compute, hbm, ici + dcn)        (perfect overlap: the roofline bound)
+  serial   = compute + ici + dcn                  (no overlap: an upper estimate)
+MFU = model FLOPs per step / (step x chips x peak); model FLOPs are the task's
+``flops_per_example`` (bert_jax/train/flops.py) x global batch, remat excluded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from typing import Any
+
+import jax
+
+from bert_jax.parallel.topology import Topology
+from bert_jax.plan import hlo
+
+_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+class CompileError(ValueError):
+  """The step does not compile for the topology for a reason other than memory."""
+
+
+@dataclasses.dataclass
+class StepReport:
+  name: str
+  fits: bool
+  compile_seconds: float
+  memory: dict[str, float]
+  flops: float = 0.0
+  bytes_accessed: float = 0.0
+  collectives: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+  estimate: dict[str, Any] = dataclasses.field(default_factory=dict)
+  error: str = ""
+  compiled: Any = dataclasses.field(default=None, repr=False, compare=False)  # not in to_dict
+
+  def to_dict(self) -> dict[str, Any]:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "compiled"}
+
+
+def _num(text: str) -> float:
+  m = re.fullmatch(r"([\d.]+)\s*([KMGT]?)i?B?", text.strip())
+  if not m:
+    raise ValueError(text)
+  return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_hbm_shortfall(message: str) -> dict[str, float] | None:
+  """{needed_bytes, available_bytes, over_bytes} from the TPU compiler's out-of-memory error;
+  None when ``message`` is not one."""
+  patterns = (
+    r"\(([\d.]+[KMGT]?)\)\s*exceeds available HBM\s*\(([\d.]+[KMGT]?)\)",
+    r"[Uu]sed\s+([\d.]+[KMGT]?)\s+of\s+([\d.]+[KMGT]?)\s+hbm",
+  )
+  for pattern in patterns:
+    m = re.search(pattern, message)
+    if m:
+      needed, available = _num(m.group(1)), _num(m.group(2))
+      over = re.search(r"[Ee]xceeded hbm capacity by\s+([\d.]+[KMGT]?)", message)
+      return dict(
+        needed_bytes=needed,
+        available_bytes=available,
+        over_bytes=_num(over.group(1)) if over else needed - available,
+      )
+  return None
+
+
+def is_out_of_memory(message: str) -> bool:
+  return parse_hbm_shortfall(message) is not None or bool(
+    re.search(r"RESOURCE_EXHAUSTED|[Rr]an out of memory", message)
+  )
+
+
+def sharded_bytes(tree: Any) -> float:
+  """Bytes one device holds of a tree of ShapeDtypeStructs carrying their shardings."""
+  total = 0.0
+  for leaf in jax.tree_util.tree_leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += math.prod(shape) * jax.numpy.dtype(leaf.dtype).itemsize
+  return total
+
+
+def _memory(compiled, hbm_bytes: int) -> dict[str, float]:
+  m = compiled.memory_analysis()
+  arg, out, alias = m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes
+  temp, code = m.temp_size_in_bytes, m.generated_code_size_in_bytes
+  total = arg + out - alias + temp + code
+  return dict(
+    argument_bytes=arg,
+    output_bytes=out,
+    alias_bytes=alias,
+    temp_bytes=temp,
+    code_bytes=code,
+    total_bytes=total,
+    hbm_bytes=hbm_bytes,
+    free_bytes=hbm_bytes - total,
+  )
+
+
+def _cost(compiled) -> tuple[float, float]:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  cost = cost or {}
+  return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def estimate(
+  flops: float,
+  bytes_accessed: float,
+  collectives: list[dict[str, Any]],
+  topo: Topology,
+  model_flops: float,
+  tokens: int,
+) -> dict[str, Any]:
+  """The roofline of the module docstring; ``model_flops`` and ``tokens`` per step, all chips."""
+  chip, chips = topo.chip, topo.num_devices
+  compute_flops = max(flops, model_flops / chips)
+  t = dict(
+    compute_seconds=compute_flops / chip.peak_flops,
+    hbm_seconds=bytes_accessed / chip.hbm_bandwidth,
+    ici_seconds=sum(c["moved_bytes"] for c in collectives if c["network"] == "ici")
+    / chip.ici_bandwidth,
+    dcn_seconds=sum(c["moved_bytes"] for c in collectives if c["network"] == "dcn")
+    / chip.dcn_bandwidth,
+  )
+  comm = t["ici_seconds"] + t["dcn_seconds"]
+  step = max(t["compute_seconds"], t["hbm_seconds"], comm)
+  bound = max(
+    ("compute", t["compute_seconds"]), ("hbm", t["hbm_seconds"]), ("network", comm),
+    key=lambda kv: kv[1],
+  )[0]  # fmt: skip
+  t.update(
+    step_seconds=step,
+    serial_seconds=t["compute_seconds"] + comm,
+    bound=bound,
+    tokens_per_second=tokens / step if step else 0.0,
+    mfu=model_flops / (step * chips * chip.peak_flops) if step else 0.0,
+    model_flops=model_flops,
+    compiler_flops_per_chip=flops,
+  )
+  return t
+
+
+def step_report(
+  name: str,
+  lowered,
+  topo: Topology,
+  mesh,
+  *,
+  params_bytes: float,
+  opt_state_bytes: float,
+  model_flops: float,
+  tokens: int,
+) -> StepReport:
+  """Compiles ``lowered`` for the topology and reports it; an out-of-memory refusal is a
+  report with ``fits=False`` (other compile errors raise)."""
+  start = time.perf_counter()
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # the compiler's refusal is the answer we are after
+    msg = str(e)
+    if not is_out_of_memory(msg):
+      first = next((line.strip() for line in msg.splitlines() if line.strip()), type(e).__name__)
+      raise CompileError(f"{name} does not compile for {topo.describe()}: {first}") from e
+    short = parse_hbm_shortfall(msg) or {}
+    memory = dict(params_bytes=params_bytes, opt_state_bytes=opt_state_bytes, **short)
+    memory["hbm_bytes"] = topo.chip.hbm_bytes
+    first = next((line for line in msg.splitlines() if line.strip()), msg)
+    return StepReport(name, False, time.perf_counter() - start, memory, error=first[:500])
+  seconds = time.perf_counter() - start
+  memory = dict(params_bytes=params_bytes, opt_state_bytes=opt_state_bytes)
+  memory.update(_memory(compiled, topo.chip.hbm_bytes))
+  flops, bytes_accessed = _cost(compiled)
+  colls = hlo.collectives(compiled.as_text(), mesh)
+  est = estimate(flops, bytes_accessed, colls, topo, model_flops, tokens)
+  return StepReport(name, True, seconds, memory, flops, bytes_accessed, colls, est, "", compiled)
+
+
+def _gb(x: float) -> str:
+  return f"{x / 1024**3:.2f}"
+
+
+def format_report(reports: list[StepReport], topo: Topology, header: str = "") -> str:
+  """A console table of the steps, then each step's collectives."""
+  lines = [header] if header else []
+  lines.append(f"Topology {topo.describe()}; HBM {_gb(topo.chip.hbm_bytes)} GiB per chip")
+  if topo.chip.notes:
+    lines.append(f"  note: {topo.chip.notes}")
+  cols = "step", "fits", "params", "opt", "temp", "total", "free", "compile", "est. step", "tok/s"
+  lines.append(
+    "{:<16} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>11}  MFU  bound".format(*cols)
+  )
+  for r in reports:
+    m, e = r.memory, r.estimate
+    if r.fits:
+      lines.append(
+        f"{r.name:<16} {'yes':>5} {_gb(m['params_bytes']):>8} {_gb(m['opt_state_bytes']):>8} "
+        f"{_gb(m['temp_bytes']):>8} {_gb(m['total_bytes']):>8} {_gb(m['free_bytes']):>8} "
+        f"{r.compile_seconds:>7.1f}s {e['step_seconds'] * 1e3:>8.1f}ms "
+        f"{e['tokens_per_second']:>11,.0f} {e['mfu']:>4.0%}  {e['bound']}"
+      )
+    else:
+      need = m.get("needed_bytes")
+      detail = (
+        f"needs {_gb(need)} GiB of {_gb(m['available_bytes'])} GiB available "
+        f"(over by {_gb(m['over_bytes'])} GiB)"
+        if need
+        else r.error
+      )
+      lines.append(
+        f"{r.name:<16} {'NO':>5} {_gb(m['params_bytes']):>8} {_gb(m['opt_state_bytes']):>8}  "
+        f"{detail}; compile {r.compile_seconds:.1f}s"
+      )
+  lines.append(
+    "  (memory in GiB per chip; params/opt from the shardings, the rest from the compiler)"
+  )
+  for r in reports:
+    if r.collectives:
+      lines.append(f"  {r.name} collectives per step (per chip):")
+      for c in r.collectives:
+        lines.append(
+          f"    {c['kind']:<18} over {c['axes']:<16} {c['network']}  x{c['count']:<5} "
+          f"{c['bytes'] / 1024**2:>10.1f} MiB  moves {c['moved_bytes'] / 1024**2:>10.1f} MiB"
+        )
+  return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""Pre-flight: compile the job for its TPU slice before anything is created or shipped.
+
+  record = preflight(job, config, "v4-128")     # LaunchError when a step does not fit
+
+The job's train and eval steps are compiled by the XLA TPU compiler for the slice's topology
+(``bert_jax.plan.compiler``: the steps the entry point will run, from the resolved config), on
+this machine, without a TPU. A step that does not fit in a chip's HBM refuses the launch with the
+compiler's numbers; ``--skip_preflight`` launches anyway. The result (memory per chip, estimated
+step time, collectives) goes into launch.json under ``preflight``. Needs libtpu here
+(``pip install 'bert-jax[tpu]'``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .job import Job, LaunchError
+
+COMPILABLE = ("bert_jax.pretrain", "bert_jax.finetune")
+GiB = 1024**3
+
+
+def _summary(result: dict[str, Any]) -> list[str]:
+  lines = []
+  for step in result["steps"]:
+    m = step["memory"]
+    if step["fits"]:
+      e = step["estimate"]
+      lines.append(
+        f"{step['name']}: {m['total_bytes'] / GiB:.2f} of {m['hbm_bytes'] / GiB:.2f} GiB per chip"
+        f", est. {e['step_seconds'] * 1e3:.1f} ms/step, MFU {e['mfu']:.0%}"
+      )
+    elif "needed_bytes" in m:
+      lines.append(
+        f"{step['name']}: needs {m['needed_bytes'] / GiB:.2f} GiB per chip, "
+        f"{m['available_bytes'] / GiB:.2f} GiB available (over by {m['over_bytes'] / GiB:.2f} GiB)"
+      )
+    else:
+      lines.append(f"{step['name']}: does not fit: {step['error']}")
+  return lines
+
+
+def preflight(job: Job, config, accelerator_type: str, num_slices: int = 1) -> dict[str, Any]:
+  """Compiles ``job`` (its resolved ``config``) for ``accelerator_type``; the JSON-safe result.
+  LaunchError naming the numbers when a step does not fit, or when it cannot be checked."""
+  if job.module not in COMPILABLE:
+    return {"skipped": f"{job.module} is not a training entry point"}
+  # bert_jax (JAX, libtpu) only when a TPU launch is checked: the launcher itself stays light.
+  from bert_jax.parallel.topology import TopologyError, parse_topology  # noqa: PLC0415 (heavy)
+  from bert_jax.plan.compiler import compile_for_topology  # noqa: PLC0415 (heavy)
+
+  try:
+    topo = parse_topology(accelerator_type, num_slices)
+    result = compile_for_topology(config, topo)
+  except (ValueError, TopologyError) as e:
+    raise LaunchError(
+      f"pre-flight for {accelerator_type}: {e} (--skip_preflight to launch anyway)"
+    ) from None
+  result.pop("reports", None)
+  lines = _summary(result)
+  result["summary"] = lines
+  if not result["fits"]:
+    raise LaunchError(
+      f"pre-flight: the job does not fit on {topo.describe()}: {'; '.join(lines)}. Nothing was "
+      "created. Use `python -m bert_jax.compile --plan` to find a layout that fits, or "
+      "--skip_preflight to launch anyway"
+    )
+  return result
