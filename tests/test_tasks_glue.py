@@ -282,7 +282,8 @@ def test_bad_tsv_errors_name_file_and_line(tmp_path, tokenizer):
 
 # --- TFDS source ----------------------------------------------------------------------------
 def test_tfds_source_maps_label_names(tmp_path, tokenizer):
-  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow_datasets as tfds
+
   rows = [
     {"premise": b"A man sleeps.", "hypothesis": b"A person rests.", "label": 0, "idx": 7},
     {"premise": b"A dog.", "hypothesis": b"No dog.", "label": 2, "idx": 8},

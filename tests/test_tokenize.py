@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import transformers
 
 from bert_jax.tokenize import (
   SPECIAL_TOKENS,
@@ -15,7 +16,6 @@ from bert_jax.tokenize import (
 )
 from bert_jax.tokenize.vocab import build_wordpiece_vocab, corpus_stats
 
-transformers = pytest.importorskip("transformers")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 

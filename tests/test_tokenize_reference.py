@@ -13,11 +13,10 @@ import functools
 import pathlib
 
 import pytest
+import transformers
 
 from bert_jax.tokenize import WordPieceTokenizer, load_tokenizer
 from bert_jax.tokenize.vocab import build_wordpiece_vocab
-
-transformers = pytest.importorskip("transformers")
 
 
 def hf_reference(vocab_path, do_lower_case, split_special_tokens=True):

@@ -12,10 +12,9 @@ import functools
 import unicodedata
 
 import pytest
+import transformers
 
 from bert_jax.tokenize import WordPieceTokenizer
-
-transformers = pytest.importorskip("transformers")
 
 _BIG_BLOCKS = (
   "CJK UNIFIED IDEOGRAPH-",
