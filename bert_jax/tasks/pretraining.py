@@ -253,4 +253,4 @@ def _evaluator(config, sources: DataSources, phases, mesh):
 
 def run_pretraining(config, workdir: str) -> dict[str, Any]:
   """Pre-trains (or resumes pre-training) into ``workdir``; returns the summary dict."""
-  return trainer.run(config, workdir, build_pretraining_job)
+  return trainer.run(config, workdir, build_pretraining_job, purpose="pretrain")

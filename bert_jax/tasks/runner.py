@@ -298,7 +298,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     runs.append(_Finetuning(config, workdir, mesh))
     return runs[-1].job()
 
-  summary = trainer.run(config, workdir, build)
+  summary = trainer.run(config, workdir, build, purpose="finetune")
   if summary["status"] != "completed":
     return {"task": summary["task"], "status": summary["status"], "step": summary["step"]}
   return runs[-1].result

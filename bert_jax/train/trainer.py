@@ -169,14 +169,15 @@ class FinishContext:
   restore_params: Any  # step -> params placed like the state's (from checkpoints/ or best/)
 
 
-def run(config, workdir: str, build) -> dict[str, Any]:
-  """Runs the job ``build(config, workdir, mesh)`` in ``workdir`` (resuming if it can)."""
+def run(config, workdir: str, build, purpose: str = "train") -> dict[str, Any]:
+  """Runs the job ``build(config, workdir, mesh)`` in ``workdir`` (resuming if it can);
+  ``purpose`` names the run in the workdir lock (a refused second run is told it)."""
   t_start = time.time()
   check_run_config(config)
   enable_compilation_cache(config.compilation_cache)
   parallel.initialize_distributed(config.distributed)
   _prepare_workdir(workdir)
-  with WorkdirLock(workdir, purpose="train") as lock:
+  with WorkdirLock(workdir, purpose=purpose) as lock:
     mesh = parallel.create_mesh(config.mesh)
     rules = parallel.normalize_rules(config.logical_axis_rules)
     logging.info(
@@ -264,6 +265,7 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
       first_step_seconds=writer.first_step_seconds,
       train_loss_history=writer.losses,
     )
+    lock.check()  # nothing of this run's is written over another run's
     if loop["status"] == "completed" and job.finish is not None:
 
       def restore_params(step: int):
