@@ -169,7 +169,7 @@ def test_cli_reports_errors_and_keeps_existing_output(minilm_dir, tmp_path):
     "--layers=-1",
   ]
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=repo, timeout=300)
-  assert proc.returncode == 2
+  assert proc.returncode == 1  # bert_jax.cli: 1 for a user error, 2 for usage
   assert "in.txt:2: not valid UTF-8" in proc.stderr and "Traceback" not in proc.stderr
   assert out.read_text() == "previous results\n"
   inp.write_text("good\nalso good ||| and a pair\n")
