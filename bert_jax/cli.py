@@ -38,6 +38,8 @@ from typing import Any, NoReturn
 from absl import app, flags
 from ml_collections import config_flags
 
+from bert_jax.config_files import add_config_import_roots
+
 USAGE_EXIT = 2
 ERROR_EXIT = 1
 
@@ -73,6 +75,7 @@ def run(
 
 def parse_flags(prog: str, argv: list[str]) -> list[str]:
   """Parses ``argv`` into absl's FLAGS; a bad flag or config exits with one line, status 2."""
+  add_config_import_roots(argv)  # a config file's ``from configs import ...``, run from anywhere
   try:
     rest = flags.FLAGS(argv)
   except flags.Error as e:
