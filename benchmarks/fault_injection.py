@@ -145,7 +145,7 @@ def losses_by_step(workdir: str) -> dict[int, float]:
 def final_params(workdir: str):
   import jax
 
-  from bert_jax.checkpoint.manager import load_params
+  from bert_jax.checkpoint import load_params
 
   params, _, _ = load_params(workdir)
   return jax.tree_util.tree_leaves_with_path(params)

@@ -155,7 +155,7 @@ def test_swag_end_to_end(tmp_path, shared_data, minilm_dir):
 
 
 def test_feature_based_trains_only_the_bilstm(tmp_path, rte_workdir, shared_data, minilm_dir):
-  from bert_jax.checkpoint.manager import load_params
+  from bert_jax.checkpoint import load_params
   from configs import ner_feature_based
 
   c = _tiny(

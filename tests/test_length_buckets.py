@@ -129,7 +129,7 @@ def test_bucketed_glue_logits_equal_hugging_face(shared_data, minilm_dir):
   import torch
   import transformers
 
-  from bert_jax.checkpoint.pretrained import load_pretrained
+  from bert_jax.formats import load_pretrained
   from bert_jax.tasks import create_task
   from configs import glue
 
@@ -240,7 +240,7 @@ def test_bucketed_training_equals_unbucketed_without_dropout(tmp_path, shared_da
 
   import jax
 
-  from bert_jax.checkpoint.manager import load_params
+  from bert_jax.checkpoint import load_params
   from bert_jax.tasks import create_task, runner
   from bert_jax.tasks.finetune_input import FinetuneInput, make_bucketer
   from bert_jax.tokenize import load_tokenizer

@@ -13,9 +13,10 @@ import pytest
 import torch
 import transformers
 
-from bert_jax.checkpoint.exporter import export
-from bert_jax.checkpoint.manager import load_params
+from bert_jax.checkpoint import load_params
+from bert_jax.formats import export
 from bert_jax.model import BertForSequenceClassification
+from bert_jax.tasks.best_checkpoint import checkpoint_dir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -81,7 +82,7 @@ def test_local_sweep_of_four_finetuning_runs(tmp_path, shared_data, minilm_dir):
   # A run of the sweep is a real fine-tuned checkpoint: export its best checkpoint to
   # transformers and compare the classifier's logits with bert_jax's on the same weights.
   run = root / rows[0]["run"]
-  out = export(str(run), "hf", str(tmp_path / "hf"))
+  out = export(checkpoint_dir(str(run), "best"), "hf", str(tmp_path / "hf"))
   model = transformers.BertForSequenceClassification.from_pretrained(out).eval()
   head = json.loads((run / "head.json").read_text())
   assert [model.config.id2label[i] for i in range(2)] == head["labels"]

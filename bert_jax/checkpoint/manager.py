@@ -41,7 +41,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bert_jax.checkpoint.files import read_json, write_json  # noqa: F401 (older imports)
+from bert_jax.checkpoint.files import read_json
 from bert_jax.model.config import BertConfig
 from bert_jax.tokenize import load_tokenizer
 

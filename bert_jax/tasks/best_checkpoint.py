@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-BEST_DIR = "best"
+from bert_jax.train.trainer import BEST_DIR
+
 CHOICES = ("best", "latest")
 
 

@@ -44,6 +44,7 @@ from bert_jax.parallel.compilation_cache import enable_compilation_cache
 from bert_jax.tasks import create_task
 from bert_jax.tasks import runner_io as io
 from bert_jax.tasks.base import SplitData, Task
+from bert_jax.tasks.best_checkpoint import checkpoint_dir, has_checkpoint
 from bert_jax.tasks.finetune_input import FinetuneInput, Predictor, make_bucketer
 from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import optimizers, trainer
@@ -341,9 +342,8 @@ def _evaluate(workdir: str, split: str, output_dir: str, overrides) -> dict[str,
       raise KeyError(f"--set {k}=...: {k!r} is not a key of {workdir}/config.json")
     config[k] = v
   enable_compilation_cache(config.compilation_cache)
-  best_dir = os.path.join(workdir, BEST_DIR)
-  source = best_dir if io.has_checkpoint(best_dir) else workdir
-  if not io.has_checkpoint(source):
+  source = checkpoint_dir(workdir, "best")
+  if not has_checkpoint(source):
     raise FileNotFoundError(f"{workdir}: no checkpoint to evaluate (checkpoints/ is empty)")
   bert_config = io.read_model_config(workdir).replace(dtype=config.dtype)
   task = create_task(config, load_tokenizer(workdir))

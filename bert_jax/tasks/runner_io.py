@@ -28,6 +28,7 @@ import ml_collections
 from bert_jax.checkpoint import write_json
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
+from bert_jax.tasks.best_checkpoint import has_checkpoint
 from bert_jax.tokenize import load_tokenizer
 
 # Run-config keys added after workdirs were first written, with the value that reproduces what
@@ -44,11 +45,6 @@ class ModelSetup:
   bert_config: BertConfig
   tokenizer: Any
   pretrained: Any = None  # bert_jax.formats.Pretrained when initialising
-
-
-def has_checkpoint(workdir: str) -> bool:
-  ckpt = os.path.join(workdir, "checkpoints")
-  return os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt))
 
 
 def read_model_config(workdir: str) -> BertConfig:

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from bert_jax.checkpoint.manager import CheckpointManager
+from bert_jax.checkpoint import CheckpointManager
 from bert_jax.parallel.sharding import Rules, make_global_batch
 from bert_jax.train.metrics import MetricWriter, progress_line
 
