@@ -13,12 +13,11 @@ import re
 import jax
 import numpy as np
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from bert_jax import model as models  # noqa: E402
-from bert_jax.formats import CheckpointError, detect, load_pretrained, save_hf  # noqa: E402
+from bert_jax import model as models
+from bert_jax.formats import CheckpointError, detect, load_pretrained, save_hf
 
 HF_SMALL = dict(
   vocab_size=99,
@@ -111,7 +110,8 @@ def test_masked_lm_checkpoint_lists_what_is_absent(tmp_path):
 
 def test_bert_jax_workdir_round_trip(pretraining_dir, tmp_path):
   """HF -> a bert_jax workdir (Orbax, through the manager) -> load_pretrained -> HF."""
-  manager = pytest.importorskip("bert_jax.checkpoint")
+  from bert_jax import checkpoint as manager
+
   directory, model = pretraining_dir
   pre = load_pretrained(directory)
   workdir = tmp_path / "run"
@@ -153,7 +153,8 @@ def tf_name(hf_name):
 
 def write_tf_checkpoint(model, directory, extra_vars=()):
   """The HF weights as google-research/bert would have saved them (tf.compat.v1 Saver)."""
-  tf = pytest.importorskip("tensorflow")
+  import tensorflow as tf
+
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   values = {}
@@ -405,7 +406,8 @@ def test_bfloat16_checkpoint_imports_as_float32(tmp_path):
 
 
 def test_params_only_export_loads(pretraining_dir, tmp_path):
-  params_only = pytest.importorskip("bert_jax.formats.params_only")
+  from bert_jax.formats import params_only
+
   directory, model = pretraining_dir
   pre = load_pretrained(directory)
   params_only.export_params_only(

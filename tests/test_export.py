@@ -126,7 +126,7 @@ def jax_outputs(task, params, ids, mask, segments):
 
 @pytest.mark.parametrize("task", HEADS)
 def test_hf_export_matches_bert_jax(task, workdirs, tmp_path):
-  torch = pytest.importorskip("torch")
+  import torch
   import transformers
 
   workdir, params = workdirs[task]
@@ -165,7 +165,8 @@ def test_hf_export_matches_bert_jax(task, workdirs, tmp_path):
 
 @pytest.mark.parametrize("task", HEADS)
 def test_saved_model_matches_bert_jax(task, workdirs, tmp_path):
-  tf = pytest.importorskip("tensorflow")
+  import tensorflow as tf
+
   workdir, params = workdirs[task]
   out = export(str(workdir), "saved_model", str(tmp_path / "sm"))
   serve = tf.saved_model.load(out).signatures["serving_default"]

@@ -13,11 +13,10 @@ import sys
 
 import numpy as np
 import pytest
+import torch
+import transformers
 
 from bert_jax import features
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 LINES = [
   "The quick brown fox jumps over the lazy dog.",

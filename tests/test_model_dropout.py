@@ -68,8 +68,7 @@ def test_keys_give_different_masks_and_bfloat16_keeps_its_dtype():
 
 def test_same_mask_on_one_device_and_sharded_over_eight():
   devices = jax.devices()
-  if len(devices) < 8:
-    pytest.skip("needs 8 (fake) devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+  assert len(devices) >= 8, "tests/conftest.py sets up 8 fake CPU devices"
   key = jax.random.PRNGKey(3)
   shape = (16, 2, 24, 24)
   one = jax.jit(lambda k: keep_mask(k, shape, 0.1))(key)

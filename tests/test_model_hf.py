@@ -12,13 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from bert_jax import model as models  # noqa: E402
-from bert_jax.formats import load_pretrained, save_hf  # noqa: E402
-from bert_jax.model import BertConfig  # noqa: E402
+from bert_jax import model as models
+from bert_jax.formats import load_pretrained, save_hf
+from bert_jax.model import BertConfig
 
 ATOL = 1e-5
 SIZES = {
