@@ -11,7 +11,9 @@ where libtpu cannot start (not installed: ``pip install '.[tpu]'``).
 
 from __future__ import annotations
 
+import io
 import math
+import pathlib
 import re
 
 import flax.linen as nn
@@ -22,11 +24,15 @@ from jax.sharding import PartitionSpec
 
 from bert_jax import parallel
 from bert_jax.parallel import topology as topo_lib
-from bert_jax.plan import _job_adapter as jobs
 from bert_jax.plan import hlo
 from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.plan.report import parse_hbm_shortfall
-from configs import pretrain
+from bert_jax.tasks import build_job
+from bert_jax.train import trainer
+from configs import pretrain, squad
+from launch.job import Job, LaunchError
+from launch.launch import launch
+from launch.targets import TpuTarget
 
 MESHES = {
   "data": ("v5e:2x2", (4, 1, 1)),
@@ -75,7 +81,7 @@ def compiled_tpu():
 def _expected_specs(config, sizes) -> dict[str, tuple]:
   """{param path: per-dimension mesh axes (size-1 axes dropped)} from the model's logical names
   and config.logical_axis_rules, a dimension left whole when its axes do not divide it."""
-  job = jobs.build_job(config)
+  job = build_job(config, abstract=True)
   boxed = jax.eval_shape(job.init_params, jax.random.PRNGKey(0))
   mesh_size = dict(zip(("data", "fsdp", "tensor"), sizes))
   rules = dict(config.logical_axis_rules)
@@ -125,7 +131,7 @@ def test_parameter_shardings_follow_the_logical_rules(compiled_tpu, kind):
   name, sizes, result = compiled_tpu[kind]
   config = _config(sizes)
   expected = _expected_specs(config, sizes)
-  abstract = jax.eval_shape(jobs.build_job(config).init_params, jax.random.PRNGKey(0))
+  abstract = jax.eval_shape(build_job(config, abstract=True).init_params, jax.random.PRNGKey(0))
   compiled = result["reports"][0].compiled
   got = _compiled_param_specs(compiled, nn.meta.unbox(abstract))
   assert got.keys() == expected.keys()
@@ -143,7 +149,7 @@ def test_argument_bytes_are_params_and_adam_moments_over_their_shards(compiled_t
   expected_specs = _expected_specs(config, sizes)
   mesh_size = dict(zip(("data", "fsdp", "tensor"), sizes))
   abstract = nn.meta.unbox(
-    jax.eval_shape(jobs.build_job(config).init_params, jax.random.PRNGKey(0))
+    jax.eval_shape(build_job(config, abstract=True).init_params, jax.random.PRNGKey(0))
   )
   param_bytes = 0.0
   for path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
@@ -171,9 +177,9 @@ def test_mixed_mesh_shardings_equal_those_on_8_cpu_devices(compiled_tpu):
   config = _config(sizes)
   mesh = parallel.create_mesh(config.mesh)
   rules = parallel.normalize_rules(config.logical_axis_rules)
-  job = jobs.build_job(config)
-  asm = jobs.assemble(job, config, mesh, rules)
-  cpu = jobs.lower_train_step(asm, 0).compile()
+  job = build_job(config, abstract=True)
+  asm = trainer.assemble(job, config, mesh, rules)
+  cpu = trainer.lower_train_step(asm, 0).compile()
   tpu = result["reports"][0].compiled
   cpu_specs = _compiled_param_specs(cpu, asm.abstract_state.params)
   tpu_specs = _compiled_param_specs(tpu, asm.abstract_state.params)
@@ -266,3 +272,43 @@ def test_multi_slice_puts_data_across_slices():
   mesh = parallel.create_mesh({"data": 2, "fsdp": 4, "tensor": 1}, devices=devices)
   slices = np.vectorize(lambda d: d.slice_index)(mesh.devices)
   assert (slices[0] == 0).all() and (slices[1] == 1).all()  # data index = slice
+
+
+def test_launch_preflight_refuses_a_job_that_does_not_fit_before_creating_anything():
+  _devices("v5e:2x2")
+  config = pathlib.Path(__file__).resolve().parent.parent / "configs" / "pretrain.py"
+  job = Job(
+    "pretrain",
+    f"{config}:tiny",
+    "gs://bucket/run",
+    extra_args=(
+      "--config.train_batch_size=16384",
+      "--config.max_seq_length=512",
+      "--config.phase2.fraction=0.0",
+    ),
+  )
+  target = TpuTarget(
+    tpu_name="pod", zone="z", project="p", create=True, accelerator_type="v5litepod-4"
+  )
+  out = io.StringIO()
+  with pytest.raises(LaunchError, match=r"does not fit on v5e:2x2 .*needs [\d.]+ GiB per chip"):
+    launch(job, target, out=out)
+  assert "gcloud" not in out.getvalue()  # nothing was created
+
+
+@pytest.mark.slow
+def test_squad_bert_large_finetune_step_compiles_for_a_topology():
+  """The fine-tuning job (SQuAD v1.1, seq 384, BERT-large, the paper's batch 32) through the
+  same compiler path; minutes on a 2-core host."""
+  devices = _devices("v4:2x2x1")
+  config = squad.get_config("v1")
+  config.unlock()
+  config.model_preset = "large"
+  config.dtype = "bfloat16"
+  result = compile_for_topology(config, topo_lib.parse_topology("v4-8"), devices=devices)
+  assert [s["name"] for s in result["steps"]] == ["train finetune", "eval"]
+  assert result["fits"], result["steps"]
+  train = result["steps"][0]
+  # BERT-large + a span head: ~334M fp32 params, replicated over data=4
+  assert 330e6 * 4 < train["memory"]["params_bytes"] < 340e6 * 4
+  assert train["memory"]["total_bytes"] < 32 * 1024**3

@@ -19,8 +19,9 @@ import jax
 
 from bert_jax import parallel
 from bert_jax.parallel.topology import Topology, topology_devices
-from bert_jax.plan import _job_adapter as jobs
 from bert_jax.plan.report import StepReport, sharded_bytes, step_report
+from bert_jax.tasks import build_job
+from bert_jax.train import trainer
 
 
 def _check_batches(job, mesh) -> None:
@@ -53,9 +54,9 @@ def compile_for_topology(
     raise ValueError(f"{topo.describe()}: {e}") from None
   rules = parallel.normalize_rules(config.logical_axis_rules)
   start = time.perf_counter()
-  job = jobs.build_job(config, abstract=True)
+  job = build_job(config, abstract=True)
   _check_batches(job, mesh)
-  asm = jobs.assemble(job, config, mesh, rules)
+  asm = trainer.assemble(job, config, mesh, rules)
   params_bytes = sharded_bytes(asm.abstract_state.params)
   opt_bytes = sharded_bytes(asm.abstract_state.opt_state)
   common = dict(params_bytes=params_bytes, opt_state_bytes=opt_bytes)
@@ -65,7 +66,7 @@ def compile_for_topology(
     reports.append(
       step_report(
         f"train {phase.name}",
-        jobs.lower_train_step(asm, i),
+        trainer.lower_train_step(asm, i),
         topo,
         mesh,
         model_flops=phase.flops_per_example * phase.global_batch_size,
@@ -73,7 +74,7 @@ def compile_for_topology(
         **common,
       )
     )
-  lowered_eval = jobs.lower_eval_step(asm) if with_eval else None
+  lowered_eval = trainer.lower_eval_step(asm) if with_eval else None
   if lowered_eval is not None:
     last = job.phases[-1]
     batch = next(iter(job.eval_batch_spec.values())).shape[0]

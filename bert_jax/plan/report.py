@@ -200,6 +200,10 @@ def _gb(x: float) -> str:
   return f"{x / 1024**3:.2f}"
 
 
+def _mfu(e: dict[str, Any]) -> str:
+  return f"{e['mfu']:.0%}" if e["model_flops"] else "-"  # "-": the task states no model FLOPs
+
+
 def format_report(reports: list[StepReport], topo: Topology, header: str = "") -> str:
   """A console table of the steps, then each step's collectives."""
   lines = [header] if header else []
@@ -217,7 +221,7 @@ def format_report(reports: list[StepReport], topo: Topology, header: str = "") -
         f"{r.name:<16} {'yes':>5} {_gb(m['params_bytes']):>8} {_gb(m['opt_state_bytes']):>8} "
         f"{_gb(m['temp_bytes']):>8} {_gb(m['total_bytes']):>8} {_gb(m['free_bytes']):>8} "
         f"{r.compile_seconds:>7.1f}s {e['step_seconds'] * 1e3:>8.1f}ms "
-        f"{e['tokens_per_second']:>11,.0f} {e['mfu']:>4.0%}  {e['bound']}"
+        f"{e['tokens_per_second']:>11,.0f} {_mfu(e):>4}  {e['bound']}"
       )
     else:
       need = m.get("needed_bytes")
