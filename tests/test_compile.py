@@ -26,6 +26,7 @@ from bert_jax import parallel
 from bert_jax.parallel import topology as topo_lib
 from bert_jax.plan import hlo
 from bert_jax.plan.compiler import compile_for_topology
+from bert_jax.plan.planner import mesh_candidates
 from bert_jax.plan.report import parse_hbm_shortfall
 from bert_jax.tasks import build_job
 from bert_jax.train import trainer
@@ -312,3 +313,11 @@ def test_squad_bert_large_finetune_step_compiles_for_a_topology():
   # BERT-large + a span head: ~334M fp32 params, replicated over data=4
   assert 330e6 * 4 < train["memory"]["params_bytes"] < 340e6 * 4
   assert train["memory"]["total_bytes"] < 32 * 1024**3
+
+
+def test_planner_candidates_are_the_factorisations_that_divide_the_batch():
+  got = mesh_candidates(8, 16, max_tensor=2)
+  # by hand: tensor 1 -> data x fsdp = 8; tensor 2 -> 4; fewest tensor, then fewest fsdp, first
+  assert got == [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1), (4, 1, 2), (2, 2, 2), (1, 4, 2)]
+  assert all(d * f * t == 64 and 32 % (d * f) == 0 for d, f, t in mesh_candidates(64, 32))
+  assert mesh_candidates(8, 4, max_tensor=1) == []  # a batch of 4 cannot be split 8 ways
