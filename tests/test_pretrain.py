@@ -254,7 +254,10 @@ def test_workdir_of_another_model_and_nan_loss(tmp_path):
   nan_dir = str(tmp_path / "nan")
   with pytest.raises(NonFiniteLossError, match=r"at step \d+; stopping"):
     run_pretraining(
-      config(learning_rate=float("inf"), num_warmup_steps=0, num_train_steps=4), nan_dir
+      # An infinite learning rate is refused up front (run_config); a huge finite one makes
+      # the first update non-finite.
+      config(learning_rate=1e38, num_warmup_steps=0, num_train_steps=4),
+      nan_dir,
     )
   steps = [int(s) for s in os.listdir(os.path.join(nan_dir, "checkpoints")) if s.isdigit()]
   assert all(s < 1 for s in steps)  # nothing non-finite was saved

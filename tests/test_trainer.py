@@ -150,6 +150,7 @@ def test_parameter_groups_scale_each_update_and_freeze_exactly():
   [
     ("learning_rate", -1e-4, "config.learning_rate=-0.0001 (must be a positive number)"),
     ("learning_rate", 0.0, "config.learning_rate=0.0"),
+    ("learning_rate", float("inf"), "config.learning_rate=inf"),
     ("num_warmup_steps", -5, "config.num_warmup_steps=-5 (must be >= 0)"),
     ("train_batch_size", 0, "config.train_batch_size=0"),
   ],
