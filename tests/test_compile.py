@@ -27,7 +27,7 @@ from bert_jax.parallel import topology as topo_lib
 from bert_jax.plan import hlo
 from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.plan.planner import mesh_candidates
-from bert_jax.plan.report import parse_hbm_shortfall
+from bert_jax.plan.report import CompileError, parse_hbm_shortfall, step_report
 from bert_jax.tasks import build_job
 from bert_jax.train import trainer
 from configs import pretrain, squad
@@ -321,3 +321,26 @@ def test_planner_candidates_are_the_factorisations_that_divide_the_batch():
   assert got == [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1), (4, 1, 2), (2, 2, 2), (1, 4, 2)]
   assert all(d * f * t == 64 and 32 % (d * f) == 0 for d, f, t in mesh_candidates(64, 32))
   assert mesh_candidates(8, 4, max_tensor=1) == []  # a batch of 4 cannot be split 8 ways
+
+
+def test_a_compile_failure_other_than_memory_is_one_line_naming_the_step():
+  class Lowered:
+    def compile(self):
+      raise RuntimeError("INVALID_ARGUMENT: unsupported op foo\n  at bar.cc:12\nmore detail")
+
+  topo = topo_lib.parse_topology("v5e:2x2")
+  with pytest.raises(CompileError, match=r"^train seq128 does not compile for v5e:2x2 .*foo$"):
+    step_report(
+      "train seq128", Lowered(), topo, None, params_bytes=0, opt_state_bytes=0, model_flops=0,
+      tokens=0,
+    )  # fmt: skip
+  out_of_memory = "RESOURCE_EXHAUSTED: HLO temporaries (20.00G) exceeds available HBM (15.75G)"
+
+  class TooBig:
+    def compile(self):
+      raise RuntimeError(out_of_memory)
+
+  rep = step_report(
+    "train", TooBig(), topo, None, params_bytes=1.0, opt_state_bytes=2.0, model_flops=0, tokens=0
+  )
+  assert not rep.fits and rep.memory["over_bytes"] == pytest.approx(4.25 * 1024**3)
