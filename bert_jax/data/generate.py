@@ -25,12 +25,12 @@ import functools
 import glob
 import hashlib
 import json
-import logging
 import multiprocessing
 import os
 import random
 import time
 
+from absl import logging
 from tqdm import tqdm
 
 from bert_jax.data import corpus, example_proto, masking
