@@ -241,7 +241,7 @@ def launch_record(
     "target_settings": dict(target_settings or {}),
     "num_processes": num_processes,
     "git": git_state(),
-    "launched_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "launched_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     "launched_from": socket.gethostname(),
   }
 

@@ -122,7 +122,7 @@ class WorkdirLock:
     self.info = {
       "host": socket.gethostname(),
       "pid": os.getpid(),
-      "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "start_time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
       "run_id": self.run_id,
       "purpose": self.purpose,
     }
