@@ -262,3 +262,12 @@ def test_flops_formula_counts_matmuls():
   assert flops_lib.peak_flops_per_device("TPU v4") == 275e12
   assert flops_lib.peak_flops_per_device("cpu", cpu_peak=1e11) == 1e11
   assert flops_lib.peak_flops_per_device("NVIDIA H100 80GB HBM3", configured=5.0) == 5.0
+
+
+
+def test_encoder_flops_formula_counts_matmuls():
+  """Fine-tuning's model FLOPs: every layer at every position, by hand for BERT-base, seq 384."""
+  bert = BertConfig.from_preset("base")
+  d, f, n, l = 768, 3072, 12, 384
+  forward = n * (8 * l * d * d + 4 * l * d * f + 4 * l * l * d) + 2 * d * d
+  assert flops_lib.encoder_train_flops_per_sequence(bert, l) == 3 * forward

@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
 
 from bert_jax import parallel
@@ -47,6 +48,7 @@ from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.best_checkpoint import checkpoint_dir, has_checkpoint
 from bert_jax.tasks.finetune_input import FinetuneInput, Predictor, make_bucketer
 from bert_jax.tokenize import load_tokenizer
+from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
 from bert_jax.train.job import EvalResult, Job, PhaseSpec
 from bert_jax.train.metrics import json_safe, scalar_metrics
@@ -94,6 +96,13 @@ def _plan(config, num_rows: int) -> tuple[int, int, int]:
     else int(config.warmup_proportion * total)
   )
   return per_epoch, total, warmup
+
+
+def _flops_per_row(task: Task, bert_config: BertConfig) -> float:
+  """Model training FLOPs of one row at ``max_seq_length`` (a SWAG row holds several sequences)."""
+  shape = task.init_batch(1)["input_ids"].shape
+  sequences = int(np.prod(shape[1:-1]))
+  return sequences * flops_lib.encoder_train_flops_per_sequence(bert_config, int(shape[-1]))
 
 
 def _abstract_bert_config(config) -> BertConfig:
@@ -232,6 +241,10 @@ class _Finetuning:
           int(config.max_seq_length),
           task.train_batch_spec(batch),
           grad_accum_steps=int(config.grad_accum_steps),
+          # Bucketed batches are shorter than max_seq_length: no MFU rather than an inflated one.
+          flops_per_example=0.0
+          if self.bucketer.enabled
+          else _flops_per_row(task, self.setup.bert_config),
           make_input=lambda: FinetuneInput(
             self.train, self.per_epoch, batch, int(config.seed), self.bucketer
           ),
@@ -264,7 +277,8 @@ def build_finetune_job(config, workdir: str | None = None, mesh=None) -> Job:
   if workdir is not None:
     return _Finetuning(config, workdir, mesh).job()
   task = create_task(config, None)
-  model = task.build_model(_abstract_bert_config(config))
+  bert_config = _abstract_bert_config(config)
+  model = task.build_model(bert_config)
   batch = int(config.train_batch_size)
   total = max(int(config.num_train_steps), 1)
   return Job(
@@ -282,6 +296,7 @@ def build_finetune_job(config, workdir: str | None = None, mesh=None) -> Job:
         int(config.max_seq_length),
         task.train_batch_spec(batch),
         grad_accum_steps=int(config.grad_accum_steps),
+        flops_per_example=_flops_per_row(task, bert_config),
       )
     ],
     lr_scale=lr_scale(task),

@@ -56,6 +56,14 @@ def forward_flops_per_example(config: BertConfig, seq_len: int, num_predictions:
   return float((n - 1) * per_layer + last + heads)
 
 
+def encoder_train_flops_per_sequence(config: BertConfig, seq_len: int) -> float:
+  """Training FLOPs of the encoder alone over one sequence of ``seq_len`` (every layer at every
+  position, the pooler; a fine-tuning head's few FLOPs ignored): 3 x the per-layer forward."""
+  d, f, l = config.hidden_size, config.intermediate_size, seq_len
+  per_layer = 2 * l * 4 * d * d + 2 * l * 2 * d * f + 2 * 2 * l * l * d
+  return 3.0 * float(config.num_hidden_layers * per_layer + 2 * d * d)
+
+
 def train_flops_per_example(config: BertConfig, seq_len: int, num_predictions: int) -> float:
   return 3.0 * forward_flops_per_example(config, seq_len, num_predictions)
 
