@@ -22,11 +22,12 @@ import pathlib
 import shlex
 import socket
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
+
+from bert_jax.config_files import add_import_root
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -93,21 +94,6 @@ class Job:
 
   def replace(self, **changes: Any) -> Job:
     return dataclasses.replace(self, **changes)
-
-
-def add_import_root(file: pathlib.Path) -> None:
-  """Puts on sys.path the folder that makes ``file``'s own package importable.
-
-  A config loaded by path imports its siblings by package (``from configs import common``):
-  the folder holding the outermost package around ``file`` (a folder with ``__init__.py``) is
-  added, or ``file``'s own folder when it is in no package. This works the same from a checkout
-  and for config folders elsewhere, whatever the launcher is installed as.
-  """
-  root = file.resolve().parent
-  while (root / "__init__.py").is_file():
-    root = root.parent
-  if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
