@@ -11,16 +11,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import subprocess_env_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _env(devices=2):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  env["JAX_PLATFORMS"] = "cpu"
-  return env
+  return subprocess_env_for(devices)
 
 
 def pretrain_cmd(workdir, *overrides, preset="tiny"):
