@@ -1,11 +1,12 @@
-"""The downstream-task interface: what a task supplies so that the shared runner fine-tunes it.
+"""The downstream-task interface: what a fine-tuning task supplies.
 
 A task is one class, built as ``TaskClass(config, tokenizer)`` from the run config (a locked
 ``ml_collections.ConfigDict``, see ``configs/glue.py``) and a ``bert_jax.tokenize`` Tokenizer.
-The runner (``bert_jax.tasks.runner``) owns everything that is the same for every task: the
-mesh and shardings, the optimizer, the jitted train step, batching and padding, the Orbax
-checkpoints (keep-best on dev), resume, initialisation from a pre-trained encoder, the metrics
-JSON and TensorBoard. A task owns only what is task specific:
+``bert_jax.tasks.runner`` turns it into the trainer's ``Job`` (batching and padding, the
+evaluation pass, predictions, metrics.json); the trainer (``bert_jax.train.trainer``) owns
+everything that is the same for every run: the mesh and shardings, the optimizer, the jitted
+train step, the Orbax checkpoints (keep-best on dev), resume, initialisation from a pre-trained
+encoder, TensorBoard. A task owns only what is task specific:
 
 ========================  ================================================================
 ``name``, ``head``        registry name; head kind for head.json ("sequence_classification",
