@@ -264,7 +264,6 @@ def test_flops_formula_counts_matmuls():
   assert flops_lib.peak_flops_per_device("NVIDIA H100 80GB HBM3", configured=5.0) == 5.0
 
 
-
 def test_encoder_flops_formula_counts_matmuls():
   """Fine-tuning's model FLOPs: every layer at every position, by hand for BERT-base, seq 384."""
   bert = BertConfig.from_preset("base")
