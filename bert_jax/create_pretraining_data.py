@@ -43,6 +43,19 @@ flags.DEFINE_float("masked_lm_prob", 0.15, "Masked LM probability.")
 flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter target length.")
 flags.DEFINE_integer("dupe_factor", 10, "Passes over the data with different masks.")
 flags.DEFINE_boolean("do_whole_word_mask", False, "Mask whole words, not single pieces.")
+flags.DEFINE_list(
+  "mask_rates",
+  ["0.8", "0.1", "0.1"],
+  "What a masked position becomes: mask,same,random probabilities summing to 1 ([MASK] / the "
+  "token itself / a random token; the paper's Table 8 ablations, e.g. 1,0,0 or 0.8,0,0.2).",
+)
+flags.DEFINE_boolean(
+  "sentence_pairs",
+  True,
+  "true: [CLS] A [SEP] B [SEP] pairs for next-sentence prediction (BERT). false: documents "
+  "packed into full single segments [CLS] ... [SEP] (a [SEP] between documents), for "
+  "objectives without NSP (the paper's 'No NSP' and left-to-right 'LTR & No NSP').",
+)
 flags.DEFINE_integer("random_seed", 12345, "Seed (per shard, so any worker count agrees).")
 flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out into eval-* files.")
 flags.DEFINE_integer(
@@ -68,6 +81,15 @@ def _ints(name: str) -> tuple[int, ...]:
     raise app.UsageError(f"--{name} must be integers, got {','.join(FLAGS[name].value)}") from None
 
 
+def _mask_rates() -> tuple[float, ...]:
+  try:
+    return tuple(float(x) for x in FLAGS.mask_rates)
+  except ValueError:
+    raise app.UsageError(
+      f"--mask_rates must be three numbers mask,same,random, got {','.join(FLAGS.mask_rates)}"
+    ) from None
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -84,6 +106,8 @@ def main(argv):
     whole_word_mask=FLAGS.do_whole_word_mask,
     random_seed=FLAGS.random_seed,
     eval_fraction=FLAGS.eval_fraction,
+    mask_rates=_mask_rates(),
+    sentence_pairs=FLAGS.sentence_pairs,
   )
   result = generate.generate(
     FLAGS.input_file,

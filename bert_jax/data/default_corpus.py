@@ -167,13 +167,24 @@ def prepare_default_data(
   num_workers: int = 0,
   overwrite: bool = False,
   progress: bool = False,
+  sentence_pairs: bool = True,
+  masked_lm_prob: float = 0.15,
+  mask_rates=(0.8, 0.1, 0.1),
+  whole_word_mask: bool = False,
 ) -> DefaultData:
   """Prepares the built-in corpus for pre-training under `out_dir` (idempotent: when a previous
   call with the same arguments completed there, returns its paths without redoing anything).
 
   Writes `out_dir/corpus/*.txt`, `out_dir/vocab.txt` (+ tokenizer_config.json, uncased WordPiece
   of `vocab_size`), and `out_dir/seq_{L}/{train,eval}-*.tfrecord` for each L in max_seq_lengths.
+
+  sentence_pairs: NSP sentence pairs (True) or documents packed into single segments (False,
+  for the no-NSP / left-to-right objectives). masked_lm_prob, mask_rates ((mask, same, random)
+  or a MaskRates), whole_word_mask: the static masks (see GenerationConfig).
   """
+  from bert_jax.data import masking  # noqa: PLC0415
+
+  rates = list(masking.MaskRates.parse(mask_rates).as_tuple())
   args = dict(
     vocab_size=vocab_size,
     max_seq_lengths=list(max_seq_lengths),
@@ -183,6 +194,16 @@ def prepare_default_data(
     max_documents=max_documents,
     random_seed=random_seed,
   )
+  # Settings added later are recorded only when not at their defaults, so a directory prepared
+  # before they existed is still recognised.
+  for name, value, default in (
+    ("sentence_pairs", sentence_pairs, True),
+    ("masked_lm_prob", masked_lm_prob, 0.15),
+    ("mask_rates", rates, [0.8, 0.1, 0.1]),
+    ("whole_word_mask", whole_word_mask, False),
+  ):
+    if value != default:
+      args[name] = value
   manifest_path = os.path.join(out_dir, _MANIFEST)
   if not overwrite and os.path.exists(manifest_path):
     with open(manifest_path) as f:
@@ -214,6 +235,10 @@ def prepare_default_data(
     dupe_factor=dupe_factor,
     random_seed=random_seed,
     eval_fraction=eval_fraction,
+    masked_lm_prob=masked_lm_prob,
+    whole_word_mask=whole_word_mask,
+    mask_rates=tuple(rates),
+    sentence_pairs=sentence_pairs,
   )
   result = generate_lib.generate(
     corpus_files, out_dir, config, num_workers=num_workers, overwrite=True, progress=progress

@@ -1,5 +1,6 @@
 """Dynamic masking in tf.data: a fresh mask each time an example is read (RoBERTa-style), with
-the same rule as the static masking of `masking.py` (see its docstring for the procedure).
+the same rule as the static masking of `masking.py` (see its docstring for the procedure),
+including its `MaskRates` (what a chosen position becomes).
 
 Masks are drawn with stateless random ops seeded by (seed, host, epoch, index of the example in
 the epoch), so a resumed run draws exactly the masks it would have drawn. Statically masked
@@ -39,6 +40,23 @@ def _greedy_take(length_W, budget):
   return taken_W
 
 
+def restore_static_masks(features: dict) -> tf.Tensor:
+  """input_ids [L] of one parsed example with its static masks undone (the original tokens)."""
+  mask_weight_P = features["masked_lm_weights"] > 0
+  restore_positions = tf.boolean_mask(features["masked_lm_positions"], mask_weight_P)
+  restore_ids = tf.boolean_mask(features["masked_lm_ids"], mask_weight_P)
+  return tf.tensor_scatter_nd_update(features["input_ids"], restore_positions[:, None], restore_ids)
+
+
+def unmask(features: dict) -> dict:
+  """One parsed example as original text: static masks undone, masked_lm_* all zero."""
+  out = dict(features)
+  out["input_ids"] = restore_static_masks(features)
+  for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+    out[key] = tf.zeros_like(features[key])
+  return out
+
+
 class DynamicMasker:
   """Callable on one parsed example (int32/float32 tensors, unbatched) plus a seed pair."""
 
@@ -48,8 +66,10 @@ class DynamicMasker:
     masked_lm_prob: float,
     max_predictions_per_seq: int,
     whole_word_mask: bool,
+    rates: masking.MaskRates = masking.MaskRates(),
   ):
     self.spec = spec
+    self.rates = masking.MaskRates.parse(rates)
     self.masked_lm_prob = masked_lm_prob
     self.max_predictions_per_seq = max_predictions_per_seq
     self.whole_word_mask = whole_word_mask
@@ -80,11 +100,7 @@ class DynamicMasker:
 
   def __call__(self, features: dict, seed) -> dict:
     spec = self.spec
-    ids_L = features["input_ids"]
-    mask_weight_P = features["masked_lm_weights"] > 0
-    restore_positions = tf.boolean_mask(features["masked_lm_positions"], mask_weight_P)
-    restore_ids = tf.boolean_mask(features["masked_lm_ids"], mask_weight_P)
-    ids_L = tf.tensor_scatter_nd_update(ids_L, restore_positions[:, None], restore_ids)
+    ids_L = restore_static_masks(features)
 
     length = tf.shape(ids_L)[0]
     in_seq_L = features["input_mask"] > 0
@@ -103,10 +119,12 @@ class DynamicMasker:
         [length], seeds[3], minval=0, maxval=tf.shape(self._replacement_R)[0], dtype=tf.int32
       ),
     )
+    # r1 < mask: [MASK]; else r2 >= same / (same + random): a random token; else kept.
+    is_mask_L = r1_L < self.rates.mask
     masked_L = tf.where(
-      selected_L & (r1_L < 0.8),
+      selected_L & is_mask_L,
       spec.mask_id,
-      tf.where(selected_L & (r1_L >= 0.8) & (r2_L >= 0.5), random_L, ids_L),
+      tf.where(selected_L & ~is_mask_L & (r2_L >= self.rates.same_share), random_L, ids_L),
     )
 
     positions = tf.cast(tf.where(selected_L)[:, 0], tf.int32)[: self.max_predictions_per_seq]

@@ -12,6 +12,18 @@ google-research/bert's `create_instances_from_document` step for step:
 * the pair is truncated to max_seq_length - 3 tokens by repeatedly dropping a token from the
   front or the back (coin flip) of the longer segment;
 * tokens are `[CLS] A [SEP] B [SEP]`, segment ids 0 for `[CLS] A [SEP]` and 1 for `B [SEP]`.
+
+Without sentence pairs (`sentence_pairs=False`: the paper's "No NSP" and "LTR & No NSP"
+ablations, Table 5), `packed_instances` packs the shard's documents instead, RoBERTa's
+FULL-SENTENCES: the documents' sentences, in order, fill segments of up to max_seq_length - 2
+tokens greedily (`[CLS] tokens [SEP]`, segment ids all 0, next_sentence_label 0); a segment runs
+on into the next document, with a [SEP] token between the two documents (a separator that would
+start a segment is dropped: the segment boundary separates them); a sentence longer than what is
+left of the segment starts the next one, and a sentence longer than a whole segment is cut into
+segment-sized pieces. As in the pairs' procedure, with probability `short_seq_prob` a segment's
+target length is a uniform integer in [2, max_seq_length - 2] instead.
+
+Masking (`masking.mask_tokens`, with its `MaskRates`) is the same for both.
 """
 
 import dataclasses
@@ -29,6 +41,8 @@ class Instance:
   is_random_next: bool
   short_target: bool  # Whether its document pass drew a short target length (statistics).
   chunk_sentences: int  # Sentences in the chunk A (and a real B) came from (statistics).
+  # Packed (single-segment) instances: the target length of the segment (0 for pairs).
+  target_length: int = 0
 
 
 def _truncate_pair(
@@ -60,6 +74,7 @@ def instances_from_document(
   spec: masking.MaskingSpec,
   whole_word_mask: bool,
   rng: random.Random,
+  rates: masking.MaskRates = masking.MaskRates(),
 ) -> list[Instance]:
   """All instances of one document (a list of tokenized sentences) of a shard."""
   document = documents[document_index]
@@ -108,7 +123,7 @@ def instances_from_document(
           ids = [spec.cls_id] + tokens_a + [spec.sep_id] + tokens_b + [spec.sep_id]
           segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
           masked, positions, labels = masking.mask_tokens(
-            ids, spec, masked_lm_prob, max_predictions_per_seq, whole_word_mask, rng
+            ids, spec, masked_lm_prob, max_predictions_per_seq, whole_word_mask, rng, rates
           )
           instances.append(
             Instance(
@@ -118,6 +133,75 @@ def instances_from_document(
       chunk = []
       chunk_length = 0
     i += 1
+  return instances
+
+
+def packed_instances(
+  documents: list[list[list[int]]],
+  max_seq_length: int,
+  short_seq_prob: float,
+  masked_lm_prob: float,
+  max_predictions_per_seq: int,
+  spec: masking.MaskingSpec,
+  whole_word_mask: bool,
+  rng: random.Random,
+  rates: masking.MaskRates = masking.MaskRates(),
+) -> list[Instance]:
+  """One pass of single-segment instances over `documents`, in order (see the module docstring).
+
+  Each segment draws its target length when it starts: max_seq_length - 2, or with probability
+  `short_seq_prob` a uniform integer in [2, max_seq_length - 2].
+  """
+  max_num_tokens = max_seq_length - 2
+  if max_num_tokens < 2:
+    raise ValueError(f"max_seq_length must be >= 4 for packed segments, got {max_seq_length}")
+  instances: list[Instance] = []
+  segment: list[int] = []
+  pieces = 0  # Sentences (or pieces of one) in the segment (statistics).
+  target = max_num_tokens
+  short = False
+
+  def new_target():
+    nonlocal target, short
+    short = rng.random() < short_seq_prob
+    target = rng.randint(2, max_num_tokens) if short else max_num_tokens
+
+  def emit():
+    nonlocal segment, pieces
+    ids = [spec.cls_id] + segment + [spec.sep_id]
+    masked, positions, labels = masking.mask_tokens(
+      ids, spec, masked_lm_prob, max_predictions_per_seq, whole_word_mask, rng, rates
+    )
+    instances.append(
+      Instance(masked, [0] * len(ids), positions, labels, False, short, pieces, target)
+    )
+    segment, pieces = [], 0
+    new_target()
+
+  new_target()
+  for d, document in enumerate(documents):
+    if d and segment:  # The separator between documents (dropped at a segment start).
+      if len(segment) < target:
+        segment.append(spec.sep_id)
+      else:
+        emit()
+    for sentence in document:
+      rest = sentence
+      while rest:
+        room = target - len(segment)
+        if len(rest) <= room:
+          segment.extend(rest)
+          pieces += 1
+          rest = []
+        elif segment:
+          emit()  # The sentence starts the next segment.
+        else:
+          segment.extend(rest[:room])  # Longer than a whole segment: a segment-sized piece.
+          pieces += 1
+          rest = rest[room:]
+          emit()
+  if segment:
+    emit()
   return instances
 
 
@@ -131,9 +215,15 @@ def instances_from_documents(
   spec: masking.MaskingSpec,
   whole_word_mask: bool,
   rng: random.Random,
+  rates: masking.MaskRates = masking.MaskRates(),
+  sentence_pairs: bool = True,
 ) -> list[Instance]:
   """The original's create_training_instances after reading: shuffle the documents, make
-  `dupe_factor` passes (fresh masks and pairings each), shuffle the instances."""
+  `dupe_factor` passes (fresh masks and pairings each), shuffle the instances.
+
+  `sentence_pairs=False`: each pass packs the (shuffled) documents into single segments
+  (`packed_instances`) instead of making NSP pairs.
+  """
   if max_seq_length < 5:
     raise ValueError(
       f"max_seq_length must be >= 5 (room for [CLS] A [SEP] B [SEP]), got {max_seq_length}"
@@ -142,6 +232,21 @@ def instances_from_documents(
   rng.shuffle(documents)
   instances = []
   for _ in range(dupe_factor):
+    if not sentence_pairs:
+      instances.extend(
+        packed_instances(
+          documents,
+          max_seq_length,
+          short_seq_prob,
+          masked_lm_prob,
+          max_predictions_per_seq,
+          spec,
+          whole_word_mask,
+          rng,
+          rates,
+        )
+      )
+      continue
     for index in range(len(documents)):
       instances.extend(
         instances_from_document(
@@ -154,6 +259,7 @@ def instances_from_documents(
           spec,
           whole_word_mask,
           rng,
+          rates,
         )
       )
   rng.shuffle(instances)

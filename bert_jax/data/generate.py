@@ -2,7 +2,9 @@
 
 Work is split into input shards (`corpus.make_input_shards`); each shard is read, tokenized
 once, and turned into instances for every requested `max_seq_length` (e.g. 128 and 512 for the
-two-phase curriculum) by `examples.instances_from_documents`. Memory is bounded by one shard:
+two-phase curriculum) by `examples.instances_from_documents`: NSP sentence pairs, or with
+`sentence_pairs=False` documents packed into single segments (no NSP); `mask_rates` sets what a
+masked position becomes. Memory is bounded by one shard:
 NSP's random "other document" is drawn within the shard. Each shard's random stream is seeded
 from (random_seed, shard index, max_seq_length, split) only, so the files are byte-identical
 whatever the number of worker processes or hosts. Hosts split the shards by
@@ -57,8 +59,17 @@ class GenerationConfig:
   whole_word_mask: bool = False
   random_seed: int = 12345
   eval_fraction: float = 0.0
+  # What a chosen position becomes: (mask, same, random), the paper's Table 8 (see MaskRates).
+  mask_rates: tuple[float, float, float] = (0.8, 0.1, 0.1)
+  # False: documents packed into single segments, no NSP pairs (paper Table 5, "No NSP").
+  sentence_pairs: bool = True
 
   def __post_init__(self):
+    # Checked (ValueError naming the rates) and stored as a tuple of floats (also from JSON).
+    rates = masking.MaskRates.parse(self.mask_rates)
+    object.__setattr__(self, "mask_rates", rates.as_tuple())
+    if not isinstance(self.sentence_pairs, bool):
+      raise ValueError(f"sentence_pairs must be a bool, got {self.sentence_pairs!r}")
     if len(self.max_seq_lengths) != len(self.max_predictions_per_seq):
       raise ValueError(
         f"max_seq_lengths {self.max_seq_lengths} and max_predictions_per_seq "
@@ -78,6 +89,24 @@ class GenerationConfig:
       )
     if min(self.max_predictions_per_seq, default=1) < 1:
       raise ValueError(f"max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
+
+  @property
+  def rates(self) -> masking.MaskRates:
+    return masking.MaskRates(*self.mask_rates)
+
+
+# Fields added after data was first generated: written to generation_config.json only when they
+# differ from their defaults, so directories generated before (at the defaults) stay valid.
+_OPTIONAL_FIELDS = {"mask_rates": (0.8, 0.1, 0.1), "sentence_pairs": True}
+
+
+def config_dict(config: GenerationConfig) -> dict:
+  """The settings as stored in generation_config.json (JSON types; see _OPTIONAL_FIELDS)."""
+  out = dataclasses.asdict(config)
+  for name, default in _OPTIONAL_FIELDS.items():
+    if out[name] == default:
+      del out[name]
+  return json.loads(json.dumps(out))
 
 
 def output_path(
@@ -127,6 +156,7 @@ def _new_length_stats() -> dict:
     "masked": 0,
     "random_next": 0,
     "short_targets": 0,
+    "packed": 0,
     "mask_token": 0,
     "kept": 0,
     "replaced": 0,
@@ -185,6 +215,8 @@ def make_shard_records(
         spec,
         config.whole_word_mask,
         rng,
+        config.rates,
+        config.sentence_pairs,
       )
       records = []
       for inst in instances:
@@ -201,7 +233,13 @@ def make_shard_records(
           )
         )
         length_stats["tokens"] += len(inst.input_ids)
-        length_stats["maskable"] += len(inst.input_ids) - 3
+        if config.sentence_pairs:
+          length_stats["maskable"] += len(inst.input_ids) - 3
+        else:
+          length_stats["packed"] += 1
+          length_stats["maskable"] += sum(
+            t not in (spec.cls_id, spec.sep_id, spec.pad_id) for t in _restored(inst)
+          )
         length_stats["masked"] += len(inst.masked_positions)
         length_stats["random_next"] += inst.is_random_next
         length_stats["short_targets"] += inst.short_target
@@ -221,6 +259,13 @@ def make_shard_records(
     stats["per_length"][str(length)] = length_stats
   stats["shards"] = 1
   return stats, outputs
+
+
+def _restored(inst: examples_lib.Instance) -> list[int]:
+  ids = list(inst.input_ids)
+  for position, label in zip(inst.masked_positions, inst.masked_ids):
+    ids[position] = label
+  return ids
 
 
 def _merge(total: dict, part: dict) -> None:
@@ -247,13 +292,20 @@ def summary_line(stats: dict) -> str:
     f"sentences {stats['sentences']}",
   ]
   for length, s in sorted(stats["per_length"].items(), key=lambda kv: int(kv[0])):
-    n = max(s["examples"], 1)
+    pairs = s["examples"] - s.get("packed", 0)
+    nsp = (
+      f", NSP random-next {s['random_next'] / max(pairs, 1):.4f}"
+      if pairs or not s["examples"]
+      else ", packed segments (no NSP)"
+    )
     parts.append(
       f"seq {length}: examples {s['examples']} (train {s['train_examples']}, eval "
       f"{s['eval_examples']}), tokens {s['tokens']}, masked {s['masked'] / max(s['maskable'], 1):.4f}"
-      f" of maskable, NSP random-next {s['random_next'] / n:.4f}"
+      f" of maskable{nsp}"
     )
-  if stats["single_document_shards"]:
+  if stats["single_document_shards"] and any(
+    s["examples"] > s.get("packed", 0) for s in stats["per_length"].values()
+  ):
     parts.append(
       f"WARNING {stats['single_document_shards']} shard(s) hold a single training "
       "document, so their random-next B comes from that same document: put several "
@@ -312,8 +364,7 @@ def _check_or_write_config(
 ) -> None:
   """Stores the generation settings; refuses to mix files made with different ones."""
   path = os.path.join(output_dir, "generation_config.json")
-  wanted = dict(dataclasses.asdict(config), num_shards=num_shards)
-  wanted = json.loads(json.dumps(wanted))
+  wanted = dict(config_dict(config), num_shards=num_shards)
   if os.path.exists(path) and not overwrite:
     try:
       with open(path) as f:

@@ -8,8 +8,12 @@ Both follow google-research/bert's `create_masked_lm_predictions`:
 * candidates are visited in a random order and taken while they fit; with whole-word masking a
   candidate is a whole word (a word-start piece and the continuation pieces after it, by
   `tokenizer.is_word_start`) and a word that would overflow the budget is skipped;
-* each chosen token becomes [MASK] with p=0.8, stays unchanged with p=0.1, becomes a random
-  token with p=0.1; positions are reported in increasing order.
+* each chosen token becomes [MASK] with p=`rates.mask` (0.8), stays unchanged with
+  p=`rates.same` (0.1), becomes a random token with p=`rates.random` (0.1): one draw r1 < mask
+  gives [MASK], else a second draw r2 < same / (same + random) keeps the token, else it is
+  replaced (the original's `rng.random() < 0.5` at the defaults, so the default random stream is
+  the original's). Other rates are the paper's Table 8 ablations (MASK/SAME/RND);
+* positions are reported in increasing order.
 
 Random replacement tokens are drawn uniformly from the vocabulary minus [PAD], [UNK], [CLS],
 [SEP] and [MASK] (the original draws from the whole vocabulary, specials included).
@@ -19,6 +23,57 @@ import dataclasses
 import random
 
 import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskRates:
+  """What a chosen position becomes: [MASK] (`mask`), itself (`same`), a random token (`random`).
+
+  The paper's default is 80/10/10; Table 8 ablates it (e.g. 100/0/0, 80/0/20, 0/0/100).
+  """
+
+  mask: float = 0.8
+  same: float = 0.1
+  random: float = 0.1
+
+  def __post_init__(self):
+    values = {"mask": self.mask, "same": self.same, "random": self.random}
+    for name, value in values.items():
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"mask rate {name} must be a number in [0, 1], got {value!r}")
+    total = self.mask + self.same + self.random
+    if abs(total - 1.0) > 1e-6:
+      raise ValueError(
+        f"mask rates must sum to 1: mask={self.mask} + same={self.same} + "
+        f"random={self.random} = {total:g}"
+      )
+
+  @classmethod
+  def parse(cls, value) -> "MaskRates":
+    """A MaskRates, a (mask, same, random) sequence or a "0.8,0.1,0.1" string -> MaskRates."""
+    if isinstance(value, cls):
+      return value
+    if isinstance(value, str):
+      parts = [p.strip() for p in value.split(",")]
+      try:
+        value = [float(p) for p in parts]
+      except ValueError:
+        raise ValueError(
+          f"mask rates must be three numbers mask,same,random, got {value!r}"
+        ) from None
+    value = tuple(value)
+    if len(value) != 3:
+      raise ValueError(f"mask rates must be three numbers (mask, same, random), got {value!r}")
+    return cls(*(float(v) for v in value))
+
+  def as_tuple(self) -> tuple[float, float, float]:
+    return (self.mask, self.same, self.random)
+
+  @property
+  def same_share(self) -> float:
+    """P(keep | not [MASK]): the threshold of the second draw (0 when nothing but [MASK])."""
+    rest = self.same + self.random
+    return self.same / rest if rest > 0 else 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +146,14 @@ def mask_tokens(
   max_predictions_per_seq: int,
   whole_word: bool,
   rng: random.Random,
+  rates: MaskRates = MaskRates(),
 ) -> tuple[list[int], list[int], list[int]]:
   """Static masking of one instance. Returns (masked ids, positions ascending, original ids)."""
   groups = candidate_groups(ids, spec, whole_word)
   rng.shuffle(groups)
   budget = num_to_predict(len(ids), masked_lm_prob, max_predictions_per_seq)
   output = list(ids)
+  same_share = rates.same_share
   chosen: list[int] = []
   for group in groups:
     if len(chosen) >= budget:
@@ -104,9 +161,9 @@ def mask_tokens(
     if len(chosen) + len(group) > budget:
       continue
     for index in group:
-      if rng.random() < 0.8:
+      if rng.random() < rates.mask:
         output[index] = spec.mask_id
-      elif rng.random() < 0.5:
+      elif rng.random() < same_share:
         pass  # Keep the original token.
       else:
         output[index] = int(spec.replacement_ids[rng.randrange(len(spec.replacement_ids))])

@@ -9,6 +9,10 @@ prefetched. The state is {"epoch", "position"}: the epoch and the number of reco
 delivered; `set_state` rebuilds the stream and skips `position` serialized records of that epoch
 before any parsing, so a resumed run sees exactly the batches it would have seen.
 
+Masks: the files' static masks as they are; `dynamic_masking` draws fresh ones per read (with
+`masked_lm_prob`, `whole_word_mask`, `mask_rates`); `unmask` undoes the static masks and zeroes
+the masked_lm features, for objectives that read the original text (left-to-right LM).
+
 Host split: with at least as many files as hosts, host i reads files i, i + n, ... (sorted);
 otherwise every host reads all files and keeps records i, i + n, ... .
 """
@@ -83,6 +87,8 @@ class PretrainInput:
     tokenizer=None,
     masked_lm_prob: float = 0.15,
     whole_word_mask: bool = False,
+    mask_rates: masking.MaskRates = masking.MaskRates(),
+    unmask: bool = False,
     cycle_length: int = 8,
     prefetch: int = 2,
   ):
@@ -92,7 +98,11 @@ class PretrainInput:
     max_seq_length, max_predictions_per_seq: the files' shapes.
     seed: shuffling (and dynamic masking) seed; the same seed gives the same stream.
     dynamic_masking: draw a fresh mask per read (needs `tokenizer`, the data's vocabulary);
-      masked_lm_prob, whole_word_mask apply to it. Static masks in the files are undone first.
+      masked_lm_prob, whole_word_mask, mask_rates (a MaskRates or (mask, same, random)) apply
+      to it. Static masks in the files are undone first.
+    unmask: undo the files' static masks (input_ids are the original tokens) and zero
+      masked_lm_positions/ids/weights (the left-to-right LM reads the original text); not with
+      dynamic_masking.
     process_index, process_count: this host; None asks jax.
     """
     if batch_size < 1:
@@ -109,6 +119,9 @@ class PretrainInput:
     self.cycle_length = cycle_length
     self.prefetch = prefetch
     self.masker = None
+    self.unmask = bool(unmask)
+    if dynamic_masking and unmask:
+      raise ValueError("dynamic_masking and unmask exclude each other (unmask reads no masks)")
     if dynamic_masking:
       if tokenizer is None:
         raise ValueError(
@@ -120,6 +133,7 @@ class PretrainInput:
         masked_lm_prob,
         max_predictions_per_seq,
         whole_word_mask,
+        masking.MaskRates.parse(mask_rates),
       )
     self._state = {"epoch": 0, "position": 0}
     self._iterator = None
@@ -176,6 +190,8 @@ class PretrainInput:
         [tf.cast(self.seed * 4099 + self.process_index, tf.int64) * 7919 + epoch, position]
       )
       features = self.masker(features, seed)
+    if self.unmask:
+      features = dynamic_masking_lib.unmask(features)
     features["_epoch"] = epoch
     features["_position"] = position
     return features
@@ -221,6 +237,18 @@ class PretrainInput:
     return {k: v.numpy() for k, v in batch.items() if k not in _META_KEYS}
 
 
+def unmask_batch(batch: dict) -> dict:
+  """A numpy batch with its static masks undone and masked_lm_* zeroed (see `unmask`)."""
+  out = dict(batch)
+  ids = batch["input_ids"].copy()
+  rows, slots = np.nonzero(batch["masked_lm_weights"] > 0)
+  ids[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
+  out["input_ids"] = ids
+  for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+    out[key] = np.zeros_like(batch[key])
+  return out
+
+
 def eval_batches(
   file_patterns,
   batch_size: int,
@@ -229,12 +257,14 @@ def eval_batches(
   *,
   process_index: int | None = None,
   process_count: int | None = None,
+  unmask: bool = False,
 ):
   """Held-out data: one pass in a fixed order, the last batch padded to `batch_size`.
 
   Hosts split the records (record i goes to host i % process_count), so their batch counts
   differ by at most one. Each batch has an extra key `example_weights` (float32 [b]): 1 for real
-  examples, 0 for padding (whose masked_lm_weights are also 0).
+  examples, 0 for padding (whose masked_lm_weights are also 0). `unmask`: as PretrainInput's
+  (original tokens, masked_lm_* all zero).
   """
   process_index, process_count = _host(process_index, process_count)
   files = corpus.expand_patterns(file_patterns)
@@ -253,6 +283,8 @@ def eval_batches(
         tfrecord.find_broken_file(files) or f"{files}: unreadable pre-training records: {e.message}"
       ) from None
     batch = {k: v.numpy() for k, v in batch.items()}
+    if unmask:
+      batch = unmask_batch(batch)
     n = batch["input_ids"].shape[0]
     weights = np.ones([batch_size], np.float32)
     if n < batch_size:
@@ -274,5 +306,5 @@ def log_input(inp: PretrainInput) -> None:
     "record" if inp.by_record else "file",
     inp.batch_size,
     inp.seed,
-    ", dynamic masking" if inp.masker is not None else "",
+    ", dynamic masking" if inp.masker is not None else ", unmasked" if inp.unmask else "",
   )

@@ -13,6 +13,8 @@ import struct
 
 import tensorflow as tf
 
+from bert_jax.data import corpus
+
 FEATURE_NAMES = (
   "input_ids",
   "input_mask",
@@ -103,6 +105,41 @@ def find_broken_file(paths: list[str]) -> str | None:
 def count_records(paths: list[str]) -> int:
   """Number of records in TFRecord files (framing walk; no parsing)."""
   return sum(check_record_framing(p) for p in paths)
+
+
+def records_have_sentence_pairs(
+  file_patterns, max_seq_length: int, max_predictions_per_seq: int, max_records: int = 64
+) -> bool:
+  """Whether the files hold sentence pairs (NSP data): True if any of the first `max_records`
+  records (files in sorted order) has a segment id 1, False if none has (single segments, as
+  `create_pretraining_data --sentence_pairs=false` writes). Every pair record has segment 1
+  (B is never empty), so a few records decide. ValueError when the files hold no record.
+
+  `max_predictions_per_seq` is accepted for symmetry with the other readers (only segment_ids
+  is parsed).
+  """
+  del max_predictions_per_seq
+  files = corpus.expand_patterns(file_patterns)
+  spec = {"segment_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64)}
+  seen = 0
+  try:
+    for record in tf.data.TFRecordDataset(files).take(max_records):
+      segment_ids = tf.io.parse_single_example(record, spec)["segment_ids"]
+      if bool(tf.reduce_any(segment_ids == 1)):
+        return True
+      seen += 1
+  except tf.errors.DataLossError as e:
+    raise ValueError(
+      find_broken_file(files) or f"{files}: corrupt TFRecord data: {e.message}"
+    ) from None
+  except tf.errors.InvalidArgumentError as e:
+    raise ValueError(
+      f"records of {files} do not match the pre-training schema with max_seq_length="
+      f"{max_seq_length}: {e.message}"
+    ) from None
+  if not seen:
+    raise ValueError(f"{files}: no records to read")
+  return False
 
 
 def write_records(path: str, records: list[bytes]) -> None:
