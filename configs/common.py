@@ -73,6 +73,9 @@ def checkpoint_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(
     dict(
       keep_checkpoint_max=3,  # keep the last k checkpoints
+      # also keep every checkpoint whose step is a multiple of this (0: none), e.g. to
+      # fine-tune from several points of a pre-training run (paper appendix C.1)
+      keep_period=0,
       async_save=True,  # save in a background thread while training continues
       save_on_preemption=True,  # on SIGTERM: save the current step, then exit cleanly
     )

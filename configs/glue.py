@@ -29,6 +29,10 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   config.init_checkpoint = ""
   config.model_preset = "tiny"  # encoder size when init_checkpoint is empty (from scratch)
   config.vocab_file = ""  # tokenizer when init_checkpoint has none (or to override it)
+  # A left-to-right (causal, is_decoder) checkpoint, e.g. pre-trained with objective=ltr:
+  # "error" refuses it (the paper's tasks read bidirectional context), "causal" fine-tunes it with
+  # its left-to-right attention, "bidirectional" uses its weights with full attention.
+  config.causal_checkpoint = "error"
   config.do_lower_case = ml_collections.config_dict.placeholder(bool)  # None: the tokenizer's
   config.dtype = "float32"  # compute dtype; "bfloat16" for mixed precision
   config.hidden_dropout_prob = 0.1

@@ -1,6 +1,8 @@
 """Pre-training configs: presets tiny..large; base and large are the paper's recipes.
 
   python -m bert_jax.pretrain --config configs/pretrain.py:tiny --workdir workdir/tiny
+  python -m bert_jax.pretrain --config configs/pretrain.py:tiny --workdir workdir/tiny_ltr \
+      --config.objective=ltr
   python -m bert_jax.pretrain --config configs/pretrain.py:base --workdir gs://b/base \
       --config.input_files='gs://b/data/seq128/*.tfrecord' \
       --config.phase2.input_files='gs://b/data/seq512/*.tfrecord' --config.mesh.fsdp=8
@@ -11,6 +13,23 @@ weight decay 0.01, the last 10% of the steps at seq 512 with batch 256. Key name
 follow google-research/bert's flags. The config is locked: overriding a key that does not exist
 is an error. With no ``input_files`` the built-in default corpus is prepared under the workdir
 (tokenizer, TFRecords at both phase lengths) and used.
+
+Ablations (paper section 5, Tables 5, 6 and 8; docs/ablations.md):
+
+* ``objective``: "mlm_nsp" (BERT: masked LM + next sentence), "mlm" (Table 5 "No NSP": no NSP
+  head or loss; the built-in corpus is then generated as documents packed into full-length
+  single segments), "ltr" (Table 5 "LTR & No NSP": left-to-right attention, next-token loss
+  at every position on the unmasked text, same encoder and checkpoint layout);
+* ``mask_rates``: what a chosen position becomes (Table 8: [MASK] / same / random token,
+  80/10/10 by default), for static (built-in corpus) and dynamic masking alike; must sum to 1;
+* ``whole_word_mask``: mask whole words (static generation of the built-in corpus, and
+  ``dynamic_masking``);
+* Table 6's sizes as presets: L3_H768_A12, L6_H768_A3, L6_H768_A12, L12_H768_A12 (= base),
+  L12_H1024_A16, L24_H1024_A16 (= large), with the base recipe; held-out masked-LM perplexity is
+  reported at each evaluation (``mlm_perplexity``; ``lm_perplexity`` for ltr);
+* fine-tuning from any saved step (appendix C.1): keep the steps with
+  ``checkpoint.keep_period`` and give the fine-tuning run
+  ``--config.init_checkpoint=<workdir>/checkpoints/<step>``.
 
 Curriculum (paper, appendix A.2): ``phase2.fraction`` of ``num_train_steps`` run last at
 ``phase2.max_seq_length`` with its own data, batch size and learning-rate schedule.
@@ -32,6 +51,20 @@ _RUNS = {
   "base": (256, 1_000_000, 10_000, 1e-4),
   "large": (256, 1_000_000, 10_000, 1e-4),
 }
+# Table 6's sizes: "the same hyperparameters and training procedure" as base (section 5.2).
+_RUNS.update(
+  {
+    name: _RUNS["base"]
+    for name in (
+      "L3_H768_A12",
+      "L6_H768_A3",
+      "L6_H768_A12",
+      "L12_H768_A12",
+      "L12_H1024_A16",
+      "L24_H1024_A16",
+    )
+  }
+)
 
 
 def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
@@ -61,6 +94,11 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   config.synthetic_data = False
   config.shuffle_buffer_size = 10_000
   config.dynamic_masking = False  # re-draw the masks at every read (RoBERTa) instead of static
+
+  # Objective and masking (the paper's ablations; see the module docstring).
+  config.objective = "mlm_nsp"  # "mlm_nsp" (BERT) | "mlm" (no NSP) | "ltr" (left-to-right LM)
+  config.mask_rates = ml_collections.ConfigDict(dict(mask=0.8, same=0.1, random=0.1))
+  config.whole_word_mask = False
 
   # Phase 1 (google-research/bert flag names).
   config.train_batch_size = batch  # global, over all hosts and devices

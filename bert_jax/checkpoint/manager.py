@@ -63,7 +63,8 @@ class CheckpointSaveError(RuntimeError):
 
 
 class CheckpointManager:
-  """An Orbax CheckpointManager over ``<workdir>/checkpoints`` keeping the last ``keep``.
+  """An Orbax CheckpointManager over ``<workdir>/checkpoints`` keeping the last ``keep`` (and,
+  with ``keep_period``, every multiple of it).
 
   An asynchronous save that fails is reported by the first ``check_for_errors()`` (cheap, never
   blocks: the training loop calls it after every step) or ``wait()`` after it ended, and by the
@@ -71,11 +72,15 @@ class CheckpointManager:
   (``<step>.orbax-checkpoint-tmp*``) is removed then, so nothing half-written is left behind.
   """
 
-  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, keep_period: int = 0):
+    """``keep_period`` > 0 also keeps every checkpoint whose step is a multiple of it."""
     workdir = workdir if "://" in str(workdir) else os.path.abspath(workdir)
     self.directory = str(epath.Path(workdir) / "checkpoints")
     options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep, create=True, enable_async_checkpointing=async_save
+      max_to_keep=keep,
+      keep_period=keep_period or None,
+      create=True,
+      enable_async_checkpointing=async_save,
     )
     handlers = dict(
       state=ocp.PyTreeCheckpointHandler(),

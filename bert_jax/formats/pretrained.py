@@ -3,7 +3,7 @@
 Detected by what ``path`` holds:
 
 * a bert_jax workdir (``model_config.json`` + ``checkpoints/``): the latest Orbax checkpoint,
-  through ``bert_jax.checkpoint.load_params``; or a parameters-only export
+  through ``bert_jax.checkpoint.load_params``, or a given step (``<workdir>/checkpoints/<step>``); or a parameters-only export
   (``model_config.json`` + ``params/``, ``bert_jax.formats.params_only``);
 * a Hugging Face directory (``config.json`` + ``model.safetensors`` / ``pytorch_model.bin``,
   possibly sharded), any ``BertModel`` / ``BertFor*`` class, with or without the ``bert.``
@@ -148,7 +148,6 @@ def _config(path: pathlib.Path) -> tuple[BertConfig, dict[str, Any]]:
   d = heads.read_object(path)
   for key, ok in (
     ("position_embedding_type", "absolute"),
-    ("is_decoder", False),
     ("add_cross_attention", False),
   ):
     if d.get(key, ok) != ok:
@@ -207,13 +206,33 @@ def load_tensorflow(path, task: str | None = None, do_lower_case: bool | None = 
   )
 
 
+def step_checkpoint(path) -> tuple[pathlib.Path, int] | None:
+  """(workdir, step) when ``path`` is one saved step of a bert_jax run,
+  ``<workdir>/checkpoints/<step>``; else None."""
+  path = pathlib.Path(path)
+  workdir = path.parent.parent
+  if (
+    path.name.isdigit()
+    and path.parent.name == "checkpoints"
+    and path.is_dir()
+    and (workdir / heads.MODEL_CONFIG_FILE).is_file()
+  ):
+    return workdir, int(path.name)
+  return None
+
+
 def load_bert_jax(workdir, task: str | None = None) -> Pretrained:
-  """The latest checkpoint of a bert_jax workdir (through the Orbax manager), or a
-  parameters-only export (``params/`` beside ``model_config.json``)."""
+  """The latest checkpoint of a bert_jax workdir (through the Orbax manager), one saved step of
+  it (``<workdir>/checkpoints/<step>``, e.g. to fine-tune from an earlier point of pre-training),
+  or a parameters-only export (``params/`` beside ``model_config.json``)."""
+  step = None
+  at_step = step_checkpoint(workdir)
+  if at_step is not None:
+    workdir, step = at_step
   workdir = pathlib.Path(workdir)
   try:
     if (workdir / "checkpoints").is_dir():
-      params, config, tokenizer = load_params(str(workdir))
+      params, config, tokenizer = load_params(str(workdir), step)
     else:
       params, config, _, tokenizer = params_only.restore_params_only(str(workdir))
   except FileNotFoundError as e:
@@ -265,6 +284,8 @@ def detect(path) -> str:
     and ((path / "checkpoints").is_dir() or (path / params_only.PARAMS_DIR).is_dir())
   ):
     return "bert_jax"
+  if step_checkpoint(path) is not None:
+    return "bert_jax"
   if path.is_dir() and hf.is_hf_directory(path):
     return "huggingface"
   if tf.find_checkpoint(path) is not None:
@@ -285,8 +306,9 @@ def load_pretrained(
   """Reads any BERT checkpoint bert_jax knows into numpy params + BertConfig + tokenizer.
 
   Args:
-    path: a bert_jax workdir, a Hugging Face model directory, or a google-research/bert
-      directory / checkpoint prefix.
+    path: a bert_jax workdir (its latest checkpoint) or one step of it
+      (``<workdir>/checkpoints/<step>``), a Hugging Face model directory, or a
+      google-research/bert directory / checkpoint prefix.
     task: the head to import (default: the one the checkpoint carries); another head is an
       error. "encoder" takes only the encoder (params["bert"]) of any checkpoint.
     do_lower_case: overrides the tokenizer's casing (default: tokenizer_config.json, else the

@@ -153,7 +153,8 @@ class SelfAttention(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, xq_BxQxD, x_BxLxD, mask_Bx1x1xL, deterministic: bool) -> Array:
+  def __call__(self, xq_BxQxD, x_BxLxD, mask_Bx1xMxL, deterministic: bool) -> Array:
+    """``mask_Bx1xMxL``: True where a query may attend to a key; M is 1 or Q."""
     c = self.config
     h, k = c.num_attention_heads, c.head_dim
     qkv = functools.partial(
@@ -167,7 +168,7 @@ class SelfAttention(nn.Module):
     s_BxHxQxL = jnp.einsum(
       "bqhk,bshk->bhqs", q_BxQxHxK, k_BxLxHxK, preferred_element_type=jnp.float32
     )
-    s_BxHxQxL = jnp.where(mask_Bx1x1xL, s_BxHxQxL, jnp.finfo(jnp.float32).min)
+    s_BxHxQxL = jnp.where(mask_Bx1xMxL, s_BxHxQxL, jnp.finfo(jnp.float32).min)
     p_BxHxQxL = jax.nn.softmax(s_BxHxQxL, axis=-1).astype(c.dtype)
     p_BxHxQxL = Dropout(c.attention_probs_dropout_prob)(p_BxHxQxL, deterministic=deterministic)
     ctx_BxQxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxQxL, v_BxLxHxK)
@@ -192,11 +193,15 @@ class TransformerLayer(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_Bx1x1xL, deterministic: bool, positions_BxP=None) -> Array:
+  def __call__(self, x_BxLxD, mask_Bx1xMxL, deterministic: bool, positions_BxP=None) -> Array:
+    """``mask_Bx1xMxL``: M = 1 (padding only) or M = L (a row per query: causal attention)."""
     c = self.config
     drop = Dropout(c.hidden_dropout_prob)
     xq_BxQxD = x_BxLxD if positions_BxP is None else gather_positions(x_BxLxD, positions_BxP)
-    a_BxQxD = SelfAttention(c, name="attention")(xq_BxQxD, x_BxLxD, mask_Bx1x1xL, deterministic)
+    if positions_BxP is not None and mask_Bx1xMxL.shape[2] > 1:  # the queries' mask rows
+      rows_Bx1xPx1 = positions_BxP[:, None, :, None].astype(jnp.int32)
+      mask_Bx1xMxL = jnp.take_along_axis(mask_Bx1xMxL, rows_Bx1xPx1, axis=2)
+    a_BxQxD = SelfAttention(c, name="attention")(xq_BxQxD, x_BxLxD, mask_Bx1xMxL, deterministic)
     y_BxQxD = layer_norm(c, "attention_LayerNorm")(
       xq_BxQxD + drop(a_BxQxD, deterministic=deterministic)
     )
@@ -213,6 +218,9 @@ class TransformerLayer(nn.Module):
 
 class BertEncoder(nn.Module):
   """Embeddings, the layer stack and the tanh pooler on [CLS].
+
+  Attention is bidirectional (BERT), or left-to-right with ``config.is_decoder`` (each position
+  sees itself and the positions before it).
 
   Returns a dict: ``sequence_output`` (BxLxD), ``pooled_output`` (BxD) and, when asked,
   ``hidden_states``: a tuple of num_hidden_layers + 1 arrays (embedding output, then each layer).
@@ -252,21 +260,25 @@ class BertEncoder(nn.Module):
       input_mask_BxL = jnp.ones_like(input_ids_BxL)
     if segment_ids_BxL is None:
       segment_ids_BxL = jnp.zeros_like(input_ids_BxL)
-    mask_Bx1x1xL = (input_mask_BxL > 0)[:, None, None, :]
+    mask_Bx1xMxL = (input_mask_BxL > 0)[:, None, None, :]  # M = 1
+    if self.config.is_decoder:  # M = L: query i sees keys <= i
+      length = input_ids_BxL.shape[-1]
+      causal_LxL = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
+      mask_Bx1xMxL = mask_Bx1xMxL & causal_LxL[None, None]
     x_BxLxD = self.embeddings(input_ids_BxL, segment_ids_BxL, deterministic)
     hidden = [x_BxLxD]
     for layer in self.layers[:-1]:
-      x_BxLxD = layer(x_BxLxD, mask_Bx1x1xL, deterministic)
+      x_BxLxD = layer(x_BxLxD, mask_Bx1xMxL, deterministic)
       hidden.append(x_BxLxD)
     if output_positions_BxP is None:
-      x_BxLxD = self.layers[-1](x_BxLxD, mask_Bx1x1xL, deterministic)
+      x_BxLxD = self.layers[-1](x_BxLxD, mask_Bx1xMxL, deterministic)
       hidden.append(x_BxLxD)
       out = {"sequence_output": x_BxLxD}
       cls_BxD = x_BxLxD[:, 0]
     else:  # [CLS] first, for the pooler
       cls_Bx1 = jnp.zeros(output_positions_BxP.shape[:1] + (1,), jnp.int32)
       positions_Bx1pP = jnp.concatenate([cls_Bx1, output_positions_BxP.astype(jnp.int32)], 1)
-      x_Bx1pPxD = self.layers[-1](x_BxLxD, mask_Bx1x1xL, deterministic, positions_Bx1pP)
+      x_Bx1pPxD = self.layers[-1](x_BxLxD, mask_Bx1xMxL, deterministic, positions_Bx1pP)
       out = {"gathered_output": x_Bx1pPxD[:, 1:]}
       cls_BxD = x_Bx1pPxD[:, 0]  # row 0 is [CLS]
     out["pooled_output"] = jnp.tanh(self.pooler(cls_BxD))

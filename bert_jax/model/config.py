@@ -19,6 +19,14 @@ PRESETS: dict[str, tuple[int, int, int]] = {
   "medium": (8, 512, 8),
   "base": (12, 768, 12),
   "large": (24, 1024, 16),
+  # The paper's Table 6 (model size ablation), named as google-research/bert names its models
+  # (L layers, H hidden, A heads); L12_H768_A12 is base and L24_H1024_A16 is large.
+  "L3_H768_A12": (3, 768, 12),
+  "L6_H768_A3": (6, 768, 3),
+  "L6_H768_A12": (6, 768, 12),
+  "L12_H768_A12": (12, 768, 12),
+  "L12_H1024_A16": (12, 1024, 16),
+  "L24_H1024_A16": (24, 1024, 16),
 }
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
@@ -41,6 +49,9 @@ class BertConfig:
   type_vocab_size: int = 2
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
+  # Left-to-right (causal) self-attention: position i attends to positions <= i only (the
+  # paper's "LTR & No NSP" ablation, Table 5). Hugging Face's BertConfig has the same key.
+  is_decoder: bool = False
   # Numerics, not architecture: compute dtype (params stay in param_dtype) and rematerialisation.
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -122,8 +133,11 @@ class BertConfig:
       raise ValueError(f"{source}: {e}") from e
 
   def to_dict(self) -> dict[str, Any]:
-    """The architecture fields as in bert_config.json (numerics fields left out)."""
+    """The architecture fields as in bert_config.json (numerics fields left out; ``is_decoder``
+    only when True, so a bidirectional model's file is google-research/bert's)."""
     d = dataclasses.asdict(self)
     for k in ("dtype", "param_dtype", "remat"):
       d.pop(k)
+    if not self.is_decoder:
+      d.pop("is_decoder")
     return d

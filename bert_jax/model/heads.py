@@ -41,9 +41,14 @@ class BertForPreTraining(nn.Module):
   (BxPxV), as google-research/bert does, and so is the encoder's last layer (with [CLS] for
   NSP; the output then has ``gathered_output`` instead of ``sequence_output``, unless hidden
   states are asked for); otherwise MLM logits are computed at every position (BxLxV).
+
+  ``next_sentence=False`` builds no NSP head (no ``nsp`` parameters, no ``nsp_logits``): the
+  paper's "No NSP" and left-to-right ablations (Table 5). With ``config.is_decoder`` the same
+  head gives next-token logits (row i predicts token i + 1), tied to the embeddings as well.
   """
 
   config: BertConfig
+  next_sentence: bool = True
 
   @nn.compact
   def __call__(
@@ -82,8 +87,9 @@ class BertForPreTraining(nn.Module):
       c.param_dtype,
     )
     logits_BxNxV = encoder.attend(h_BxNxD) + bias_V.astype(c.dtype)
-    nsp_Bx2 = dense(c, 2, ("embed", None), "nsp")(out["pooled_output"])
-    out.update(mlm_logits=logits_BxNxV, nsp_logits=nsp_Bx2)
+    out["mlm_logits"] = logits_BxNxV
+    if self.next_sentence:
+      out["nsp_logits"] = dense(c, 2, ("embed", None), "nsp")(out["pooled_output"])
     return out
 
 

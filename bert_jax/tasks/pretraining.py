@@ -29,11 +29,14 @@ from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.tasks.pretraining_data import (
   DataSources,
   abstract_sources,
+  batch_keys,
   eval_batches,
   input_factory,
+  mask_rates,
   resolve_data,
 )
 from bert_jax.tasks.pretraining_loss import (
+  check_objective,
   make_pretraining_eval,
   make_pretraining_loss,
   summarize_eval,
@@ -81,7 +84,13 @@ def bert_config_from(config, vocab_size: int) -> BertConfig:
       )
   else:
     bert = BertConfig.from_preset(config.model_preset, vocab_size=vocab_size)
-  bert = bert.replace(dtype=config.dtype, remat=config.remat)
+  if bert.is_decoder and config.objective != "ltr":
+    raise ValueError(
+      f"{config.bert_config_file}: is_decoder=true (left-to-right attention) but "
+      f"config.objective={config.objective!r} needs bidirectional attention; set "
+      "config.objective='ltr' or use a bidirectional model config"
+    )
+  bert = bert.replace(dtype=config.dtype, remat=config.remat, is_decoder=config.objective == "ltr")
   longest = max(
     config.max_seq_length, config.phase2.max_seq_length if config.phase2.fraction > 0 else 0
   )
@@ -112,10 +121,10 @@ def _run_files_writer(config, bert: BertConfig, sources: DataSources):
   def write(workdir: str) -> None:
     write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
     write_json(os.path.join(workdir, "model_config.json"), bert.to_dict())
-    write_json(
-      os.path.join(workdir, "head.json"),
-      {"task": "pretraining", "num_labels": 2, "labels": ["IsNext", "NotNext"]},
-    )
+    head = {"task": "pretraining", "objective": config.objective}
+    if config.objective == "mlm_nsp":
+      head.update(num_labels=2, labels=["IsNext", "NotNext"])
+    write_json(os.path.join(workdir, "head.json"), head)
     if sources.tokenizer is not None:
       sources.tokenizer.save(workdir)
 
@@ -123,6 +132,8 @@ def _run_files_writer(config, bert: BertConfig, sources: DataSources):
 
 
 def _validate(config, mesh) -> None:
+  check_objective(config.objective)
+  mask_rates(config)
   if config.save_checkpoints_steps <= 0:
     raise ValueError(
       f"config.save_checkpoints_steps must be positive, got {config.save_checkpoints_steps}"
@@ -146,10 +157,13 @@ def _validate(config, mesh) -> None:
     parallel.check_batch_size(batch // accum, mesh, key if accum == 1 else f"{key} / {accum_key}")
 
 
-def batch_spec(batch: int, seq_len: int, predictions: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """One global pre-training batch (google-research/bert's TFRecord features, as fed)."""
+def batch_spec(
+  batch: int, seq_len: int, predictions: int, objective: str = "mlm_nsp"
+) -> dict[str, jax.ShapeDtypeStruct]:
+  """One global pre-training batch: google-research/bert's TFRecord features that
+  ``objective`` reads (all of them for mlm_nsp)."""
   i32 = np.int32
-  return {
+  spec = {
     "input_ids": jax.ShapeDtypeStruct((batch, seq_len), i32),
     "input_mask": jax.ShapeDtypeStruct((batch, seq_len), i32),
     "segment_ids": jax.ShapeDtypeStruct((batch, seq_len), i32),
@@ -158,11 +172,13 @@ def batch_spec(batch: int, seq_len: int, predictions: int) -> dict[str, jax.Shap
     "masked_lm_weights": jax.ShapeDtypeStruct((batch, predictions), np.float32),
     "next_sentence_labels": jax.ShapeDtypeStruct((batch,), i32),
   }
+  return {k: spec[k] for k in batch_keys(objective)}
 
 
 def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
   """The pre-training ``Job``; with ``workdir=None``, abstract (no data read, nothing written)."""
   abstract = workdir is None
+  check_objective(config.objective)
   if not abstract:
     _validate(config, mesh)
   sources = abstract_sources(config) if abstract else resolve_data(config, workdir)
@@ -172,12 +188,13 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
   bert = bert_config_from(config, vocab_size)
   if not abstract:
     _check_workdir_model(workdir, bert)
-  model = BertForPreTraining(bert)
+  objective = config.objective
+  model = BertForPreTraining(bert, next_sentence=objective == "mlm_nsp")
   p0 = sources.phases[0]
 
   def init_params(rng):
     ids = jnp.zeros((1, p0.max_seq_length), jnp.int32)
-    preds = jnp.zeros((1, p0.max_predictions_per_seq), jnp.int32)
+    preds = None if objective == "ltr" else jnp.zeros((1, p0.max_predictions_per_seq), jnp.int32)
     return model.init(rng, ids, ids, ids, preds)["params"]
 
   boundary = phase_boundary(config)
@@ -192,10 +209,12 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
       end_step=end,
       global_batch_size=batch,
       seq_len=data.max_seq_length,
-      batch_spec=batch_spec(batch, data.max_seq_length, data.max_predictions_per_seq),
+      batch_spec=batch_spec(batch, data.max_seq_length, data.max_predictions_per_seq, objective),
       grad_accum_steps=accum,
       flops_per_example=flops_lib.train_flops_per_example(
-        bert, data.max_seq_length, data.max_predictions_per_seq
+        bert,
+        data.max_seq_length,
+        data.max_seq_length if objective == "ltr" else data.max_predictions_per_seq,
       ),
       make_input=None
       if abstract
@@ -203,17 +222,17 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
     )
     for data, (batch, accum, end) in zip(sources.phases, settings)
   ]
-  eval_step = make_pretraining_eval(model)
+  eval_step = make_pretraining_eval(model, objective)
   last = sources.phases[-1]
   job = Job(
     name="pretraining",
     init_params=init_params,
-    loss_fn=make_pretraining_loss(model),
+    loss_fn=make_pretraining_loss(model, objective),
     schedule=learning_rate_schedule(config),
     phases=phases,
     eval_step=eval_step,
     eval_batch_spec=batch_spec(
-      config.eval_batch_size, last.max_seq_length, last.max_predictions_per_seq
+      config.eval_batch_size, last.max_seq_length, last.max_predictions_per_seq, objective
     ),
     init_checkpoint=config.init_checkpoint,
     pretrained_params=(lambda: load_pretrained(config.init_checkpoint).params)
@@ -222,8 +241,8 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
     eval_every_steps=int(config.eval_every_steps),
     save_every_steps=int(config.save_checkpoints_steps),
     describe=(
-      f"Pre-training {config.model_preset}: {bert.num_hidden_layers} layers, hidden "
-      f"{bert.hidden_size}, vocab {bert.vocab_size}"
+      f"Pre-training {config.model_preset} ({objective}): {bert.num_hidden_layers} layers, "
+      f"hidden {bert.hidden_size}, vocab {bert.vocab_size}"
     ),
   )
   if abstract:

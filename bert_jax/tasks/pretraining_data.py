@@ -71,6 +71,7 @@ def _prepare_default(config, workdir: str, lengths, predictions):
     max_seq_lengths=tuple(lengths),
     max_predictions_per_seq=tuple(predictions),
     random_seed=config.seed,
+    **_default_corpus_settings(config),
   )
   if jax.process_index() == 0:
     logging.info("No input_files configured: preparing the built-in corpus in %s", out_dir)
@@ -82,6 +83,48 @@ def _prepare_default(config, workdir: str, lengths, predictions):
     if jax.process_index() != 0:
       data = prepare_default_data(out_dir, **kwargs)
   return data
+
+
+def mask_rates(config):
+  """``config.mask_rates`` as the data layer's MaskRates (ValueError naming the keys)."""
+  from bert_jax.data.masking import MaskRates  # noqa: PLC0415
+
+  r = config.mask_rates
+  try:
+    return MaskRates(mask=r.mask, same=r.same, random=r.random)
+  except ValueError as e:
+    raise ValueError(f"config.mask_rates (mask / same / random): {e}") from None
+
+
+def _default_corpus_settings(config) -> dict[str, Any]:
+  """How the built-in corpus is generated for this objective: NSP sentence pairs only for
+  mlm_nsp (the others read documents packed into full-length segments); static masks with the
+  configured probability, rates and whole-word masking (no masks needed for ltr)."""
+  rates = mask_rates(config)
+  return dict(
+    sentence_pairs=config.objective == "mlm_nsp",
+    masked_lm_prob=config.masked_lm_prob,
+    mask_rates=(rates.mask, rates.same, rates.random),
+    whole_word_mask=config.whole_word_mask,
+  )
+
+
+def check_sentence_pairs(config, phases: list[PhaseData]) -> None:
+  """NSP needs sentence-pair data: refuse packed (single-segment) files for mlm_nsp."""
+  if config.objective != "mlm_nsp":
+    return
+  from bert_jax.data.tfrecord import records_have_sentence_pairs  # noqa: PLC0415
+
+  for phase, prefix in zip(phases, ("", "phase2.")):
+    if not records_have_sentence_pairs(
+      phase.input_files, phase.max_seq_length, phase.max_predictions_per_seq
+    ):
+      raise ValueError(
+        f"config.objective='mlm_nsp' needs sentence pairs for next-sentence prediction, but "
+        f"config.{prefix}input_files ({phase.input_files}) holds single segments (no segment "
+        "1): generate pairs (create_pretraining_data --sentence_pairs=true) or set "
+        "config.objective='mlm' (no NSP) / 'ltr'"
+      )
 
 
 def abstract_sources(config) -> DataSources:
@@ -135,6 +178,7 @@ def resolve_data(config, workdir: str) -> DataSources:
         f"TFRecords at seq {length}, or set config.phase2.fraction=0"
       )
     phases.append(PhaseData(length, preds, files, eval_files))
+  check_sentence_pairs(config, phases)
   tokenizer = load_tokenizer(config.vocab_file, do_lower_case=config.do_lower_case)
   return DataSources(tokenizer, tokenizer.vocab_size, phases)
 
@@ -145,7 +189,7 @@ def input_factory(config, sources: DataSources, phase: PhaseData, host_batch: in
   def make():
     if config.synthetic_data:
       mask_id = sources.tokenizer.mask_id if sources.tokenizer is not None else 4
-      return SyntheticPretrainInput(
+      synthetic = SyntheticPretrainInput(
         host_batch,
         phase.max_seq_length,
         phase.max_predictions_per_seq,
@@ -155,8 +199,10 @@ def input_factory(config, sources: DataSources, phase: PhaseData, host_batch: in
         process_count=jax.process_count(),
         mask_id=mask_id,
       )
+      return KeyFilter(synthetic, batch_keys(config.objective))
     from bert_jax.data.pipeline import PretrainInput, log_input  # noqa: PLC0415
 
+    ltr = config.objective == "ltr"
     inp = PretrainInput(
       phase.input_files,
       host_batch,
@@ -164,14 +210,47 @@ def input_factory(config, sources: DataSources, phase: PhaseData, host_batch: in
       phase.max_predictions_per_seq,
       seed=config.seed,
       shuffle_buffer_size=config.shuffle_buffer_size,
-      dynamic_masking=config.dynamic_masking,
+      dynamic_masking=config.dynamic_masking and not ltr,
       tokenizer=sources.tokenizer,
       masked_lm_prob=config.masked_lm_prob,
+      whole_word_mask=config.whole_word_mask,
+      mask_rates=mask_rates(config),
+      unmask=ltr,
     )
     log_input(inp)
-    return inp
+    return KeyFilter(inp, batch_keys(config.objective))
 
   return make
+
+
+def batch_keys(objective: str) -> tuple[str, ...]:
+  """The batch features ``objective`` reads."""
+  keys = ("input_ids", "input_mask", "segment_ids")
+  if objective == "ltr":
+    return keys
+  keys += ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+  return keys + ("next_sentence_labels",) if objective == "mlm_nsp" else keys
+
+
+class KeyFilter:
+  """An input iterator passing on only ``keys`` (and ``example_weights``) of each batch; its
+  position (get_state / set_state) is the wrapped iterator's."""
+
+  def __init__(self, inner, keys: tuple[str, ...]):
+    self.inner = inner
+    self.keys = frozenset(keys) | {"example_weights"}
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return {k: v for k, v in next(self.inner).items() if k in self.keys}
+
+  def get_state(self) -> dict:
+    return self.inner.get_state()
+
+  def set_state(self, state: dict) -> None:
+    self.inner.set_state(state)
 
 
 def eval_batches(
@@ -189,16 +268,22 @@ def eval_batches(
       process_index=jax.process_index(),
       process_count=jax.process_count(),
     )
+    keys = KeyFilter(it, batch_keys(config.objective))
     for _ in range(config.max_eval_steps):
-      yield next(it)
+      yield next(keys)
     return
   if not phase.eval_input_files:
     return
   from bert_jax.data.pipeline import eval_batches as data_eval_batches  # noqa: PLC0415
 
   it = data_eval_batches(
-    phase.eval_input_files, host_batch, phase.max_seq_length, phase.max_predictions_per_seq
+    phase.eval_input_files,
+    host_batch,
+    phase.max_seq_length,
+    phase.max_predictions_per_seq,
+    unmask=config.objective == "ltr",
   )
+  it = KeyFilter(it, batch_keys(config.objective))
   template = None
   for _ in range(config.max_eval_steps):
     batch = next(it, None)

@@ -1,9 +1,22 @@
-"""BERT's pre-training objective: masked-LM loss + next-sentence loss (paper section 3.1).
+"""Pre-training objectives: BERT's masked LM + next sentence (section 3.1) and the paper's
+Table 5 ablations.
 
-As google-research/bert's ``run_pretraining.py``: the MLM loss is the cross-entropy at the
-masked positions, weighted by ``masked_lm_weights`` (0 for padding predictions) and divided by
-the weight sum; the NSP loss is the mean cross-entropy of the 2-way classifier; the total is
-their sum. Logits are computed only at ``masked_lm_positions`` (BxPxV, not BxLxV).
+``objective`` (``configs/pretrain.py``'s ``config.objective``):
+
+* ``"mlm_nsp"`` (BERT): as google-research/bert's ``run_pretraining.py``, the MLM loss is the
+  cross-entropy at the masked positions, weighted by ``masked_lm_weights`` (0 for padding
+  predictions) and divided by the weight sum; the NSP loss is the mean cross-entropy of the
+  2-way classifier; the total is their sum. Logits are computed only at
+  ``masked_lm_positions`` (BxPxV, not BxLxV).
+* ``"mlm"`` ("No NSP"): the MLM loss alone; the model has no NSP head.
+* ``"ltr"`` ("LTR & No NSP"): a left-to-right LM on the original (unmasked) tokens: causal
+  attention (``BertConfig.is_decoder``), and at every position i with a real token at i + 1 the
+  cross-entropy of predicting it, averaged over those positions; the output layer is the MLM
+  head's (tied to the embeddings), so parameters and checkpoints have the same layout.
+
+Eval sums and summaries report loss, accuracy and perplexity (exp of the mean loss, the paper's
+Table 6 "LM (ppl)") of the LM part under ``mlm_*`` for the masked objectives and ``lm_*`` for
+``ltr``; NSP figures only for ``mlm_nsp``.
 """
 
 from __future__ import annotations
@@ -17,78 +30,126 @@ import optax
 
 from bert_jax.model import BertForPreTraining
 
+OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
 
-def _forward(model: BertForPreTraining, params, batch, rng, deterministic: bool):
+
+def check_objective(objective: str) -> str:
+  if objective not in OBJECTIVES:
+    raise ValueError(
+      f"config.objective={objective!r} is not one of {OBJECTIVES} (mlm_nsp: BERT's masked LM + "
+      "next sentence; mlm: no NSP; ltr: left-to-right LM, no NSP)"
+    )
+  return objective
+
+
+def _forward(model: BertForPreTraining, params, batch, rng, deterministic: bool, objective: str):
   rngs = None if deterministic else {"dropout": rng}
+  positions = None if objective == "ltr" else batch["masked_lm_positions"]
   return model.apply(
     {"params": params},
     batch["input_ids"],
     batch["input_mask"],
     batch["segment_ids"],
-    batch["masked_lm_positions"],
+    positions,
     deterministic=deterministic,
     rngs=rngs,
   )
 
 
-def _per_example_terms(out, batch):
-  mlm_logits_BxPxV = out["mlm_logits"].astype(jnp.float32)
-  nsp_logits_Bx2 = out["nsp_logits"].astype(jnp.float32)
-  ids_BxP = batch["masked_lm_ids"]
-  w_BxP = batch["masked_lm_weights"].astype(jnp.float32)
-  mlm_xent_BxP = optax.softmax_cross_entropy_with_integer_labels(mlm_logits_BxPxV, ids_BxP)
-  mlm_correct_BxP = (jnp.argmax(mlm_logits_BxPxV, -1) == ids_BxP).astype(jnp.float32)
-  labels_B = batch["next_sentence_labels"].reshape(-1)
-  # Held-out batches padded to full size mark their padding rows with example_weights 0.
-  ex_w_B = batch.get("example_weights", jnp.ones(labels_B.shape, jnp.float32))
-  nsp_xent_B = optax.softmax_cross_entropy_with_integer_labels(nsp_logits_Bx2, labels_B)
-  nsp_correct_B = (jnp.argmax(nsp_logits_Bx2, -1) == labels_B).astype(jnp.float32)
-  return dict(
-    mlm_loss_sum=jnp.sum(mlm_xent_BxP * w_BxP),
-    mlm_correct=jnp.sum(mlm_correct_BxP * w_BxP),
-    mlm_weight=jnp.sum(w_BxP),
-    nsp_loss_sum=jnp.sum(nsp_xent_B * ex_w_B),
-    nsp_correct=jnp.sum(nsp_correct_B * ex_w_B),
-    nsp_count=jnp.sum(ex_w_B),
-  )
+def _xent_terms(logits_BxNxV, ids_BxN, w_BxN, prefix: str) -> dict[str, jax.Array]:
+  logits_BxNxV = logits_BxNxV.astype(jnp.float32)
+  w_BxN = w_BxN.astype(jnp.float32)
+  xent_BxN = optax.softmax_cross_entropy_with_integer_labels(logits_BxNxV, ids_BxN)
+  correct_BxN = (jnp.argmax(logits_BxNxV, -1) == ids_BxN).astype(jnp.float32)
+  return {
+    f"{prefix}_loss_sum": jnp.sum(xent_BxN * w_BxN),
+    f"{prefix}_correct": jnp.sum(correct_BxN * w_BxN),
+    f"{prefix}_weight": jnp.sum(w_BxN),
+  }
 
 
-def make_pretraining_loss(model: BertForPreTraining):
-  """``loss_fn(params, batch, rng, deterministic) -> (mlm_loss + nsp_loss, metrics)``."""
+def next_token_targets(batch) -> tuple[jax.Array, jax.Array]:
+  """(targets BxL, weights BxL): row i's target is token i + 1, weighted 1 where that token is
+  real (input_mask); the last position predicts nothing."""
+  ids_BxL = batch["input_ids"]
+  targets_BxL = jnp.concatenate([ids_BxL[:, 1:], jnp.zeros_like(ids_BxL[:, :1])], axis=1)
+  mask_BxL = batch["input_mask"]
+  w_BxL = jnp.concatenate([mask_BxL[:, 1:], jnp.zeros_like(mask_BxL[:, :1])], axis=1)
+  return targets_BxL, w_BxL.astype(jnp.float32)
+
+
+def _per_example_terms(out, batch, objective: str):
+  if objective == "ltr":
+    targets_BxL, w_BxL = next_token_targets(batch)
+    return _xent_terms(out["mlm_logits"], targets_BxL, w_BxL, "lm")
+  terms = _xent_terms(out["mlm_logits"], batch["masked_lm_ids"], batch["masked_lm_weights"], "mlm")
+  if objective == "mlm_nsp":
+    nsp_logits_Bx2 = out["nsp_logits"].astype(jnp.float32)
+    labels_B = batch["next_sentence_labels"].reshape(-1)
+    # Held-out batches padded to full size mark their padding rows with example_weights 0.
+    ex_w_B = batch.get("example_weights", jnp.ones(labels_B.shape, jnp.float32))
+    nsp_xent_B = optax.softmax_cross_entropy_with_integer_labels(nsp_logits_Bx2, labels_B)
+    nsp_correct_B = (jnp.argmax(nsp_logits_Bx2, -1) == labels_B).astype(jnp.float32)
+    terms.update(
+      nsp_loss_sum=jnp.sum(nsp_xent_B * ex_w_B),
+      nsp_correct=jnp.sum(nsp_correct_B * ex_w_B),
+      nsp_count=jnp.sum(ex_w_B),
+    )
+  return terms
+
+
+def make_pretraining_loss(model: BertForPreTraining, objective: str = "mlm_nsp"):
+  """``loss_fn(params, batch, rng, deterministic) -> (loss, metrics)`` for ``objective``."""
+  check_objective(objective)
+  lm = "lm" if objective == "ltr" else "mlm"
 
   def loss_fn(params, batch: Mapping[str, jax.Array], rng, deterministic: bool):
-    t = _per_example_terms(_forward(model, params, batch, rng, deterministic), batch)
-    mlm_loss = t["mlm_loss_sum"] / (t["mlm_weight"] + 1e-5)
+    out = _forward(model, params, batch, rng, deterministic, objective)
+    t = _per_example_terms(out, batch, objective)
+    lm_loss = t[f"{lm}_loss_sum"] / (t[f"{lm}_weight"] + 1e-5)
+    metrics = {
+      f"{lm}_loss": lm_loss,
+      f"{lm}_accuracy": t[f"{lm}_correct"] / (t[f"{lm}_weight"] + 1e-5),
+    }
+    if objective != "mlm_nsp":
+      return lm_loss, metrics
     nsp_loss = t["nsp_loss_sum"] / jnp.maximum(t["nsp_count"], 1.0)
-    metrics = dict(
-      mlm_loss=mlm_loss,
-      nsp_loss=nsp_loss,
-      mlm_accuracy=t["mlm_correct"] / (t["mlm_weight"] + 1e-5),
-      nsp_accuracy=t["nsp_correct"] / jnp.maximum(t["nsp_count"], 1.0),
+    metrics.update(
+      nsp_loss=nsp_loss, nsp_accuracy=t["nsp_correct"] / jnp.maximum(t["nsp_count"], 1.0)
     )
-    return mlm_loss + nsp_loss, metrics
+    return lm_loss + nsp_loss, metrics
 
   return loss_fn
 
 
-def make_pretraining_eval(model: BertForPreTraining):
+def make_pretraining_eval(model: BertForPreTraining, objective: str = "mlm_nsp"):
   """``eval_fn(params, batch) -> sums`` to add up over held-out batches (no dropout)."""
+  check_objective(objective)
 
   def eval_fn(params, batch):
-    return _per_example_terms(_forward(model, params, batch, None, True), batch)
+    out = _forward(model, params, batch, None, True, objective)
+    return _per_example_terms(out, batch, objective)
 
   return eval_fn
 
 
 def summarize_eval(sums: Mapping[str, Any]) -> dict[str, float]:
-  """MLM accuracy / loss / perplexity and NSP accuracy / loss from summed eval terms."""
-  w = max(float(sums["mlm_weight"]), 1e-5)
-  n = max(float(sums["nsp_count"]), 1.0)
-  mlm_loss = float(sums["mlm_loss_sum"]) / w
-  return dict(
-    mlm_accuracy=float(sums["mlm_correct"]) / w,
-    mlm_loss=mlm_loss,
-    mlm_perplexity=float(jnp.exp(min(mlm_loss, 80.0))),
-    nsp_accuracy=float(sums["nsp_correct"]) / n,
-    nsp_loss=float(sums["nsp_loss_sum"]) / n,
-  )
+  """LM accuracy / loss / perplexity (and NSP accuracy / loss) from summed eval terms."""
+  out = {}
+  for lm in ("mlm", "lm"):
+    if f"{lm}_weight" in sums:
+      w = max(float(sums[f"{lm}_weight"]), 1e-5)
+      loss = float(sums[f"{lm}_loss_sum"]) / w
+      out.update(
+        {
+          f"{lm}_accuracy": float(sums[f"{lm}_correct"]) / w,
+          f"{lm}_loss": loss,
+          f"{lm}_perplexity": float(jnp.exp(min(loss, 80.0))),
+        }
+      )
+  if "nsp_count" in sums:
+    n = max(float(sums["nsp_count"]), 1.0)
+    out.update(
+      nsp_accuracy=float(sums["nsp_correct"]) / n, nsp_loss=float(sums["nsp_loss_sum"]) / n
+    )
+  return out

@@ -59,6 +59,24 @@ def _tokenizer(path: str, do_lower_case):
   return load_tokenizer(path, do_lower_case=do_lower_case)
 
 
+CAUSAL_CHOICES = ("error", "causal", "bidirectional")
+
+
+def _causal_attention(config: ml_collections.ConfigDict, is_decoder: bool) -> bool:
+  """Whether the fine-tuned encoder attends left-to-right (config.causal_checkpoint)."""
+  choice = config.causal_checkpoint
+  if choice not in CAUSAL_CHOICES:
+    raise ValueError(f"config.causal_checkpoint={choice!r} is not one of {CAUSAL_CHOICES}")
+  if is_decoder and choice == "error":
+    raise ValueError(
+      f"{config.init_checkpoint or 'the workdir'}: a left-to-right (causal, is_decoder) "
+      f"checkpoint, and task {config.task!r} reads bidirectional context: set "
+      "config.causal_checkpoint='causal' to fine-tune it left-to-right or 'bidirectional' "
+      "to use its weights with full attention"
+    )
+  return is_decoder and choice == "causal"
+
+
 def resolve_model(config: ml_collections.ConfigDict, workdir: str) -> ModelSetup:
   """The encoder config, tokenizer and (when initialising) pretrained weights of a run."""
   if has_checkpoint(workdir) and os.path.isfile(os.path.join(workdir, "model_config.json")):
@@ -90,7 +108,9 @@ def resolve_model(config: ml_collections.ConfigDict, workdir: str) -> ModelSetup
         "belong to config.init_checkpoint?)"
       )
     setup = ModelSetup(bert_config, tokenizer, pretrained)
+  causal = _causal_attention(config, setup.bert_config.is_decoder)
   setup.bert_config = setup.bert_config.replace(
+    is_decoder=causal,
     dtype=config.dtype,
     hidden_dropout_prob=float(config.hidden_dropout_prob),
     attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),

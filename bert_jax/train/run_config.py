@@ -43,6 +43,7 @@ _RULES: tuple[_Rule, ...] = (
   ("optimizer.b2", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
   ("optimizer.eps", lambda v: _finite(v) and v > 0, "positive"),
   ("checkpoint.keep_checkpoint_max", lambda v: v >= 1, ">= 1"),
+  ("checkpoint.keep_period", lambda v: v >= 0, ">= 0 (0: keep only the last keep_checkpoint_max)"),
   ("logging.log_every_steps", lambda v: v >= 1, ">= 1"),
 )
 

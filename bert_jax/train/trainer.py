@@ -193,7 +193,12 @@ def run(config, workdir: str, build, purpose: str = "train") -> dict[str, Any]:
 def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str, Any]:
   asm = assemble(job, config, mesh, rules)
   ckpt = config.checkpoint
-  manager = CheckpointManager(workdir, keep=ckpt.keep_checkpoint_max, async_save=ckpt.async_save)
+  manager = CheckpointManager(
+    workdir,
+    keep=ckpt.keep_checkpoint_max,
+    async_save=ckpt.async_save,
+    keep_period=ckpt.keep_period,
+  )
   best = (
     CheckpointManager(os.path.join(workdir, BEST_DIR), keep=1, async_save=False)
     if job.keep_best
