@@ -63,3 +63,49 @@ def test_prepare_default_data(tmp_path):
     out, vocab_size=2000, max_documents=60, dupe_factor=1, eval_fraction=0.1, num_workers=1
   )
   assert again == data and stamps() == before
+
+
+def test_prepare_default_data_for_the_ablations(tmp_path):
+  import json
+
+  from bert_jax.data import tfrecord
+
+  out = str(tmp_path / "default")
+  small = dict(
+    vocab_size=1500,
+    max_documents=40,
+    dupe_factor=1,
+    eval_fraction=0.1,
+    num_workers=1,
+    max_seq_lengths=(128,),
+    max_predictions_per_seq=(20,),
+  )
+  data = default_corpus.prepare_default_data(out, **small)
+  with open(os.path.join(out, "default_data.json")) as f:
+    args = json.load(f)["args"]
+  # New settings at their defaults are not recorded: directories prepared before stay valid.
+  assert not {"sentence_pairs", "masked_lm_prob", "mask_rates", "whole_word_mask"} & set(args)
+  assert tfrecord.records_have_sentence_pairs(data.train_files[128], 128, 20)
+
+  packed = default_corpus.prepare_default_data(
+    out, **small, sentence_pairs=False, mask_rates=(1.0, 0.0, 0.0), whole_word_mask=True
+  )
+  with open(os.path.join(out, "default_data.json")) as f:
+    args = json.load(f)["args"]
+  assert args["sentence_pairs"] is False and args["mask_rates"] == [1.0, 0.0, 0.0]
+  assert args["whole_word_mask"] is True and "masked_lm_prob" not in args
+  with open(os.path.join(out, "generation_config.json")) as f:
+    config = json.load(f)
+  assert config["sentence_pairs"] is False and config["whole_word_mask"] is True
+  assert not tfrecord.records_have_sentence_pairs(packed.train_files[128], 128, 20)
+  batch = next(
+    pipeline.PretrainInput(packed.train_files[128], 8, 128, 20, process_index=0, process_count=1)
+  )
+  assert (batch["segment_ids"] == 0).all()
+  k = batch["masked_lm_weights"] > 0
+  positions = batch["masked_lm_positions"][k]
+  rows = np.nonzero(k)[0]
+  from bert_jax.tokenize import load_tokenizer
+
+  mask_id = load_tokenizer(packed.tokenizer_dir).mask_id
+  assert (batch["input_ids"][rows, positions] == mask_id).all()  # rates (1, 0, 0): all [MASK]

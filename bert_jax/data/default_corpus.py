@@ -225,7 +225,10 @@ def prepare_default_data(
 
   corpus_files = write_default_corpus(os.path.join(out_dir, "corpus"), max_documents=max_documents)
   vocab_file = os.path.join(out_dir, "vocab.txt")
-  vocab_lib.build_wordpiece_vocab(corpus_files, vocab_file, vocab_size, do_lower_case=True)
+  # Rewritten like the corpus (a rerun with other arguments, or after an interrupted one).
+  vocab_lib.build_wordpiece_vocab(
+    corpus_files, vocab_file, vocab_size, do_lower_case=True, overwrite=True
+  )
   config = generate_lib.GenerationConfig(
     tokenizer_path=vocab_file,
     do_lower_case=True,
