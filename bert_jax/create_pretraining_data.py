@@ -8,6 +8,10 @@ seq 512 with 80):
     --vocab_file=/path/to/vocab.txt --max_seq_length=128,512 --max_predictions_per_seq=20,80 \
     --dupe_factor=10
 
+For the paper's ablations: ``--mask_rates=1,0,0`` (what a masked position becomes: [MASK] /
+itself / a random token, Table 8) and ``--sentence_pairs=false`` (documents packed into single
+segments without NSP pairs, for the no-NSP and left-to-right objectives, Table 5).
+
 Output: {output_dir}/seq_{L}/{train,eval}-NNNNN-of-NNNNN.tfrecord. The inputs and settings are
 checked before anything is written; a user error is one line ``create_pretraining_data: error:
 ...`` (status 2 for usage errors, 1 otherwise), ``--verbose_errors`` adds the traceback. See
