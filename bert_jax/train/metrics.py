@@ -52,7 +52,7 @@ def progress_line(step: int, total: int, m: Mapping[str, float], phase: str = ""
   parts = [f"step {step}/{total}" + (f" [{phase}]" if phase else "")]
   if "loss" in m:
     parts.append(f"loss {m['loss']:.4f}")
-  for task in ("mlm", "nsp"):
+  for task in ("mlm", "lm", "nsp"):
     if f"{task}_loss" in m:
       parts.append(f"{task} {m[f'{task}_loss']:.3f} acc {m.get(f'{task}_accuracy', 0.0):.3f}")
   if "learning_rate" in m:
