@@ -155,10 +155,9 @@ def prepare_corpus(out_dir: str, vocab_size: int, seed: int) -> dict[str, str]:
     )
     out[layout] = result["files"][128]["train"]
     out[f"{layout}_eval"] = result["files"][128]["eval"]
-    stats = result["stats"]["per_length"]["128"]
-    print(
-      f"  {layout}: {stats['train_examples']} train / {stats['eval_examples']} eval", flush=True
-    )
+    stats = result["stats"]["per_length"].get("128")  # None when every shard existed
+    if stats:
+      print(f"  {layout}: {stats['train_examples']} train / {stats['eval_examples']} eval")
   return out
 
 
