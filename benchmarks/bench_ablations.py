@@ -263,8 +263,7 @@ def report(args) -> str:
           if os.path.exists(path):
             values.append(_dev_metrics(json.load(open(path)))[key])
         cells[(task, key)] = _cell(values)
-    paper = PAPER_TABLE_5.get(name, "") + ("; " if name in PAPER_TABLE_5 else "")
-    paper += PAPER_TABLE_8.get(name, "")
+    paper = "; ".join(t[name] for t in (PAPER_TABLE_5, PAPER_TABLE_8) if name in t)
     label = f"{name} ({row})"
     rows.append(
       f"| {label} | {lm_cell} | {cells[('mrpc', 'accuracy')]} | {cells[('mrpc', 'f1')]} | "
