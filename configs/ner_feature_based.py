@@ -5,7 +5,9 @@
       --config.dev_file=../shared/data/conll2003/dev.txt --config.init_checkpoint=PATH
 
 The argument is the feature: layer (with --config.feature_layer=-1 last, -2 second-to-last,
-0 embeddings), sum_last_four, concat_last_four (the paper's best), sum_all.
+0 embeddings), sum_last_four, concat_last_four (the paper's best), sum_all, scalar_mix (ELMo's
+learned softmax-weighted mix of all num_hidden_layers + 1 hidden states, embeddings included,
+times a learned scale; metrics.json's "param_report" gives the learned weights).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from bert_jax.model.heads import (
   BertForTokenClassification,
   gather_positions,
 )
+from bert_jax.model.scalar_mix import ScalarMix
 
 __all__ = [
   "PRESETS",
@@ -20,5 +21,6 @@ __all__ = [
   "BertForQuestionAnswering",
   "BertForSequenceClassification",
   "BertForTokenClassification",
+  "ScalarMix",
   "gather_positions",
 ]

@@ -10,6 +10,11 @@ params["bert"] untouched (no update, no weight decay). The features, as in Table
   ``sum_last_four``     the sum of the last four hidden layers
   ``concat_last_four``  their concatenation (4 x hidden_size features)
   ``sum_all``           the sum of all layers' outputs (embeddings excluded)
+  ``scalar_mix``        ELMo's learned mix (``bert_jax.model.scalar_mix``, Peters et al. 2018
+                        eq. 1) over all ``num_hidden_layers + 1`` hidden states, the embeddings
+                        included: ``gamma * sum_k softmax(w)_k h_k``; ``w`` and ``gamma``
+                        (params["scalar_mix"]) train with the BiLSTM, the encoder stays frozen.
+                        ``param_report`` gives the learned weights and their centre of gravity.
 
 Config keys (configs/ner_feature_based.py): those of NER plus ``feature_mode``,
 ``feature_layer``, ``lstm_hidden_size`` (paper: 768 per direction) and ``lstm_num_layers``.
@@ -22,13 +27,15 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.model import BertConfig, BertEncoder
+from bert_jax.model import scalar_mix as scalar_mix_lib
 from bert_jax.tasks.ner import NerTask
 
-FEATURE_MODES = ("layer", "sum_last_four", "concat_last_four", "sum_all")
+FEATURE_MODES = ("layer", "sum_last_four", "concat_last_four", "sum_all", "scalar_mix")
 
 
 def select_features(hidden_states, mode: str, layer: int = -1) -> jax.Array:
-  """BxLxF features from the tuple of (num_layers + 1) BxLxD hidden states."""
+  """BxLxF features from the tuple of (num_layers + 1) BxLxD hidden states (fixed modes; the
+  learned ``scalar_mix`` is a module, see ``FeatureBasedTagger``)."""
   if mode == "layer":
     return hidden_states[layer]
   if mode == "sum_last_four":
@@ -86,7 +93,11 @@ class FeatureBasedTagger(nn.Module):
       input_ids, input_mask, segment_ids, deterministic=True, output_hidden_states=True
     )
     hidden = tuple(jax.lax.stop_gradient(h) for h in out["hidden_states"])
-    feats_BxLxF = select_features(hidden, self.feature_mode, self.feature_layer)
+    if self.feature_mode == "scalar_mix":
+      # Params: scalar_mix/{weights (num_hidden_layers + 1,), gamma ()}; index 0 = embeddings.
+      feats_BxLxF = scalar_mix_lib.ScalarMix(name="scalar_mix")(hidden)
+    else:
+      feats_BxLxF = select_features(hidden, self.feature_mode, self.feature_layer)
     mask = jnp.ones_like(input_ids) if input_mask is None else input_mask
     logits = BiLstmTagger(
       self.num_labels,
@@ -132,3 +143,16 @@ class FeatureBasedNerTask(NerTask):
 
   def trainable(self, path: tuple[str, ...]) -> bool:
     return not path or path[0] != "bert"
+
+  def param_report(self, params) -> dict:
+    """What the trained params tell beyond the metrics: in ``scalar_mix`` mode, the learned
+    mix (``scalar_mix.summary``: softmax weights over embeddings + layers, index 0 the
+    embeddings; gamma; the centre of gravity ``sum_k k * s_k``); otherwise nothing."""
+    if self.config.feature_mode != "scalar_mix":
+      return {}
+    if "scalar_mix" not in params:
+      raise ValueError(
+        f"feature_mode 'scalar_mix' but the params have no 'scalar_mix' entry "
+        f"(top-level keys: {sorted(params)})"
+      )
+    return {"scalar_mix": scalar_mix_lib.summary(jax.device_get(params["scalar_mix"]))}
