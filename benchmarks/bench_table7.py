@@ -11,6 +11,10 @@ one is started again from scratch.
 
   nice -n 10 .venv/bin/python benchmarks/bench_table7.py --root workdir/bench_table7 \
       --train_examples 3000 --epochs 1 --lstm_hidden_size 128
+
+Runs use the code of the checkout this file is in (``python -m`` from its root), so a copy
+of a commit (``git archive HEAD | tar -x -C DIR``) runs unaffected by edits to the working tree;
+``--data_dir`` then points at the data.
   .venv/bin/python benchmarks/bench_table7.py --root workdir/bench_table7 \
       --report benchmarks/RESULTS_table7.md          # the Markdown table only, no runs
 """
@@ -58,8 +62,8 @@ def minilm_dir() -> str:
 
 def run_args(args, mode: str, overrides: dict, seed: int, workdir: pathlib.Path) -> list[str]:
   cfg = {
-    "train_file": DATA / "train.txt",
-    "dev_file": DATA / "dev.txt",
+    "train_file": pathlib.Path(args.data_dir) / "train.txt",
+    "dev_file": pathlib.Path(args.data_dir) / "dev.txt",
     "init_checkpoint": args.checkpoint or minilm_dir(),
     "max_train_examples": args.train_examples,
     "max_eval_examples": args.eval_examples,
@@ -209,6 +213,7 @@ def report(root: pathlib.Path) -> str:
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="workdir/bench_table7", help="one workdir per run, results")
+  p.add_argument("--data_dir", default=str(DATA), help="CoNLL-2003 train.txt and dev.txt")
   p.add_argument("--checkpoint", default="", help="encoder (default: the MiniLM-L6 package)")
   p.add_argument("--rows", nargs="*", default=[], help=f"subset of {[r[0] for r in ROWS]}")
   p.add_argument("--seeds", nargs="*", type=int, default=[42])
