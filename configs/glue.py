@@ -75,6 +75,25 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   return config
 
 
+def privacy_fields(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Private attributes and defences (docs/privacy.md), e.g. for CoLA:
+  --config.private_attributes=cola_source --config.defence.name=multidetasking"""
+  # "" none | "cola_source" (CoLA's source column) | "stsb_genre" (STS-B's genre column) |
+  # "conll_per" (the top PER entities of private_attributes_file, present in the text or not).
+  config.private_attributes = ""
+  config.num_private_attributes = 5  # K: the K most frequent values of the training split
+  config.private_attributes_file = ""  # conll_per: a CoNLL-2003 file (e.g. its train.txt)
+  config.defence = ml_collections.ConfigDict()
+  # "" none | "multidetasking" | "declustering" | "gradient_reversal" (not from the seed)
+  config.defence.name = ""
+  config.defence.alpha = 1.0  # weight of the main task's loss
+  config.defence.beta = 1.0  # weight of the encoder's adversarial term
+  config.defence.declustering_lambda = 0.1
+  config.defence.adversary_hidden_size = 64
+  config.defence.adversary_learning_rate = 1e-3  # the adversary's own Adam
+  return config
+
+
 def get_config(task: str = "sst2") -> ml_collections.ConfigDict:
   if task not in GLUE_TASKS:
     raise ValueError(f"unknown GLUE task {task!r}; choose one of {GLUE_TASKS}")
@@ -83,5 +102,6 @@ def get_config(task: str = "sst2") -> ml_collections.ConfigDict:
   config.data_dir = ""  # GLUE root (holding CoLA/, SST-2/, ...) or the task's folder
   config.tfds_data_dir = ""  # local TFDS data_dir with glue/* prepared (no download)
   config.skip_malformed_rows = False  # True: skip (and count) rows with missing fields / labels
+  privacy_fields(config)
   config.lock()
   return config

@@ -23,6 +23,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -90,12 +91,27 @@ def fit_spec(
   return PartitionSpec(*entries)
 
 
+def _drop_masked_boxes(tree: Any) -> Any:
+  """The tree with each logical box around an ``optax.MaskedNode`` (the placeholder a parameter
+  group's optimizer state holds for another group's parameter) replaced by the bare node."""
+
+  def unbox_masked(x):
+    if isinstance(x, nn.meta.AxisMetadata) and isinstance(x.unbox(), optax.MaskedNode):
+      return x.unbox()
+    return x
+
+  return jax.tree_util.tree_map(
+    unbox_masked, tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata)
+  )
+
+
 def logical_shardings(abstract_tree: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
   """NamedShardings for a tree whose leaves may be ``nn.Partitioned`` (abstract or concrete).
 
   The result has the structure of the *unboxed* tree. Leaves without logical names (step
   counters, rng, scalars of optimizer state) are replicated.
   """
+  abstract_tree = _drop_masked_boxes(abstract_tree)
   specs = nn.get_partition_spec(abstract_tree)
   mesh_specs = nn.logical_to_mesh(specs, rules)
   unboxed = nn.meta.unbox(abstract_tree)

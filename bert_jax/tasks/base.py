@@ -59,6 +59,9 @@ documented skips are counted in ``stats``.
 
 Frozen parameters (the feature-based approach): ``trainable(path)`` says for a parameter path
 (a tuple of names) whether the optimizer updates it; the default trains everything.
+``optimizer_groups()`` gives parameters their own optimizer (name -> ``OptimizerGroup``, e.g. a
+defence's adversary); ``param_report(params)`` is what a run reports about its trained
+parameters (e.g. learned scalar-mix weights), written into metrics.json as "param_report".
 
 A new task is registered in ``bert_jax/tasks/__init__.py`` (``TASKS``: name -> "module:Class",
 imported lazily) and gets a config file in ``configs/``.
@@ -224,3 +227,12 @@ class Task(abc.ABC):
     """Whether the optimizer updates the parameter at ``path`` (default: all of them)."""
     del path
     return True
+
+  def optimizer_groups(self) -> dict[str, Any]:
+    """Parameters trained by their own optimizer: name -> ``train.optimizers.OptimizerGroup``."""
+    return {}
+
+  def param_report(self, params: Any) -> dict[str, Any]:
+    """JSON-able facts about trained parameters (host numpy) for metrics.json; {} by default."""
+    del params
+    return {}

@@ -3,7 +3,9 @@
 Config keys read (see configs/glue.py): ``task``, ``data_source`` ("tsv" | "tfds"),
 ``data_dir`` (GLUE root holding CoLA/, SST-2/, ... or one task's folder), ``tfds_data_dir``,
 ``max_seq_length``, ``skip_malformed_rows``, ``max_train_examples``/``max_eval_examples``
-(0 = all; slices for quick runs). Pairs are packed ``[CLS] A [SEP] B [SEP]``; a pair that does
+(0 = all; slices for quick runs); ``private_attributes``, ``num_private_attributes``,
+``private_attributes_file`` (bert_jax/tasks/private_attributes.py: each split gains an int32
+[N, K] array ``private``) and ``defence`` (bert_jax/tasks/defences.py). Pairs are packed ``[CLS] A [SEP] B [SEP]``; a pair that does
 not fit is truncated (longer text first) and counted in the split's ``stats["truncated"]``.
 
 Test predictions are written in the GLUE server's format: ``<Task>.tsv`` (CoLA.tsv, SST-2.tsv,
@@ -13,6 +15,7 @@ with a header ``index\tprediction`` and label names (entailment, ...), 0/1, or a
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -23,10 +26,13 @@ import numpy as np
 import optax
 
 from bert_jax.model import BertConfig, BertForSequenceClassification
+from bert_jax.tasks import defences as D
 from bert_jax.tasks import metrics as M
+from bert_jax.tasks import private_attributes as PA
 from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.glue_data import SPECS, GlueSpec, labels_array, read_tfds, read_tsv
 from bert_jax.tasks.glue_features import encode_texts
+from bert_jax.train.optimizers import OptimizerGroup
 
 
 def glue_metrics(spec: GlueSpec, labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
@@ -60,6 +66,11 @@ class GlueTask(Task):
     self.primary_metric = self.spec.primary_metric
     self.eval_splits = tuple(s for s, _ in self.spec.eval_files)
     self.test_splits = tuple(s for s, _, _ in self.spec.test_files)
+    if config.private_attributes:
+      PA.check_kind(config.private_attributes)
+    D.check_defence(config.defence, bool(config.private_attributes))
+    self.defence = config.defence.name
+    self._examples: dict[str, tuple] = {}
 
   @property
   def labels(self) -> list[str]:
@@ -70,9 +81,58 @@ class GlueTask(Task):
     return max(1, len(self.spec.labels))
 
   def build_model(self, bert_config: BertConfig):
+    if self.defence in D.ADVERSARIAL:
+      self.adversary = D.Adversary(
+        int(self.config.num_private_attributes), int(self.config.defence.adversary_hidden_size)
+      )
     return BertForSequenceClassification(
       bert_config, num_labels=self.num_labels, head_init=self.config.head_init
     )
+
+  # --- private attributes and defences ------------------------------------------------------
+  @functools.cached_property
+  def private_attributes(self) -> PA.PrivateAttributes | None:
+    """The task's private attributes (fitted on the training split), or None."""
+    c = self.config
+    if not c.private_attributes:
+      return None
+    train = [] if c.private_attributes == "conll_per" else self.read_examples(self.train_split)[0]
+    return PA.fit(
+      c.private_attributes,
+      int(c.num_private_attributes),
+      [e.columns for e in train],
+      c.private_attributes_file,
+      where=f"{self.spec.dir_name} {self.train_split}",
+    )
+
+  def _private_matrix(self, split: str, examples) -> np.ndarray:
+    return PA.matrix(
+      self.private_attributes,
+      [e.columns for e in examples],
+      [(e.text_a, e.text_b) for e in examples],
+      where=f"{self.spec.dir_name} {split}",
+    )
+
+  def init_variables(self, model, rng, batch_size: int):
+    variables = super().init_variables(model, rng, batch_size)
+    if self.defence not in D.ADVERSARIAL:
+      return variables
+    hidden = model.config.hidden_size
+    adversary = self.adversary.init(jax.random.fold_in(rng, 1), jnp.zeros((1, hidden)))
+    return {**variables, "params": {**variables["params"], D.ADVERSARY: adversary["params"]}}
+
+  def apply(self, model, params, batch, deterministic, rng=None):
+    if self.defence not in D.ADVERSARIAL:
+      return super().apply(model, params, batch, deterministic, rng)
+    main = {k: v for k, v in params.items() if k != D.ADVERSARY}
+    outputs = super().apply(model, main, batch, deterministic, rng)
+    return {**outputs, **D.adversary_outputs(self.adversary, params, outputs["pooled_output"])}
+
+  def optimizer_groups(self) -> dict[str, OptimizerGroup]:
+    if self.defence not in D.ADVERSARIAL:
+      return {}
+    lr = float(self.config.defence.adversary_learning_rate)
+    return {D.ADVERSARY: OptimizerGroup(D.is_adversary, lr)}
 
   # --- data ---------------------------------------------------------------------------------
   def _task_dir(self) -> str:
@@ -86,7 +146,12 @@ class GlueTask(Task):
     return sub if os.path.isdir(sub) else root
 
   def read_examples(self, split: str):
-    """(examples, labelled, skipped) of a split from the configured source."""
+    """(examples, labelled, skipped) of a split from the configured source (read once)."""
+    if split not in self._examples:
+      self._examples[split] = self._read_examples(split)
+    return self._examples[split]
+
+  def _read_examples(self, split: str):
     spec = self.spec
     labelled = split == self.train_split or split in self.eval_splits
     if split not in (self.train_split, *self.eval_splits, *self.test_splits):
@@ -125,6 +190,12 @@ class GlueTask(Task):
       int(self.config.max_seq_length),
     )
     arrays["label"] = labels_array(self.spec, examples)
+    if self.private_attributes is not None:
+      try:
+        arrays["private"] = self._private_matrix(split, examples)
+      except ValueError:
+        if labelled:  # train/dev must have them; a test file may lack the column
+          raise
     return SplitData(
       split,
       arrays,
@@ -136,17 +207,26 @@ class GlueTask(Task):
   # --- model outputs ------------------------------------------------------------------------
   def target_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     dtype = np.float32 if self.spec.is_regression else np.int32
-    return {"label": jax.ShapeDtypeStruct((batch_size,), dtype)}
+    spec = {"label": jax.ShapeDtypeStruct((batch_size,), dtype)}
+    if self.defence:
+      k = int(self.config.num_private_attributes)  # what fit() returns, so no data is read
+      spec["private"] = jax.ShapeDtypeStruct((batch_size, k), np.int32)
+    return spec
 
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):
     logits = outputs["logits"].astype(jnp.float32)
     if self.spec.is_regression:
       pred = logits[:, 0]
       loss = jnp.mean(jnp.square(pred - batch["label"]))
-      return loss, {"mse": loss}
-    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]))
-    acc = jnp.mean((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
-    return loss, {"accuracy": acc}
+      metrics = {"mse": loss}
+    else:
+      loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]))
+      acc = jnp.mean((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
+      metrics = {"accuracy": acc}
+    if not self.defence:
+      return loss, metrics
+    total, terms = D.defended_loss(self.config.defence, loss, outputs, batch["private"])
+    return total, {**metrics, "main_loss": loss, **terms}
 
   def predict(self, outputs: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     return {"logits": outputs["logits"].astype(jnp.float32)}

@@ -201,6 +201,9 @@ class GlueExample:
   text_a: str
   text_b: Optional[str]
   label: Any  # label index (int), score (float), or None (test)
+  # The row's other columns by name (a header's names; CoLA train/dev: "source" and
+  # "original_label"), e.g. STS-B's "genre": what private attributes are read from.
+  columns: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class GlueInputError(ValueError):
@@ -238,7 +241,7 @@ def read_tsv(
   # CoLA train/dev has no header: source, label, original label, sentence.
   headerless = spec.name == "cola" and labelled
   if headerless:
-    columns = {"label": 1, "sentence": 3}
+    columns = {"source": 0, "label": 1, "original_label": 2, "sentence": 3}
     body, first_line, num_fields = rows, 1, 4
   else:
     if not rows:
@@ -273,8 +276,10 @@ def read_tsv(
         continue
       raise
     index = row[index_col].strip() if index_col is not None else str(len(examples))
+    used = {a_col, b_col, label_col}
+    others = {name: row[i] for name, i in columns.items() if i not in used}
     examples.append(
-      GlueExample(index, row[a_col], row[b_col] if b_col is not None else None, label)
+      GlueExample(index, row[a_col], row[b_col] if b_col is not None else None, label, others)
     )
   if not examples:
     why = f" ({skipped} malformed row(s) skipped)" if skipped else ""

@@ -176,7 +176,8 @@ class _Finetuning:
     out_dir = os.path.join(self.workdir, io.PREDICTIONS_DIR)
     cached = history.outputs.get(best_step)
     params = None
-    if cached is None or (config.predict_test and task.test_splits):
+    reports = type(task).param_report is not Task.param_report
+    if cached is None or (config.predict_test and task.test_splits) or reports:
       params = ctx.restore_params(best_step)
     predictor = self.predictor(ctx.asm.eval_step)
     if cached is None:  # e.g. resumed after the last evaluation
@@ -211,6 +212,8 @@ class _Finetuning:
       "data": self.data_stats,
       "init": ctx.report.describe(),
     }
+    if reports:
+      self.result["param_report"] = task.param_report(jax.device_get(params))
     if jax.process_index() == 0:
       write_json(os.path.join(self.workdir, "metrics.json"), json_safe(self.result))
     return {
@@ -251,6 +254,7 @@ class _Finetuning:
         )
       ],
       lr_scale=lr_scale(task),
+      optimizer_groups=task.optimizer_groups(),
       eval_step=make_predict_fn(task, model),
       eval_batch_spec=task.train_batch_spec(int(config.eval_batch_size)),
       init_checkpoint=config.init_checkpoint,
@@ -300,6 +304,7 @@ def build_finetune_job(config, workdir: str | None = None, mesh=None) -> Job:
       )
     ],
     lr_scale=lr_scale(task),
+    optimizer_groups=task.optimizer_groups(),
     eval_step=make_predict_fn(task, model),
     eval_batch_spec=task.train_batch_spec(int(config.eval_batch_size)),
   )

@@ -28,6 +28,7 @@ import ml_collections
 from bert_jax.checkpoint import write_json
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
+from bert_jax.tasks import GLUE_TASKS
 from bert_jax.tasks.best_checkpoint import has_checkpoint
 from bert_jax.tokenize import load_tokenizer
 
@@ -36,6 +37,20 @@ from bert_jax.tokenize import load_tokenizer
 _ADDED_KEYS = {
   "length_buckets": "",
   "compilation_cache": {"dir": "", "min_compile_time_secs": 1.0, "max_size_bytes": -1},
+}
+# Keys GLUE configs gained after workdirs were written (their defaults: configs/glue.py).
+_ADDED_GLUE_KEYS = {
+  "private_attributes": "",
+  "num_private_attributes": 5,
+  "private_attributes_file": "",
+  "defence": {
+    "name": "",
+    "alpha": 1.0,
+    "beta": 1.0,
+    "declustering_lambda": 0.1,
+    "adversary_hidden_size": 64,
+    "adversary_learning_rate": 1e-3,
+  },
 }
 PREDICTIONS_DIR = "predictions"
 
@@ -160,6 +175,9 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict:
     raise ValueError(f"{path}: no 'task' key; this is not a fine-tuning run (pre-training?)")
   for key, value in _ADDED_KEYS.items():
     d.setdefault(key, value)
+  if d["task"] in GLUE_TASKS:
+    for key, value in _ADDED_GLUE_KEYS.items():
+      d.setdefault(key, value)
   if "logical_axis_rules" in d:
     d["logical_axis_rules"] = tuple(tuple(r) for r in d["logical_axis_rules"])
   return ml_collections.ConfigDict(d)

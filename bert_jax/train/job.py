@@ -13,6 +13,8 @@ Per-parameter groups: ``lr_scale(path) -> float`` multiplies the optimizer's upd
 parameter at ``path`` (a tuple of names, e.g. ``("bert", "encoder", ...)``): 0 freezes it (no
 gradient step, no weight decay), 1 trains it as usual, anything else is a group learning rate
 relative to the schedule. ``None`` (the default) trains everything with one learning rate.
+``optimizer_groups`` (name -> ``optimizers.OptimizerGroup``) gives the parameters a group claims
+their own optimizer and learning rate (a defence's adversary); the rest keep the run's.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Job:
     schedule: the learning-rate schedule over the whole run.
     phases: the run's phases in order (one for fine-tuning; two for the 128 -> 512 curriculum).
     lr_scale: per-parameter-group learning-rate factor (0 = frozen); None = one group.
+    optimizer_groups: name -> ``OptimizerGroup``: parameters with their own optimizer.
     eval_step: ``(params, batch) -> {name: array}``, the jitted-once evaluation computation
       (``eval_batch_spec`` its global batch), for compiling; a run evaluates through ``evaluate``.
     init_checkpoint: a pretrained checkpoint to initialise from when not resuming ("" = none).
@@ -100,6 +103,7 @@ class Job:
   schedule: optax.Schedule
   phases: list[PhaseSpec]
   lr_scale: Callable[[tuple[str, ...]], float] | None = None
+  optimizer_groups: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   eval_step: Callable[[Any, Mapping[str, jax.Array]], dict[str, jax.Array]] | None = None
   eval_batch_spec: BatchSpec | None = None
   init_checkpoint: str = ""

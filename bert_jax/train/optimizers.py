@@ -16,6 +16,7 @@ optax's Adam applies the usual bias correction (it matters only in the first ~1/
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -120,3 +121,45 @@ def with_param_groups(
     return jax.tree_util.tree_map_with_path(one, updates)
 
   return optax.chain(tx, optax.stateless(scale))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerGroup:
+  """Parameters trained by their own optimizer: those whose path ``match`` accepts, by Adam at a
+  constant ``learning_rate`` (no clipping, no weight decay), e.g. a defence's adversary."""
+
+  match: Callable[[tuple[str, ...]], bool]
+  learning_rate: float
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+
+
+MAIN_GROUP = "main"
+
+
+def with_optimizer_groups(
+  tx: optax.GradientTransformation, groups: Mapping[str, OptimizerGroup]
+) -> optax.GradientTransformation:
+  """``tx`` for every parameter no group claims, each group's own Adam for its parameters
+  (``optax.multi_transform``: the main optimizer never sees the groups' parameters, so its
+  clipping norm, weight decay and schedule are the main model's alone)."""
+  if MAIN_GROUP in groups:
+    raise ValueError(f"optimizer group name {MAIN_GROUP!r} is reserved for the main parameters")
+  if not groups:
+    return tx
+
+  def labels(params):
+    def label(path, _):
+      names = _names(path)
+      claimed = [g for g, spec in groups.items() if spec.match(names)]
+      if len(claimed) > 1:
+        raise ValueError(f"parameter {'/'.join(names)} is claimed by groups {claimed}")
+      return claimed[0] if claimed else MAIN_GROUP
+
+    return jax.tree_util.tree_map_with_path(label, params)
+
+  transforms = {
+    name: optax.adam(g.learning_rate, b1=g.b1, b2=g.b2, eps=g.eps) for name, g in groups.items()
+  }
+  return optax.multi_transform({MAIN_GROUP: tx, **transforms}, labels)

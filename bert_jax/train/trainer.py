@@ -93,6 +93,7 @@ def assemble(job: Job, config, mesh: jax.sharding.Mesh, rules) -> Assembled:
   tx = optimizers.create_optimizer(config.optimizer, job.schedule)
   if job.lr_scale is not None:
     tx = optimizers.with_param_groups(tx, job.lr_scale)
+  tx = optimizers.with_optimizer_groups(tx, job.optimizer_groups)
   seed = int(config.seed)
   abstract, shardings = state_lib.abstract_train_state(job.init_params, tx, mesh, rules, seed)
   steps = [

@@ -1,0 +1,181 @@
+"""Private attributes of an input, for probing what a representation reveals and defending it.
+
+Coavoux, Narayan and Cohen (2018, "Privacy-preserving Neural Representations of Text") attach to
+every training example a vector z of binary private attributes (the author's gender and age, or
+whether a named entity occurs in the text) and ask how well an attacker recovers z from the
+model's representation r(x). Their data sets are not available offline; these attribute sets
+are defined on data that is (``config.private_attributes``; definitions in docs/privacy.md):
+
+``cola_source``  CoLA train/dev, column 1 (the publication a sentence was taken from, e.g.
+                 ``ks08``): one binary attribute per source among the K most frequent sources of
+                 the training split (presence attributes: a sentence of another source has all
+                 K at 0). Privacy metric: F.
+``stsb_genre``   STS-B's ``genre`` column (main-captions, main-forum, main-news): one binary
+                 attribute per genre among the K most frequent (there are three). A
+                 demographic-style attribute (every pair has exactly one genre): privacy metric:
+                 accuracy.
+``conll_per``    the K most frequent gold PER entities of a CoNLL-2003 file
+                 (``config.private_attributes_file``, e.g. its train.txt), present or not in an
+                 example's text (either text of a pair), as the seed's entity-presence
+                 attributes: a name is present where its words occur as consecutive whole words
+                 (case-sensitive, punctuation split off). Privacy metric: F.
+
+The K names are fitted on the training split (most frequent first, ties by name) and applied
+unchanged to every other split, so the attribute columns mean the same everywhere. ``K`` is
+``config.num_private_attributes`` (5: the seed's five most frequent entities).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+KINDS = ("cola_source", "stsb_genre", "conll_per")
+_COLUMNS = {"cola_source": "source", "stsb_genre": "genre"}  # attributes read from a column
+_WORD = re.compile(r"\w+(?:[-'.]\w+)*|[^\w\s]")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateAttributes:
+  """The K binary private attributes of a task: column k of ``arrays["private"]`` is
+  ``names[k]``; ``privacy_metric`` is "accuracy" (1 - X) or "f1" (1 - F)."""
+
+  kind: str
+  names: tuple[str, ...]
+  privacy_metric: str
+  description: str
+
+  @property
+  def num_attributes(self) -> int:
+    return len(self.names)
+
+
+def check_kind(kind: str) -> None:
+  if kind not in KINDS:
+    raise ValueError(f"config.private_attributes {kind!r} is not one of {KINDS} (or '' for none)")
+
+
+def words(text: str) -> list[str]:
+  """Whole words and punctuation marks of a text (how names are matched)."""
+  return _WORD.findall(text)
+
+
+def conll_person_names(path: str) -> collections.Counter:
+  """Gold PER entities of a CoNLL-2003 file (BIO or IO tags), counted: "Bill Clinton" -> n."""
+  from bert_jax.tasks.ner_data import read_conll  # noqa: PLC0415 (only conll_per needs it)
+
+  counts: collections.Counter = collections.Counter()
+  for sentence in read_conll(path):
+    counts.update(person_spans(sentence.words, sentence.tags))
+  return counts
+
+
+def person_spans(words_: Sequence[str], tags: Sequence[str]) -> list[str]:
+  """The PER entities of one tagged sentence, each as its words joined by spaces."""
+  spans, current = [], []
+  for word, tag in zip(words_, tags):
+    kind = tag[2:] if tag[:2] in ("B-", "I-") else tag
+    begins = tag.startswith("B-") or (kind == "PER" and not current)
+    if current and (kind != "PER" or begins):
+      spans.append(" ".join(current))
+      current = []
+    if kind == "PER":
+      current.append(word)
+  if current:
+    spans.append(" ".join(current))
+  return spans
+
+
+def _top(counts: collections.Counter, k: int, what: str) -> tuple[str, ...]:
+  """The ``k`` most frequent values (ties by name); fewer than ``k`` distinct values is an error,
+  so that K is known from the config alone (a job compiles without reading data)."""
+  if len(counts) < k:
+    raise ValueError(
+      f"config.num_private_attributes={k}, but {what} has only {len(counts)} distinct values "
+      f"({sorted(counts)}): set it to {len(counts)} or fewer"
+    )
+  return tuple(name for name, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k])
+
+
+def column_values(kind: str, rows: Sequence[dict[str, str]], where: str) -> list[str]:
+  """The attribute column's value of each row (``GlueExample.columns``); a missing column is an
+  error naming the key and the data."""
+  column = _COLUMNS[kind]
+  if rows and column not in rows[0]:
+    raise ValueError(
+      f"config.private_attributes={kind!r} reads the column {column!r}, which {where} does not "
+      f"have (its other columns: {sorted(rows[0])})"
+    )
+  return [r[column].strip() for r in rows]
+
+
+def fit(
+  kind: str,
+  num_attributes: int,
+  train_columns: Sequence[dict[str, str]] = (),
+  conll_file: str = "",
+  where: str = "the training split",
+) -> PrivateAttributes:
+  """The attribute set of ``kind``: the ``num_attributes`` most frequent values of the training
+  split's column (``train_columns``: each example's ``GlueExample.columns``), or of the gold PER
+  entities of ``conll_file``."""
+  check_kind(kind)
+  if num_attributes < 1:
+    raise ValueError(f"config.num_private_attributes must be >= 1, got {num_attributes}")
+  if kind == "conll_per":
+    if not conll_file:
+      raise ValueError(
+        "config.private_attributes='conll_per' needs config.private_attributes_file: a "
+        "CoNLL-2003 file whose gold PER entities define the attributes (e.g. its train.txt)"
+      )
+    names = _top(
+      conll_person_names(conll_file), num_attributes, f"the PER entities of {conll_file}"
+    )
+    return PrivateAttributes(
+      kind, names, "f1", f"presence of the {len(names)} most frequent PER entities of {conll_file}"
+    )
+  values = column_values(kind, train_columns, where)
+  column = _COLUMNS[kind]
+  names = _top(collections.Counter(values), num_attributes, f"the {column} column of {where}")
+  metric = "accuracy" if kind == "stsb_genre" else "f1"
+  return PrivateAttributes(
+    kind, names, metric, f"{column} = each of the {len(names)} most frequent {column}s of {where}"
+  )
+
+
+def matrix(
+  attrs: PrivateAttributes,
+  columns: Sequence[dict[str, str]] = (),
+  texts: Sequence[Sequence[str | None]] = (),
+  where: str = "the split",
+) -> np.ndarray:
+  """int32 [N, K] 0/1: column k is 1 where example n has attribute ``attrs.names[k]``.
+  Column kinds read ``columns`` (each example's named columns); ``conll_per`` reads ``texts``
+  (each example's texts, None for a missing second text)."""
+  k = attrs.num_attributes
+  if attrs.kind == "conll_per":
+    names = [tuple(words(n)) for n in attrs.names]
+    out = np.zeros((len(texts), k), np.int32)
+    for i, example_texts in enumerate(texts):
+      for text in example_texts:
+        if text:
+          tokens = tuple(words(text))
+          for j, name in enumerate(names):
+            out[i, j] |= _contains(tokens, name)
+    return out
+  values = column_values(attrs.kind, columns, where)
+  index = {name: j for j, name in enumerate(attrs.names)}
+  out = np.zeros((len(values), k), np.int32)
+  for i, v in enumerate(values):
+    if v in index:
+      out[i, index[v]] = 1
+  return out
+
+
+def _contains(tokens: tuple[str, ...], name: tuple[str, ...]) -> int:
+  n = len(name)
+  return int(any(tokens[i : i + n] == name for i in range(len(tokens) - n + 1)))
