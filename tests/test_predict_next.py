@@ -205,13 +205,11 @@ def test_a_failed_run_leaves_no_output(hf_models, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def ltr_workdir(tmp_path_factory, shared_data):
+def ltr_workdir(tmp_path_factory, shared_data, pretraining_data):
   """A tiny left-to-right LM (one layer, hidden 64) briefly pre-trained on Hamlet's first 4,000
   lines: vocabulary, packed single-segment records (no NSP pairs), objective ltr."""
   from bert_jax.config_files import add_import_root
-  from bert_jax.data import generate as generate_lib
   from bert_jax.tasks.pretraining import run_pretraining
-  from bert_jax.tokenize.vocab import build_wordpiece_vocab
 
   add_import_root(REPO / "configs" / "pretrain.py")  # `pytest` as well as `python -m pytest`
   from configs import pretrain as pretrain_config
@@ -220,34 +218,27 @@ def ltr_workdir(tmp_path_factory, shared_data):
   play = shared_data / "pretrain" / "shakespeare" / "hamlet_gut.txt"
   train = out / "train.txt"
   train.write_text("\n".join(play.read_text().splitlines()[:4000]) + "\n")
-  build_wordpiece_vocab([str(train)], str(out / "vocab.txt"), 1000)
-  gen = generate_lib.GenerationConfig(
-    tokenizer_path=str(out / "vocab.txt"),
-    do_lower_case=True,
+  data = pretraining_data(
+    "hamlet4000_packed64",
+    [train],
+    vocab_size=1000,
     max_seq_lengths=(64,),
     max_predictions_per_seq=(10,),
     dupe_factor=1,
     sentence_pairs=False,
-  )
-  files = generate_lib.generate([str(train)], str(out / "data"), gen, num_workers=1, progress=False)
-  vocab_size = len((out / "vocab.txt").read_text().splitlines())
-  (out / "bert_config.json").write_text(
-    json.dumps(
-      dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-      )
-    )
+    model=dict(
+      hidden_size=64,
+      num_hidden_layers=1,
+      num_attention_heads=2,
+      intermediate_size=128,
+      max_position_embeddings=128,
+    ),
   )
   c = pretrain_config.get_config("tiny")
   c.objective = "ltr"
-  c.input_files = c.eval_input_files = files["files"][64]["train"]
-  c.vocab_file = str(out / "vocab.txt")
-  c.bert_config_file = str(out / "bert_config.json")
+  c.input_files = c.eval_input_files = data["train"]
+  c.vocab_file = data["vocab"]
+  c.bert_config_file = data["bert_config"]
   c.max_seq_length, c.max_predictions_per_seq = 64, 10
   c.train_batch_size = c.eval_batch_size = 32
   c.num_train_steps, c.num_warmup_steps = STEPS, STEPS // 10
@@ -265,7 +256,7 @@ STEPS = 200
 def test_a_briefly_trained_causal_lm_beats_the_unigram_baseline(ltr_workdir, shared_data):
   from bert_jax.tokenize import load_tokenizer
 
-  tok = load_tokenizer(ltr_workdir / "vocab.txt")
+  tok = load_tokenizer(ltr_workdir / "work" / "vocab.txt")  # the run's copy of the vocabulary
   counts = {}
   for line in tok.tokenize_batch((ltr_workdir / "train.txt").read_text().splitlines()):
     for piece in line:
