@@ -6,7 +6,9 @@ r"""Extract contextual token features from a pre-trained BERT (google-research/b
 Each input line is a sentence or ``text_a ||| text_b``; each output line is a JSON object
 ``{"linex_index", "features": [{"token", "layers": [{"index", "values"}]}]}`` as the original
 writes it. --checkpoint is a bert_jax workdir, a Hugging Face directory or a google-research/bert
-TensorFlow checkpoint. A user error is one line ``extract_features: error: ...`` (status 2 for
+TensorFlow checkpoint. ``--scalar_mix_weights=w0,...,wL`` (embeddings, then each layer; divided
+by their sum) and ``--scalar_mix_gamma`` add ELMo's scalar mix as a layer entry ``"index": "mix"``.
+A user error is one line ``extract_features: error: ...`` (status 2 for
 usage errors, 1 otherwise); ``--verbose_errors`` adds the traceback. See
 docs/extract_features.md.
 """
@@ -29,7 +31,19 @@ flags.DEFINE_string(
   "bert_jax workdir, Hugging Face directory or "
   "google-research/bert checkpoint (directory or bert_model.ckpt prefix).",
 )
-flags.DEFINE_list("layers", ["-1", "-2", "-3", "-4"], "Encoder layers to output (-1: last).")
+flags.DEFINE_list(
+  "layers",
+  ["-1", "-2", "-3", "-4"],
+  "Encoder layers to output (-1: last); may be empty (--layers=) with --scalar_mix_weights.",
+)
+flags.DEFINE_list(
+  "scalar_mix_weights",
+  None,
+  "Also output ELMo's scalar mix gamma * sum_k s_k h_k as the layer entry 'mix': one weight >= 0 "
+  "per hidden state, num_hidden_layers + 1 of them (the embeddings first, then layers 0..L-1), "
+  "divided by their sum.",
+)
+flags.DEFINE_float("scalar_mix_gamma", 1.0, "The scalar mix's scale (with --scalar_mix_weights).")
 flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated (counted in the summary).")
 flags.DEFINE_integer("batch_size", 32, "Lines per jitted batch.")
 flags.DEFINE_boolean("do_lower_case", None, "Override the checkpoint tokenizer's casing.")
@@ -51,6 +65,16 @@ def main(argv):
     layers = [int(x) for x in FLAGS.layers]
   except ValueError:
     raise app.UsageError(f"--layers must be integers, got {','.join(FLAGS.layers)}") from None
+  mix_weights = None
+  if FLAGS.scalar_mix_weights is not None:
+    try:
+      mix_weights = [float(x) for x in FLAGS.scalar_mix_weights]
+    except ValueError:
+      raise app.UsageError(
+        f"--scalar_mix_weights must be numbers, got {','.join(FLAGS.scalar_mix_weights)}"
+      ) from None
+  elif FLAGS["scalar_mix_gamma"].present:
+    raise app.UsageError("--scalar_mix_gamma needs --scalar_mix_weights")
   summary = extract_features(
     FLAGS.input_file,
     FLAGS.output_file,
@@ -60,6 +84,8 @@ def main(argv):
     FLAGS.batch_size,
     FLAGS.do_lower_case,
     FLAGS.allow_empty_lines,
+    scalar_mix_weights=mix_weights,
+    scalar_mix_gamma=FLAGS.scalar_mix_gamma,
   )
   print(json.dumps(summary))
 

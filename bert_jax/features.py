@@ -11,6 +11,11 @@ decimals as the original does (``round(float(x), 6)``). ``layers`` index the enc
 as the original's ``get_all_encoder_layers()`` (-1 is the last layer, 0 the first layer's
 output; the embeddings are not a layer).
 
+Optionally (``scalar_mix_weights``) one more entry per token, ``{"index": "mix", "values":
+[...]}``: ELMo's scalar mix ``gamma * sum_k s_k h_k`` (``bert_jax.model.scalar_mix``) over the
+``num_hidden_layers + 1`` hidden states, k = 0 the embeddings and k = j + 1 the layer the
+original calls j; the given non-negative weights are divided by their sum.
+
 Batches are jitted at a few bucketed lengths (powers of two up to ``max_seq_length``) and a
 fixed batch size, so a file compiles a handful of programs whatever its line lengths; lines are
 sorted by length within a window for dense batches and written back in input order.
@@ -36,6 +41,7 @@ import numpy as np
 from bert_jax.checkpoint import atomic_write
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertEncoder
+from bert_jax.model import scalar_mix as scalar_mix_lib
 
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")  # the original's separator: " ||| "
 
@@ -145,9 +151,11 @@ def bucket_lengths(max_seq_length: int) -> list[int]:
   return [b for b in steps if b < max_seq_length] + [max_seq_length]
 
 
-def check_layers(layers: Sequence[int], num_hidden_layers: int) -> tuple[int, ...]:
+def check_layers(
+  layers: Sequence[int], num_hidden_layers: int, allow_empty: bool = False
+) -> tuple[int, ...]:
   layers = tuple(int(i) for i in layers)
-  if not layers:
+  if not layers and not allow_empty:
     raise ValueError("layers is empty; pass e.g. -1,-2,-3,-4")
   bad = [i for i in layers if not -num_hidden_layers <= i < num_hidden_layers]
   if bad:
@@ -158,11 +166,50 @@ def check_layers(layers: Sequence[int], num_hidden_layers: int) -> tuple[int, ..
   return layers
 
 
+MIX_FLAG = "scalar_mix_weights (--scalar_mix_weights)"
+
+
+def check_mix_values(weights: Sequence[float], gamma: float = 1.0) -> tuple[float, ...]:
+  """The weights divided by their sum; an error naming the flag when a weight is not a finite
+  number >= 0, when all are 0, or when ``gamma`` is not finite. The count is checked against
+  the model by ``check_mix_weights``."""
+  try:
+    w = [float(x) for x in weights]
+  except (TypeError, ValueError):
+    raise ValueError(f"{MIX_FLAG} must be numbers, got {list(weights)}") from None
+  if not w:
+    raise ValueError(f"{MIX_FLAG} is empty; give one weight per hidden state")
+  bad = [x for x in w if not np.isfinite(x) or x < 0]
+  if bad:
+    raise ValueError(f"{MIX_FLAG}: {bad} not finite numbers >= 0 (got {w})")
+  total = float(np.sum(np.asarray(w, np.float64)))
+  if total <= 0:
+    raise ValueError(f"{MIX_FLAG} are all 0; at least one must be positive")
+  if not np.isfinite(float(gamma)):
+    raise ValueError(f"scalar_mix_gamma (--scalar_mix_gamma) must be finite, got {gamma}")
+  return tuple(x / total for x in w)
+
+
+def check_mix_weights(
+  weights: Sequence[float], num_hidden_layers: int, gamma: float = 1.0
+) -> tuple[float, ...]:
+  """``check_mix_values``, and exactly ``num_hidden_layers + 1`` weights (embeddings first)."""
+  w = check_mix_values(weights, gamma)
+  if len(w) != num_hidden_layers + 1:
+    raise ValueError(
+      f"{MIX_FLAG} has {len(w)} values; a model of {num_hidden_layers} layers needs "
+      f"{num_hidden_layers + 1}: the embeddings, then layers 0..{num_hidden_layers - 1}"
+    )
+  return w
+
+
 class FeatureExtractor:
   """Runs a pre-trained encoder over InputFeatures, returning the chosen layers per token.
 
   Batches are split over ``devices`` (default: this host's local devices; params replicated),
-  so the batch size is rounded up to a multiple of their number.
+  so the batch size is rounded up to a multiple of their number. With ``scalar_mix_weights``
+  (one per hidden state, embeddings first; divided by their sum) the scalar mix is an extra
+  last row of the values, labelled "mix" in ``output_indices``; ``layers`` may then be empty.
   """
 
   def __init__(
@@ -173,6 +220,8 @@ class FeatureExtractor:
     max_seq_length: int = 128,
     batch_size: int = 32,
     devices: Sequence[jax.Device] | None = None,
+    scalar_mix_weights: Sequence[float] | None = None,
+    scalar_mix_gamma: float = 1.0,
   ):
     if max_seq_length > config.max_position_embeddings:
       raise ValueError(
@@ -182,7 +231,15 @@ class FeatureExtractor:
     if batch_size < 1:
       raise ValueError(f"batch_size must be positive, got {batch_size}")
     self.config = config.replace(dtype="float32")
-    self.layers = check_layers(layers, config.num_hidden_layers)
+    mixing = scalar_mix_weights is not None
+    self.layers = check_layers(layers, config.num_hidden_layers, allow_empty=mixing)
+    self.mix_weights = (
+      check_mix_weights(scalar_mix_weights, config.num_hidden_layers, scalar_mix_gamma)
+      if mixing
+      else None
+    )
+    self.mix_gamma = float(scalar_mix_gamma)
+    self.output_indices: tuple[int | str, ...] = self.layers + (("mix",) if mixing else ())
     self.max_seq_length = max_seq_length
     devices = list(devices or jax.local_devices())
     self.batch_size = -(-batch_size // len(devices)) * len(devices)
@@ -197,7 +254,11 @@ class FeatureExtractor:
 
     def run(params, ids_BxL, mask_BxL, seg_BxL):
       out = encoder.apply({"params": params}, ids_BxL, mask_BxL, seg_BxL, output_hidden_states=True)
-      return jnp.stack([out["hidden_states"][j] for j in picked], axis=1)  # BxNxLxD
+      hidden = out["hidden_states"]
+      rows = [hidden[j] for j in picked]
+      if self.mix_weights is not None:
+        rows.append(scalar_mix_lib.mix(hidden, self.mix_weights, self.mix_gamma))
+      return jnp.stack(rows, axis=1)  # BxNxLxD, N = len(output_indices)
 
     self._run = jax.jit(run, in_shardings=(replicated,) + (self._batch_sharding,) * 3)
 
@@ -239,7 +300,7 @@ class FeatureExtractor:
   def __call__(
     self, features: Sequence[InputFeatures], window: int = 8
   ) -> Iterator[tuple[InputFeatures, np.ndarray]]:
-    """Yields (features, values [num_layers, num_tokens, hidden]) in the order given.
+    """Yields (features, values [len(output_indices), num_tokens, hidden]) in the order given.
 
     Lines are sorted by length within windows of ``window`` batches (dense batches, few
     buckets); a background thread computes the next window while the caller consumes this
@@ -265,8 +326,9 @@ def round_like_original(values: np.ndarray) -> list:
   return np.round(np.asarray(values, np.float32).astype(np.float64), 6).tolist()
 
 
-def to_json(f: InputFeatures, values_NxTxD: np.ndarray, layers: Sequence[int]) -> str:
-  """One output line in the original's layout."""
+def to_json(f: InputFeatures, values_NxTxD: np.ndarray, layers: Sequence[int | str]) -> str:
+  """One output line in the original's layout (``layers``: the index of each row of values,
+  e.g. ``extractor.output_indices``)."""
   rounded = round_like_original(values_NxTxD)  # N x T x D nested lists
   feats = [
     {
@@ -288,6 +350,8 @@ def extract_features(
   do_lower_case: bool | None = None,
   allow_empty_lines: bool = False,
   chunk_lines: int = 16384,
+  scalar_mix_weights: Sequence[float] | None = None,
+  scalar_mix_gamma: float = 1.0,
 ) -> dict[str, Any]:
   """Writes ``output_file`` (JSON lines) for every line of ``input_file``; returns a summary.
 
@@ -295,8 +359,12 @@ def extract_features(
   directory, a google-research/bert checkpoint). The whole input is checked before the model is
   loaded, then streamed ``chunk_lines`` lines at a time (memory stays bounded for any file
   size); the output appears only when complete (an existing file is replaced then).
+  ``scalar_mix_weights`` adds the layer entry "mix" (see the module docstring); their values
+  are checked before the model is loaded, their number (num_hidden_layers + 1) after.
   """
   start = time.perf_counter()
+  if scalar_mix_weights is not None:
+    check_mix_values(scalar_mix_weights, scalar_mix_gamma)
   num_lines = sum(1 for _ in iter_examples(input_file, allow_empty_lines))  # fail early
   pre = load_pretrained(checkpoint, task="encoder", do_lower_case=do_lower_case)
   if pre.tokenizer is None:
@@ -304,7 +372,15 @@ def extract_features(
       f"{checkpoint}: the checkpoint has no vocabulary (vocab.txt or a "
       f"SentencePiece .model) to tokenize the input with"
     )
-  extractor = FeatureExtractor(pre.params, pre.config, layers, max_seq_length, batch_size)
+  extractor = FeatureExtractor(
+    pre.params,
+    pre.config,
+    layers,
+    max_seq_length,
+    batch_size,
+    scalar_mix_weights=scalar_mix_weights,
+    scalar_mix_gamma=scalar_mix_gamma,
+  )
   loaded = time.perf_counter()
   out_path = pathlib.Path(output_file)
   out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -316,7 +392,7 @@ def extract_features(
       while chunk := list(itertools.islice(examples, chunk_lines)):
         feats = convert_examples(chunk, pre.tokenizer, max_seq_length)
         for f, values in extractor(feats):
-          w.write(to_json(f, values, extractor.layers) + "\n")
+          w.write(to_json(f, values, extractor.output_indices) + "\n")
           counts["tokens"] += len(f.tokens)
           counts["truncated"] += f.truncated
 
