@@ -177,3 +177,32 @@ def test_cli_reports_errors_and_keeps_existing_output(minilm_dir, tmp_path):
   summary = json.loads(proc.stdout.strip().splitlines()[-1])
   assert summary["num_lines"] == 2
   assert [json.loads(x)["linex_index"] for x in out.read_text().splitlines()] == [0, 1]
+
+
+def test_scalar_mix_entry_matches_numpy_mix(minilm_dir, hf_minilm, tmp_path):
+  """--scalar_mix_weights: the extra layer entry "mix" is the numpy mix of the layers written
+  beside it, and of Hugging Face's hidden states (embeddings included)."""
+  inp = tmp_path / "in.txt"
+  inp.write_text("\n".join(LINES[:2]) + "\n", encoding="utf-8")
+  out = tmp_path / "out.jsonl"
+  layers = tuple(range(-1, -7, -1))  # all six MiniLM layers
+  weights = [1.0, 0.0, 1.0, 0.0, 2.0, 0.0, 4.0]  # embeddings, layers 0..5; divided by 8
+  features.extract_features(
+    str(inp), str(out), str(minilm_dir), layers, scalar_mix_weights=weights, scalar_mix_gamma=3.0
+  )
+  s = np.asarray(weights) / 8.0
+  tok, model = hf_minilm
+  for row, line in zip([json.loads(x) for x in out.read_text().splitlines()], LINES):
+    a, _, b = line.partition(" ||| ")
+    with torch.no_grad():
+      hf = model(**tok(a, b or None, return_tensors="pt"), output_hidden_states=True)
+    hf_hidden = [h[0].numpy().astype(np.float64) for h in hf.hidden_states]  # 7: emb + 6
+    for t, feat in enumerate(row["features"]):
+      assert [entry["index"] for entry in feat["layers"]] == [*layers, "mix"]
+      written = {entry["index"]: np.asarray(entry["values"]) for entry in feat["layers"]}
+      mixed = written["mix"]
+      # the written layers (k = 1..6 is layer k - 1, i.e. index k - 7) + HF's embeddings
+      ref_written = 3.0 * (s[0] * hf_hidden[0][t] + sum(s[k] * written[k - 7] for k in range(1, 7)))
+      np.testing.assert_allclose(mixed, ref_written, atol=5e-5, rtol=0)
+      ref_hf = 3.0 * sum(s[k] * hf_hidden[k][t] for k in range(7))
+      np.testing.assert_allclose(mixed, ref_hf, atol=1e-4, rtol=0)
