@@ -1,0 +1,325 @@
+"""The privacy probe: what a frozen encoder's representation r(x) reveals about private attributes.
+
+Coavoux, Narayan and Cohen (2018, "Privacy-preserving Neural Representations of Text"): phase 1
+trains a main model on (x, y) (here: any checkpoint, e.g. a bert_jax fine-tuning workdir);
+phase 2 builds pairs (r(x), z), z a vector of K binary private attributes of x; phase 3 trains
+an attacker to recover z from r(x) and measures privacy by how well it does.
+
+  result = run_probe(config, workdir)   # configs/probe.py; writes probe.json and metrics.json
+
+The encoder (``config.init_checkpoint``: anything ``load_pretrained`` reads; of a fine-tuning
+workdir its ``best/`` checkpoint unless ``config.which_checkpoint='latest'``) is frozen and run
+once over every row (jitted batches of ``eval_batch_size``, cut to multiples of 32 tokens). The
+representation ``config.representation``:
+
+  ``pooled``      the pooler's output, tanh(W h_[CLS] + b) of the last layer
+  ``cls``         the hidden state of [CLS] at ``config.layer`` (0 = embeddings, -1 = last)
+  ``mean``        the mean of the hidden states of the real tokens (input_mask) at ``config.layer``
+  ``scalar_mix``  ELMo's learned mix over the embeddings and every layer, trained jointly with the
+                  attacker, then pooled (``config.scalar_mix_pooling``: mean or cls). Pooling is
+                  linear, so the mix of the pooled layers equals the pooling of the mixed token
+                  states exactly: the cache holds every layer's pooled vector (N x (L+1) x D).
+
+The attacker (section 2.2, 4.2): a feed-forward net, one hidden layer of ``attacker_hidden_size``
+(64) ReLU units, K sigmoid outputs; loss: the sum over the attributes of their negative
+log-likelihoods (mean over rows); Adam (``attacker_learning_rate``, Dynet's default 1e-3) for
+``attacker_epochs`` (16) epochs of ``attacker_batch_size`` rows. After each epoch it is scored on
+the attacker's dev rows and the epoch with the worst privacy there (the most successful
+attacker) is kept and reported on test. Metrics: ``bert_jax.tasks.probe_metrics``.
+
+Splits. The task's data with private attributes (``task.private_attributes``, the
+``private`` array of a split): the attacker trains on the task's train split minus a seeded
+held-out fraction ``dev_fraction``, which is its dev set for epoch selection; test is the task's
+(first) dev split, since GLUE's test split has neither labels nor attributes.
+
+Baselines (section 4.3.1): ``majority``, each attribute's most frequent value on the attacker's
+training rows; ``direct`` (``config.direct_baseline``), the seed's trained upper bound, "a
+classifier that can optimize the hidden representations for the attacker's tasks": the same
+representation and attacker, but the encoder is fine-tuned with it on z (``learning_rate``,
+``num_train_epochs``, ``train_batch_size``, dropout as configured; Adam with BERT's warmup and
+linear decay), selected per epoch on dev as the attacker is.
+
+Main-task metric: when ``init_checkpoint`` is a fine-tuning workdir of ``config.task``, its own
+model is evaluated on the test split (``bert_jax.tasks.runner.evaluate``, into
+``<workdir>/main_task``); otherwise it is null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+from bert_jax.checkpoint import write_json
+from bert_jax.checkpoint.lock import WorkdirLock
+from bert_jax.model import BertConfig
+from bert_jax.model import scalar_mix as scalar_mix_lib
+from bert_jax.tasks import probe_metrics as pm
+from bert_jax.tasks.probe_attacker import (
+  Attributes,
+  compute_representations,
+  train_attacker,
+  train_direct,
+)
+
+REPRESENTATIONS = ("pooled", "cls", "mean", "scalar_mix")
+POOLINGS = ("mean", "cls")
+PROBE_FILE = "probe.json"
+
+
+# --- representations --------------------------------------------------------------------------
+def layer_index(layer: int, num_hidden_layers: int) -> int:
+  """``config.layer`` as an index into the num_hidden_layers + 1 hidden states (0 = embeddings,
+  -1 = last); out of range is an error naming the key."""
+  n = num_hidden_layers + 1
+  if not -n <= int(layer) < n:
+    raise ValueError(
+      f"config.layer={layer} is out of range for an encoder of {num_hidden_layers} layers: use "
+      f"0..{num_hidden_layers} (0 = embeddings) or -{n}..-1 (-1 = the last layer)"
+    )
+  return int(layer) % n
+
+
+def check_config(config, num_hidden_layers: int) -> int:
+  """Validates the probe's own keys; returns the resolved layer index."""
+  if config.representation not in REPRESENTATIONS:
+    raise ValueError(
+      f"config.representation={config.representation!r} is not one of {REPRESENTATIONS}"
+    )
+  if config.scalar_mix_pooling not in POOLINGS:
+    raise ValueError(
+      f"config.scalar_mix_pooling={config.scalar_mix_pooling!r} is not one of {POOLINGS}"
+    )
+  if not 0.0 < float(config.dev_fraction) < 1.0:
+    raise ValueError(f"config.dev_fraction={config.dev_fraction} must be in (0, 1)")
+  for key in ("attacker_epochs", "attacker_hidden_size", "attacker_batch_size", "eval_batch_size"):
+    if int(config[key]) < 1:
+      raise ValueError(f"config.{key}={config[key]} must be >= 1")
+  return layer_index(config.layer, num_hidden_layers)
+
+
+# --- the probe ---------------------------------------------------------------------------------
+def split_rows(num_rows: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(attacker-train rows, attacker-dev rows) of the task's train split: a seeded
+  ``fraction`` held out, both sorted."""
+  n_dev = int(round(num_rows * float(fraction)))
+  if n_dev < 1 or num_rows - n_dev < 1:
+    raise ValueError(
+      f"config.dev_fraction={fraction} of {num_rows} training rows leaves "
+      f"{n_dev} attacker-dev and {num_rows - n_dev} attacker-train rows; both need at least one"
+    )
+  perm = np.random.default_rng(seed).permutation(num_rows)
+  return np.sort(perm[n_dev:]), np.sort(perm[:n_dev])
+
+
+def probe_arrays(
+  config,
+  bert_config: BertConfig,
+  bert_params,
+  splits: Mapping[str, Mapping[str, np.ndarray]],
+  attrs: Attributes,
+) -> dict[str, Any]:
+  """Phases 2 and 3 on featurised rows: ``splits["train" | "dev" | "test"]`` hold the model
+  inputs and ``private`` (int [N, K] 0/1). Returns the attacker's report, the baselines and the
+  scalar-mix summary (probe.json's sections)."""
+  layer = check_config(config, bert_config.num_hidden_layers)
+  mode, pooling = config.representation, config.scalar_mix_pooling
+  z = {s: np.asarray(splits[s]["private"], np.int32) for s in ("train", "dev", "test")}
+  for s, zs in z.items():
+    if zs.ndim != 2 or zs.shape[1] != len(attrs.names):
+      raise ValueError(
+        f"{s}: private attributes of shape {zs.shape}, expected N x {len(attrs.names)}"
+      )
+  r = {
+    s: compute_representations(
+      bert_config, bert_params, splits[s], mode, layer, pooling, int(config.eval_batch_size)
+    )
+    for s in z
+  }
+  logging.info("Representations (%s): %s", mode, {s: v.shape for s, v in r.items()})
+  attacker = train_attacker(
+    r,
+    z,
+    attrs,
+    int(config.attacker_hidden_size),
+    int(config.attacker_epochs),
+    float(config.attacker_learning_rate),
+    int(config.attacker_batch_size),
+    int(config.seed),
+    scalar_mix=mode == "scalar_mix",
+  )
+  params = attacker.pop("params")
+  mix = scalar_mix_lib.summary(params["scalar_mix"]) if mode == "scalar_mix" else None
+  values = pm.majority_values(z["train"])
+  majority = {
+    "values": dict(zip(attrs.names, values.tolist())),
+    **{
+      s: pm.attack_metrics(
+        z[s], pm.majority_predictions(z["train"], len(z[s])), *dataclasses.astuple(attrs)
+      )
+      for s in ("dev", "test")
+    },
+  }
+  direct = None
+  if config.direct_baseline:
+    direct = train_direct(
+      bert_config,
+      bert_params,
+      splits,
+      z,
+      attrs,
+      mode,
+      layer,
+      pooling,
+      int(config.attacker_hidden_size),
+      max(1, int(round(float(config.num_train_epochs)))),
+      float(config.learning_rate),
+      int(config.train_batch_size),
+      float(config.warmup_proportion),
+      int(config.seed) + 1,
+      int(config.eval_batch_size),
+    )
+  return {
+    "representation": {
+      "mode": mode,
+      "layer": None if mode in ("pooled", "scalar_mix") else layer,
+      "pooling": pooling if mode == "scalar_mix" else None,
+      "shape": list(r["train"].shape[1:]),
+    },
+    "rows": {
+      "attacker_train": len(z["train"]),
+      "attacker_dev": len(z["dev"]),
+      "test": len(z["test"]),
+    },
+    "attacker": attacker,
+    "test": attacker["test"],
+    "baselines": {"majority": majority, "direct": direct},
+    "scalar_mix": mix,
+  }
+
+
+# --- from a checkpoint and a task ---------------------------------------------------------------
+def load_encoder(config):
+  """(encoder directory, Pretrained, tokenizer, BertConfig) of ``config.init_checkpoint``: of a
+  fine-tuning workdir its best checkpoint (``config.which_checkpoint``)."""
+  from bert_jax.formats import load_pretrained  # noqa: PLC0415
+  from bert_jax.tasks.best_checkpoint import CHOICES, checkpoint_dir  # noqa: PLC0415
+  from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
+
+  if not config.init_checkpoint:
+    raise ValueError(
+      "config.init_checkpoint is empty: set it to the encoder to probe (a bert_jax workdir, "
+      "a Hugging Face directory or a google-research/bert checkpoint)"
+    )
+  if config.which_checkpoint not in CHOICES:
+    raise ValueError(f"config.which_checkpoint={config.which_checkpoint!r} is not one of {CHOICES}")
+  source = checkpoint_dir(config.init_checkpoint, config.which_checkpoint)
+  pre = load_pretrained(source, task="encoder", do_lower_case=config.do_lower_case)
+  tokenizer = pre.tokenizer
+  if config.vocab_file:
+    tokenizer = load_tokenizer(config.vocab_file, do_lower_case=config.do_lower_case)
+  if tokenizer is None:
+    raise ValueError(f"{source} has no vocabulary: set config.vocab_file")
+  bert_config = pre.config.replace(
+    dtype=config.dtype,
+    hidden_dropout_prob=float(config.hidden_dropout_prob),
+    attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),
+  )
+  return source, pre, tokenizer, bert_config
+
+
+def task_splits(config, tokenizer):
+  """(task, its PrivateAttributes, train SplitData, test SplitData = the task's first dev split);
+  a task without private attributes is an error naming the key."""
+  from bert_jax.tasks import create_task  # noqa: PLC0415
+
+  task = create_task(config, tokenizer)
+  attrs = getattr(task, "private_attributes", None)
+  if attrs is None:
+    raise ValueError(
+      f"task {config.task!r} has no private attributes to probe: set config.private_attributes "
+      "(cola_source for cola, stsb_genre for stsb, conll_per with "
+      "config.private_attributes_file for any task)"
+    )
+  train = task.load_split(task.train_split)
+  test = task.load_split(task.eval_splits[0])
+  for data in (train, test):
+    if "private" not in data.arrays:
+      raise ValueError(f"{config.task} split {data.split!r} has no 'private' array")
+  return task, attrs, train, test
+
+
+def main_task_metric(config, task, encoder_dir: str, out_dir: str) -> tuple[dict | None, str]:
+  """The fine-tuned model's own metrics on the test split when ``config.init_checkpoint`` is a
+  fine-tuning workdir of ``config.task`` whose evaluated checkpoint is the probed encoder; else
+  (None, why not)."""
+  from bert_jax.tasks import runner, runner_io  # noqa: PLC0415
+  from bert_jax.tasks.best_checkpoint import checkpoint_dir  # noqa: PLC0415
+
+  path = config.init_checkpoint
+  if not all(os.path.isfile(os.path.join(path, f)) for f in ("head.json", "config.json")):
+    return None, f"{path} is not a fine-tuning workdir (no head.json + config.json)"
+  run_config = runner_io.read_run_config(path)
+  if run_config.task != config.task:
+    return None, f"{path} was fine-tuned on {run_config.task!r}, not {config.task!r}"
+  if os.path.realpath(checkpoint_dir(path, "best")) != os.path.realpath(encoder_dir):
+    return None, f"the probed encoder ({encoder_dir}) is not the checkpoint evaluation uses"
+  keys = ("data_source", "data_dir", "tfds_data_dir", "max_eval_examples")
+  overrides = {k: config[k] for k in keys if k in run_config and run_config[k] != config[k]}
+  split = task.eval_splits[0]
+  result = runner.evaluate(path, split, out_dir, overrides)
+  metrics = result["eval"][split]
+  return {
+    "split": split,
+    "metric": result["primary_metric"],
+    "value": metrics.get(result["primary_metric"]),
+    "metrics": metrics,
+    "checkpoint": result["checkpoint"],
+  }, ""
+
+
+def run_probe(config, workdir: str) -> dict[str, Any]:
+  """The whole probe (module docstring); writes ``<workdir>/probe.json`` and the same content as
+  ``metrics.json`` (what ``launch sweep`` looks for), and returns it."""
+  if config.init_checkpoint and os.path.realpath(workdir) == os.path.realpath(
+    config.init_checkpoint
+  ):
+    raise ValueError("the probe's workdir must not be config.init_checkpoint (it writes there)")
+  os.makedirs(workdir, exist_ok=True)
+  with WorkdirLock(workdir, purpose="probe"):
+    return _run_probe(config, workdir)
+
+
+def _run_probe(config, workdir: str) -> dict[str, Any]:
+  source, pre, tokenizer, bert_config = load_encoder(config)
+  check_config(config, bert_config.num_hidden_layers)  # before reading any data
+  task, private, train, test = task_splits(config, tokenizer)
+  train_rows, dev_rows = split_rows(train.num_rows, config.dev_fraction, int(config.seed))
+  keys = ("input_ids", "input_mask", "segment_ids", "private")
+  splits = {
+    "train": {k: train.arrays[k][train_rows] for k in keys},
+    "dev": {k: train.arrays[k][dev_rows] for k in keys},
+    "test": {k: test.arrays[k] for k in keys},
+  }
+  attrs = Attributes(tuple(private.names), private.privacy_metric)
+  report = probe_arrays(config, bert_config, pre.params["bert"], splits, attrs)
+  main, why = main_task_metric(config, task, source, os.path.join(workdir, "main_task"))
+  result = {
+    "task": task.name,
+    "test_split": test.split,
+    "primary_metric": "test.privacy",
+    "higher_is_better": True,
+    "checkpoint": {"path": config.init_checkpoint, "encoder": source, "source": pre.source},
+    "private_attributes": dataclasses.asdict(private),
+    "main_task": main,
+    "main_task_note": why or None,
+    **report,
+    "config": config.to_dict(),
+  }
+  write_json(os.path.join(workdir, PROBE_FILE), result)
+  write_json(os.path.join(workdir, "metrics.json"), result)
+  return result

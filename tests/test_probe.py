@@ -1,0 +1,199 @@
+"""The privacy probe (Coavoux, Narayan and Cohen 2018): metrics against scikit-learn, r(x) against
+the encoder run without batching or length cuts, the attacker on planted and random attributes,
+epoch selection, bad input, and ``python -m bert_jax.probe`` end to end on a tiny model."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.linen import meta
+from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
+
+from bert_jax.model import BertConfig, BertEncoder
+from bert_jax.tasks import probe, probe_attacker
+from bert_jax.tasks import probe_metrics as pm
+from configs import probe as probe_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = BertConfig(
+  vocab_size=64,
+  hidden_size=32,
+  num_hidden_layers=2,
+  num_attention_heads=2,
+  intermediate_size=64,
+  max_position_embeddings=64,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_params():
+  ids = np.zeros((1, 8), np.int32)
+  return meta.unbox(BertEncoder(TINY).init(jax.random.PRNGKey(0), ids)["params"])
+
+
+def _rows(n, length, seed, first_token=None):
+  """Random token rows [CLS] w... [SEP] of random lengths; ``first_token`` (N,) replaces w_1."""
+  rng = np.random.default_rng(seed)
+  ids = np.zeros((n, length), np.int32)
+  mask = np.zeros((n, length), np.int32)
+  for i, real in enumerate(rng.integers(6, length + 1, n)):
+    ids[i, :real] = np.r_[2, rng.integers(10, TINY.vocab_size, real - 2), 3]
+    mask[i, :real] = 1
+  if first_token is not None:
+    ids[:, 1] = first_token
+  return {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids)}
+
+
+# --- metrics -----------------------------------------------------------------------------------
+Z = np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 0], [1, 0, 1], [0, 0, 0]])
+P = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 0], [1, 0, 0], [0, 1, 0]])
+
+
+def test_metrics_match_sklearn():
+  for metric in ("accuracy", "f1"):
+    m = pm.attack_metrics(Z, P, ["a", "b", "c"], metric)
+    for k, name in enumerate("abc"):
+      got = m["per_attribute"][name]
+      assert got["accuracy"] == pytest.approx(accuracy_score(Z[:, k], P[:, k]))
+      assert got["f1"] == pytest.approx(f1_score(Z[:, k], P[:, k], zero_division=0))
+      assert got["precision"] == pytest.approx(precision_score(Z[:, k], P[:, k], zero_division=0))
+      assert got["recall"] == pytest.approx(recall_score(Z[:, k], P[:, k], zero_division=0))
+      assert got["support"] == Z[:, k].sum() and got["rows"] == 6
+    mean_acc = np.mean([accuracy_score(Z[:, k], P[:, k]) for k in range(3)])
+    micro = f1_score(Z, P, average="micro")  # TP/FP/FN pooled over every (row, attribute) cell
+    assert m["mean_accuracy"] == pytest.approx(mean_acc)
+    assert m["f1_micro"] == pytest.approx(micro)
+    assert m["f1_macro"] == pytest.approx(f1_score(Z, P, average="macro", zero_division=0))
+    assert m["privacy"] == pytest.approx(1 - (mean_acc if metric == "accuracy" else micro))
+  # by hand: TP 4, FP 2, FN 2 -> F = 8 / 12
+  assert pm.attack_metrics(Z, P, "abc", "f1")["privacy"] == pytest.approx(1 - 8 / 12)
+  none = pm.attack_metrics(np.zeros((4, 2), int), np.zeros((4, 2), int), "ab", "f1")
+  assert none["f1_micro"] == 0.0 and none["privacy"] == 1.0 and none["mean_accuracy"] == 1.0
+
+
+def test_majority_baseline_by_hand():
+  z = np.array([[1, 0, 1], [1, 0, 0], [0, 1, 1], [1, 0, 0]])
+  assert pm.majority_values(z).tolist() == [1, 0, 0]  # the last column ties: 0
+  pred = pm.majority_predictions(z, 5)
+  assert pred.shape == (5, 3) and (pred == [1, 0, 0]).all()
+  test = np.array([[1, 1, 0], [0, 0, 0]])
+  m = pm.attack_metrics(test, pm.majority_predictions(z, 2), "xyz", "accuracy")
+  assert m["mean_accuracy"] == pytest.approx((1 / 2 + 1 / 2 + 1) / 3)
+  with pytest.raises(ValueError, match="0/1"):
+    pm.attack_metrics(np.array([[2]]), np.array([[1]]), "x", "accuracy")
+  with pytest.raises(ValueError, match="privacy metric"):
+    pm.attack_metrics(Z, P, "abc", "auc")
+
+
+def test_select_epoch_takes_the_earliest_dev_worst_privacy():
+  assert pm.select_epoch([0.5, 0.3, 0.4, 0.3]) == 1
+  assert pm.select_epoch([0.2]) == 0
+  with pytest.raises(ValueError):
+    pm.select_epoch([])
+
+
+# --- representations ---------------------------------------------------------------------------
+def test_representations_match_the_unbatched_encoder(tiny_params):
+  arrays = _rows(13, 40, seed=1)  # 13 rows, batches of 4: padding and length cuts to 32 / 40
+  out = BertEncoder(TINY).apply(
+    {"params": tiny_params},
+    *(arrays[k] for k in probe_attacker.INPUT_KEYS),
+    output_hidden_states=True,
+  )
+  hidden = [np.asarray(h) for h in out["hidden_states"]]
+  m = arrays["input_mask"][..., None].astype(np.float64)
+  mean_k = [(h * m).sum(1) / m.sum(1) for h in hidden]
+
+  def reps(mode, layer=-1, pooling="mean"):
+    return probe_attacker.compute_representations(
+      TINY, tiny_params, arrays, mode, layer, pooling, batch_size=4
+    )
+
+  np.testing.assert_allclose(reps("pooled"), out["pooled_output"], atol=1e-5)
+  np.testing.assert_allclose(reps("cls", 0), hidden[0][:, 0], atol=1e-5)
+  np.testing.assert_allclose(reps("mean", 1), mean_k[1], atol=1e-5)
+  mixed = reps("scalar_mix")
+  assert mixed.shape == (13, 3, 32)
+  np.testing.assert_allclose(mixed, np.stack(mean_k, 1), atol=1e-5)
+  # The attacker's mix of the pooled layers equals pooling the mixed token states (linearity).
+  attacker = probe_attacker.Attacker(2, 8, scalar_mix=True)
+  params = attacker.init(jax.random.PRNGKey(1), mixed[:1])["params"]
+  params["scalar_mix"] = {"weights": jnp.array([0.3, -1.0, 2.0]), "gamma": jnp.array(1.7)}
+  s = np.exp([0.3, -1.0, 2.0]) / np.exp([0.3, -1.0, 2.0]).sum()
+  token_mix = 1.7 * sum(s[k] * hidden[k] for k in range(3))
+  ref_r = (token_mix * m).sum(1) / m.sum(1)
+  ref = np.maximum(ref_r @ params["hidden"]["kernel"] + params["hidden"]["bias"], 0)
+  ref = ref @ params["output"]["kernel"] + params["output"]["bias"]
+  np.testing.assert_allclose(attacker.apply({"params": params}, mixed), ref, atol=1e-4)
+
+
+def _config(**kw):
+  config = probe_config.get_config("cola_source")
+  config.unlock()
+  for k, v in kw.items():
+    config[k] = v
+  return config
+
+
+def test_bad_input_errors_name_the_key():
+  with pytest.raises(ValueError, match="config.representation"):
+    probe.check_config(_config(representation="last"), 2)
+  with pytest.raises(ValueError, match="config.layer=3 is out of range"):
+    probe.check_config(_config(representation="mean", layer=3), 2)
+  with pytest.raises(ValueError, match="config.layer=-4"):
+    probe.check_config(_config(representation="cls", layer=-4), 2)
+  assert probe.check_config(_config(representation="cls", layer=-3), 2) == 0  # the embeddings
+  with pytest.raises(ValueError, match="config.scalar_mix_pooling"):
+    probe.check_config(_config(scalar_mix_pooling="max"), 2)
+  with pytest.raises(ValueError, match="config.dev_fraction"):
+    probe.check_config(_config(dev_fraction=1.0), 2)
+  with pytest.raises(ValueError, match="config.init_checkpoint is empty"):
+    probe.load_encoder(_config())
+  with pytest.raises(ValueError, match="config.dev_fraction=0.01 of 20"):
+    probe.split_rows(20, 0.01, 0)
+  with pytest.raises(ValueError, match="config.private_attributes"):
+    probe.task_splits(probe_config.get_config("rte"), tokenizer=None)
+
+
+def test_split_rows_is_seeded_and_disjoint():
+  a_train, a_dev = probe.split_rows(100, 0.1, 3)
+  b_train, b_dev = probe.split_rows(100, 0.1, 3)
+  assert (a_dev == b_dev).all() and len(a_dev) == 10 and len(a_train) == 90
+  assert sorted(np.r_[a_train, a_dev].tolist()) == list(range(100))
+  assert not (probe.split_rows(100, 0.1, 4)[1] == a_dev).all()
+
+
+# --- the attacker ------------------------------------------------------------------------------
+def test_attacker_finds_a_planted_token_and_not_a_random_attribute(tiny_params):
+  """+DEMO: attribute 0 is a token prepended to the text; attribute 1 is random (p = 0.7)."""
+  rng = np.random.default_rng(0)
+  splits, z = {}, {}
+  for name, n in (("train", 480), ("dev", 160), ("test", 400)):
+    z[name] = np.stack([rng.integers(0, 2, n), rng.random(n) < 0.7], 1).astype(np.int32)
+    splits[name] = _rows(n, 12, seed=len(name) + n, first_token=np.where(z[name][:, 0], 5, 6))
+  r = {
+    s: probe_attacker.compute_representations(
+      TINY, tiny_params, splits[s], "mean", 2, batch_size=64
+    )
+    for s in splits
+  }
+  attrs = probe_attacker.Attributes(("demo", "random"), "accuracy")
+  out = probe_attacker.train_attacker(r, z, attrs, epochs=12, learning_rate=1e-2, seed=0)
+  test = out["test"]["per_attribute"]
+  majority = pm.attack_metrics(
+    z["test"], pm.majority_predictions(z["train"], 400), ("demo", "random"), "accuracy"
+  )["per_attribute"]
+  assert majority["demo"]["accuracy"] < 0.56 and test["demo"]["accuracy"] > 0.85
+  assert abs(test["random"]["accuracy"] - majority["random"]["accuracy"]) < 0.06
+  # The kept epoch is the one with the worst dev privacy, and its dev metrics are reported.
+  dev_privacy = [e["dev_privacy"] for e in out["epochs"]]
+  assert len(dev_privacy) == 12
+  assert out["selected_epoch"] == int(np.argmin(dev_privacy)) + 1
+  assert out["dev"]["privacy"] == pytest.approx(min(dev_privacy))
+  # Training is deterministic: stopping at the selected epoch gives the reported test metrics.
+  again = probe_attacker.train_attacker(
+    r, z, attrs, epochs=out["selected_epoch"], learning_rate=1e-2, seed=0
+  )
+  assert again["test"] == out["test"]
