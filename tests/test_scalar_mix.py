@@ -87,6 +87,11 @@ def test_summary_weights_gamma_and_centre_of_gravity():
   assert all(isinstance(w, float) for w in report["weights"])
   uniform = scalar_mix_lib.summary({"weights": np.zeros(7), "gamma": 1.0})
   assert uniform["centre_of_gravity"] == pytest.approx(3.0)
+  boxed = {  # as a model initialised under logical axis rules holds them
+    "weights": nn.LogicallyPartitioned(np.log([1.0, 2.0, 3.0, 4.0]), (None,)),
+    "gamma": nn.LogicallyPartitioned(np.float32(1.5), ()),
+  }
+  assert scalar_mix_lib.summary(boxed) == report
   with pytest.raises(ValueError, match=r"lack \['gamma'\]"):
     scalar_mix_lib.summary({"weights": np.zeros(3)})
 

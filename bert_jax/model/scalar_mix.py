@@ -65,7 +65,8 @@ class ScalarMix(nn.Module):
 
 def summary(mix_params: Mapping[str, Any]) -> dict[str, Any]:
   """A trained ``ScalarMix``'s params -> ``{"weights": softmax-normalised weights (floats,
-  index 0 first), "gamma": float, "centre_of_gravity": sum_k k * s_k}``."""
+  index 0 first), "gamma": float, "centre_of_gravity": sum_k k * s_k}`` (plain floats: JSON)."""
+  mix_params = nn.unbox(dict(mix_params))  # logically partitioned boxes, if any
   missing = [k for k in ("weights", "gamma") if k not in mix_params]
   if missing:
     raise ValueError(f"scalar mix params lack {missing}; got keys {sorted(mix_params)}")
