@@ -24,9 +24,14 @@ from bert_jax.formats.pretrained import Pretrained, load_pretrained
 FORMATS = ("hf", "saved_model", "params")
 
 
-def load_for_export(path: str, task: str | None = None) -> Pretrained:
+def load_for_export(path: str, task: str | None = None, fmt: str | None = None) -> Pretrained:
   """The checkpoint as ``Pretrained``, checked to fit ``task``: every tensor, every shape
-  (``load_pretrained`` checks the weights against the head and head.json)."""
+  (``load_pretrained`` checks the weights against the head and head.json).
+
+  A pre-training checkpoint needs its MLM head, and for ``fmt`` "saved_model" (or None: any
+  format) its NSP head as well; ``fmt="hf"`` exports one without NSP (``config.objective``
+  mlm / ltr) as the LM head alone: BertForMaskedLM, or BertLMHeadModel for a left-to-right
+  model; ``fmt="params"`` keeps it as it is."""
   task = heads.IMPORT_ARCHITECTURES.get(task, task) if task else None
   if task is not None and task not in heads.TASKS:
     raise CheckpointError(
@@ -35,12 +40,22 @@ def load_for_export(path: str, task: str | None = None) -> Pretrained:
     )
   pretrained = load_pretrained(path, task)  # "encoder": the encoder of any checkpoint
   missing_heads = [g for g in pretrained.absent if g in heads.OPTIONAL_HEADS]
-  if pretrained.task == "pretraining" and missing_heads:
+  if pretrained.task != "pretraining" or not missing_heads:
+    return pretrained
+  if missing_heads == ["nsp"] and fmt in ("hf", "params"):
+    return pretrained  # the LM head alone (the paper's "No NSP" / "LTR & No NSP")
+  if missing_heads == ["nsp"]:
+    wanted = f"--format={fmt}" if fmt else "this export"
     raise CheckpointError(
-      f"{path}: the checkpoint has no {' / '.join(missing_heads)} head "
-      f"weights to export as BertForPreTraining; use --task=encoder"
+      f"{path}: the checkpoint has no nsp head (pre-trained without next-sentence prediction: "
+      f"objective mlm or ltr), which {wanted} of a pre-training head (BertForPreTraining: "
+      "mlm_logits and nsp_logits) needs; use --format=hf (BertForMaskedLM, or BertLMHeadModel "
+      "for a left-to-right model), --format=params, or --task=encoder"
     )
-  return pretrained
+  raise CheckpointError(
+    f"{path}: the checkpoint has no {' / '.join(missing_heads)} head "
+    f"weights to export as BertForPreTraining; use --task=encoder"
+  )
 
 
 def export(
@@ -62,7 +77,7 @@ def export(
     ensure_replaceable(output, overwrite)  # before loading: the writers check again
   except FileExistsError as e:
     raise FileExistsError(f"--output {output} exists and is not empty (pass --overwrite)") from e
-  p = load_for_export(path, task)
+  p = load_for_export(path, task, fmt)
   if fmt == "hf":
     labels = list(p.labels) or None
     hf.save_hf(output, p.params, p.config, p.tokenizer, p.task, p.num_labels, labels, overwrite)

@@ -45,6 +45,20 @@ from bert_jax.model.config import BertConfig
 OPTIONAL_GROUPS = ("bert/pooler", "mlm", "nsp")
 # Buffers, not parameters, that Hugging Face checkpoints may carry.
 BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# A pre-training head without next-sentence prediction (the paper's Table 5 "No NSP" and "LTR &
+# No NSP", config.objective mlm / ltr) is the LM head alone: Hugging Face's BertForMaskedLM, or
+# BertLMHeadModel (is_decoder: causal attention, row i predicts token i + 1) for a left-to-right
+# model. Neither has a pooler.
+MASKED_LM, CAUSAL_LM = "BertForMaskedLM", "BertLMHeadModel"
+
+
+def architecture(config: BertConfig, task: str, next_sentence: bool = True) -> str:
+  """The Hugging Face class of ``task``'s model; a pre-training head without the NSP part is
+  BertForMaskedLM, or BertLMHeadModel when ``config.is_decoder``."""
+  if task == "pretraining" and not next_sentence:
+    return CAUSAL_LM if config.is_decoder else MASKED_LM
+  return ARCHITECTURES[task]
+
 
 # Layouts: "same" (identical arrays), "vector" (a bias flattened in HF) or an int n: a kernel
 # whose first n bert_jax axes are the inputs, stored [out, in] by PyTorch.
@@ -74,9 +88,14 @@ def _layer_norm(path, name, group):
 
 
 def entries(
-  config: BertConfig, task: str, num_labels: int = 2, prefix: str = "bert."
+  config: BertConfig,
+  task: str,
+  num_labels: int = 2,
+  prefix: str = "bert.",
+  next_sentence: bool = True,
 ) -> list[Entry]:
-  """Every parameter of ``task``'s model with its Hugging Face name (encoder under ``prefix``)."""
+  """Every parameter of ``task``'s model with its Hugging Face name (encoder under ``prefix``);
+  ``next_sentence=False`` leaves a pre-training head's NSP classifier out."""
   b, p = ("bert",), prefix
   out = [
     Entry(b + ("embeddings", n, "embedding"), f"{p}embeddings.{n}.weight", "same", "bert")
@@ -97,7 +116,8 @@ def entries(
     out += _linear(("mlm_transform",), "cls.predictions.transform.dense", 1, "mlm")
     out += _layer_norm(("mlm_LayerNorm",), "cls.predictions.transform.LayerNorm", "mlm")
     out.append(Entry(("mlm_output_bias",), "cls.predictions.bias", "same", "mlm"))
-    out += _linear(("nsp",), "cls.seq_relationship", 1, "nsp")
+    if next_sentence:
+      out += _linear(("nsp",), "cls.seq_relationship", 1, "nsp")
   elif task in CLASSIFIER_TASKS:
     out += _linear(("classifier",), "classifier", 1, "classifier")
   elif task == "question_answering":
@@ -237,26 +257,33 @@ def tensors_to_params(
 
 
 def params_to_tensors(
-  params: Mapping[str, Any], config: BertConfig, task: str, num_labels: int
+  params: Mapping[str, Any],
+  config: BertConfig,
+  task: str,
+  num_labels: int,
+  next_sentence: bool = True,
 ) -> dict[str, np.ndarray]:
-  """Nested params -> the state dict of the Hugging Face class for ``task``."""
+  """Nested params -> the state dict of the Hugging Face class for ``task``
+  (``architecture(config, task, next_sentence)``; the LM head alone, without a pooler, for a
+  pre-training head with ``next_sentence=False``)."""
   flat = traverse_util.flatten_dict(dict(params))
   prefix = "" if task == "encoder" else "bert."
-  wanted = entries(config, task, num_labels, prefix)
-  if task in NO_POOLER:
+  arch = architecture(config, task, next_sentence)
+  wanted = entries(config, task, num_labels, prefix, next_sentence)
+  if task in NO_POOLER or arch in (MASKED_LM, CAUSAL_LM):
     wanted = [e for e in wanted if e.group != "bert/pooler"]
   shapes = param_shapes(config, task, num_labels)
   missing = ["/".join(e.path) for e in wanted if e.path not in flat]
   if missing:
-    raise CheckpointError(f"params lack what a {ARCHITECTURES[task]} needs: {listing(missing)}")
-  known = {e.path for e in entries(config, task, num_labels)}
+    raise CheckpointError(f"params lack what a {arch} needs: {listing(missing)}")
+  known = {e.path for e in entries(config, task, num_labels, next_sentence=next_sentence)}
   # "encoder" exports the encoder of any model: its head is left out on purpose.
   extra = [
     "/".join(k) for k in flat if k not in known and not (task == "encoder" and k[0] != "bert")
   ]
   if extra:
     raise CheckpointError(
-      f"params have entries a {ARCHITECTURES[task]} has no place for: "
+      f"params have entries a {arch} has no place for: "
       f"{listing(extra)}; pass the right head (and num_labels)"
     )
   out = {}
@@ -387,10 +414,16 @@ def infer_task(tensors: Mapping[str, Any], hf_config: Mapping[str, Any], source:
 
 
 def hf_config_dict(
-  config: BertConfig, task: str, num_labels: int, labels: Sequence[str] | None, pad_id: int = 0
+  config: BertConfig,
+  task: str,
+  num_labels: int,
+  labels: Sequence[str] | None,
+  pad_id: int = 0,
+  next_sentence: bool = True,
 ) -> dict[str, Any]:
+  """config.json: ``config``'s fields (``is_decoder`` among them when true) and the class."""
   d = {
-    "architectures": [ARCHITECTURES[task]],
+    "architectures": [architecture(config, task, next_sentence)],
     "model_type": "bert",
     **config.to_dict(),
     "position_embedding_type": "absolute",
@@ -421,7 +454,10 @@ def save_hf(
 ) -> pathlib.Path:
   """Write a Hugging Face directory: model.safetensors, config.json and the tokenizer files.
 
-  ``head`` is one of ``heads.TASKS`` ("encoder" writes a BertModel). ``num_labels`` defaults to
+  ``head`` is one of ``heads.TASKS`` ("encoder" writes a BertModel). Pre-training params
+  without an ``nsp`` head (``config.objective`` mlm or ltr) write the LM head alone: a
+  BertForMaskedLM, or a BertLMHeadModel (``is_decoder`` in config.json) for a left-to-right
+  model (``config.is_decoder``); with one, a BertForPreTraining. ``num_labels`` defaults to
   ``len(labels)`` or the classifier's width. The directory loads with
   ``transformers.AutoModel*.from_pretrained(directory)`` / ``BertFor*.from_pretrained``.
   It is written whole or not at all (``bert_jax.checkpoint.replace_dir``): a non-empty
@@ -445,9 +481,10 @@ def save_hf(
       num_labels = int(np.shape(params["classifier"]["kernel"])[-1])
     else:
       num_labels = 2
-  tensors = params_to_tensors(params, config, head, num_labels)
+  next_sentence = head != "pretraining" or "nsp" in params
+  tensors = params_to_tensors(params, config, head, num_labels, next_sentence)
   pad_id = getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0
-  hf_config = hf_config_dict(config, head, num_labels, labels, pad_id)
+  hf_config = hf_config_dict(config, head, num_labels, labels, pad_id, next_sentence)
   with replace_dir(directory, overwrite) as tmp:
     # Serialised in memory and written with open(): the file gets the mode the umask gives
     # (safetensors' save_file creates its files 0600).
