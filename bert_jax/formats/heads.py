@@ -69,6 +69,11 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be imported or exported; the message names file and tensor."""
 
 
+# Top-level params a run trains beside the model and never exports: a privacy defence's
+# adversary (bert_jax/tasks/defences.py).
+TRAINING_ONLY_SUBTREES = ("adversary",)
+
+
 def check_task(task: str) -> str:
   if task not in TASKS:
     raise CheckpointError(f"unknown head task {task!r}; choose one of {TASKS}")

@@ -240,6 +240,8 @@ def load_bert_jax(workdir, task: str | None = None) -> Pretrained:
   params = traverse_util.unflatten_dict(
     {k: np.asarray(v) for k, v in traverse_util.flatten_dict(dict(meta.unbox(params))).items()}
   )
+  # Parameters that exist only for training (a defence's adversary) are not part of the model.
+  params = {k: v for k, v in params.items() if k not in heads.TRAINING_ONLY_SUBTREES}
   head = heads.read_head(workdir)
   if "qa_outputs" in params:
     inferred = "question_answering"

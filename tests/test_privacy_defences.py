@@ -1,0 +1,203 @@
+"""Private attributes read from the shared data, and the defences' gradients and signs.
+
+References are independent of the code under test: the attribute sets are recomputed here from
+the raw files with the csv module and a plain CoNLL scan; gradient isolation is checked on the
+exact gradient tree; the declustering sign on a toy pair; Adam's first step is lr * sign(g).
+"""
+
+import collections
+import csv
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bert_jax.model import BertConfig
+from bert_jax.tasks import defences as D
+from bert_jax.tasks import private_attributes as PA
+from bert_jax.tasks.glue import GlueTask
+from bert_jax.tokenize import load_tokenizer
+from bert_jax.train import optimizers as O
+from configs import glue
+
+
+def _config(shared_data, task="cola", **kw):
+  c = glue.get_config(task)
+  c.data_dir = str(shared_data / "glue")
+  c.max_seq_length = 32
+  for k, v in kw.items():
+    if "." in k:
+      section, key = k.split(".")
+      setattr(c[section], key, v)
+    else:
+      setattr(c, k, v)
+  return c
+
+
+def _column(path, index, header):
+  with open(path, encoding="utf-8") as f:
+    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  return [r[index] for r in (rows[1:] if header else rows)]
+
+
+def _top(values, k):
+  return [
+    v for v, _ in sorted(collections.Counter(values).items(), key=lambda kv: (-kv[1], kv[0]))
+  ][:k]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(minilm_dir):
+  return load_tokenizer(str(minilm_dir / "vocab.txt"), do_lower_case=True)
+
+
+def test_cola_source_attributes_match_the_raw_column(shared_data, tokenizer):
+  task = GlueTask(_config(shared_data, private_attributes="cola_source"), tokenizer)
+  sources = _column(shared_data / "glue/CoLA/train.tsv", 0, header=False)
+  top = _top(sources, 5)
+  assert task.private_attributes.names == tuple(top)
+  assert task.private_attributes.privacy_metric == "f1"
+  for split, file in (("train", "train.tsv"), ("dev", "dev.tsv")):
+    z = task.load_split(split).arrays["private"]
+    expected = np.array(
+      [[s == t for t in top] for s in _column(shared_data / "glue/CoLA" / file, 0, False)], np.int32
+    )
+    np.testing.assert_array_equal(z, expected)
+    assert z.dtype == np.int32 and z.shape[1] == 5
+
+
+def test_stsb_genre_is_one_genre_per_pair(shared_data, tokenizer):
+  task = GlueTask(
+    _config(shared_data, "stsb", private_attributes="stsb_genre", num_private_attributes=3),
+    tokenizer,
+  )
+  genres = _column(shared_data / "glue/STS-B/train.tsv", 1, header=True)
+  assert set(task.private_attributes.names) == set(genres) and len(set(genres)) == 3
+  assert task.private_attributes.privacy_metric == "accuracy"
+  z = task.load_split("dev").arrays["private"]
+  dev = _column(shared_data / "glue/STS-B/dev.tsv", 1, header=True)
+  np.testing.assert_array_equal(z.sum(1), np.ones(len(dev)))
+  names = task.private_attributes.names
+  # The official dev file spells the train file's "main-forum" genre "main-forums".
+  assert [names[i] for i in z.argmax(1)] == [g.replace("forums", "forum") for g in dev]
+
+
+def _conll_persons(path):
+  counts, current = collections.Counter(), []
+  for line in list(open(path, encoding="utf-8")) + [""]:
+    parts = line.split()
+    tag = parts[-1] if parts and not line.startswith("-DOCSTART-") else "O"
+    if current and (not tag.endswith("PER") or tag == "B-PER"):
+      counts[" ".join(current)] += 1
+      current = []
+    if tag.endswith("PER"):
+      current.append(parts[0])
+  return counts
+
+
+def test_conll_person_presence(shared_data):
+  path = str(shared_data / "conll2003/train.txt")
+  attrs = PA.fit("conll_per", 3, conll_file=path)
+  assert list(attrs.names) == _top(list(_conll_persons(path).elements()), 3)
+  a, b, c = attrs.names
+  texts = [(f"Yesterday {a} said so.", None), ("Nobody here.", f"But {c}, twice."), (a + "x", "")]
+  z = PA.matrix(attrs, texts=texts)
+  np.testing.assert_array_equal(z, [[1, 0, 0], [0, 0, 1], [0, 0, 0]])
+
+
+@pytest.mark.parametrize(
+  "overrides, words",
+  [
+    ({"private_attributes": "gender"}, ["config.private_attributes", "gender"]),
+    ({"defence.name": "multidetasking"}, ["config.defence.name", "private_attributes"]),
+    (
+      {"private_attributes": "cola_source", "defence.name": "dp"},
+      ["config.defence.name", "'dp'"],
+    ),
+  ],
+)
+def test_bad_settings_name_the_key(shared_data, tokenizer, overrides, words):
+  with pytest.raises(ValueError) as e:
+    GlueTask(_config(shared_data, **overrides), tokenizer)
+  assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_missing_column_and_too_many_attributes_name_the_key(shared_data, tokenizer):
+  task = GlueTask(_config(shared_data, "sst2", private_attributes="cola_source"), tokenizer)
+  with pytest.raises(ValueError, match="config.private_attributes='cola_source' reads the column"):
+    task.load_split("dev")
+  task = GlueTask(_config(shared_data, "stsb", private_attributes="stsb_genre"), tokenizer)
+  with pytest.raises(ValueError, match="config.num_private_attributes=5.*only 3"):
+    task.load_split("dev")
+
+
+def _defended(shared_data, tokenizer, name):
+  task = GlueTask(
+    _config(shared_data, private_attributes="cola_source", **{"defence.name": name}), tokenizer
+  )
+  bert_config = BertConfig.from_preset("tiny").replace(vocab_size=tokenizer.vocab_size)
+  model = task.build_model(bert_config)
+  init = jax.jit(lambda rng: nn.meta.unbox(task.init_variables(model, rng, 8)["params"]))
+  params = init(jax.random.PRNGKey(0))
+  data = task.load_split("dev")
+  batch = {k: jnp.asarray(v[:8]) for k, v in data.arrays.items()}
+  return task, model, params, batch
+
+
+def _norms(tree):
+  norms = jax.jit(lambda t: {k: optax.global_norm(v) for k, v in t.items()})(tree)
+  return {k: float(v) for k, v in norms.items()}
+
+
+def test_multidetasking_gradients_reach_only_their_own_side(shared_data, tokenizer):
+  task, model, params, batch = _defended(shared_data, tokenizer, "multidetasking")
+  assert set(params) == {"bert", "classifier", D.ADVERSARY}
+
+  def term(name):
+    def f(p):
+      outputs = task.apply(model, p, batch, deterministic=True)
+      return D.defence_terms(task.config.defence, outputs, batch["private"])[name]
+
+    return _norms(jax.jit(jax.grad(f))(params))
+
+  adversary = term("adversary")  # the adversary's own loss
+  assert adversary["bert"] == 0.0 and adversary["classifier"] == 0.0 and adversary["adversary"] > 0
+  encoder = term("encoder")  # the encoder's "not z" term
+  assert encoder["adversary"] == 0.0 and encoder["bert"] > 0
+  # The encoder's term is -sum_k log P(not z_k), computed here from the adversary's logits.
+  outputs = jax.jit(lambda p, b: task.apply(model, p, b, deterministic=True))(params, batch)
+  p = jax.nn.sigmoid(np.asarray(outputs["encoder_adversary_logits"], np.float64))
+  z = np.asarray(batch["private"])
+  expected = np.mean(np.sum(-(1 - z) * np.log(p) - z * np.log(1 - p), -1))
+  got = D.defence_terms(task.config.defence, outputs, batch["private"])["encoder"]
+  np.testing.assert_allclose(float(got), expected, rtol=1e-5)
+
+
+def test_declustering_pushes_same_attributes_apart_and_pulls_different_together():
+  cfg = {"name": "declustering", "alpha": 1.0, "declustering_lambda": 0.1}
+  r = jnp.array([[0.1, 0.2], [0.3, -0.1]])
+
+  def distance_after_step(z):
+    z = jnp.asarray(z)
+    grad = jax.grad(lambda r: D.defence_terms(cfg, {"pooled_output": r}, z)["declustering"])(r)
+    moved = r - 0.5 * grad
+    return float(jnp.linalg.norm(moved[0] - moved[1])), float(jnp.linalg.norm(r[0] - r[1]))
+
+  after, before = distance_after_step([[1, 0], [1, 0]])  # same attributes: pushed apart
+  assert after > before
+  after, before = distance_after_step([[1, 0], [0, 1]])  # different attributes: pulled together
+  assert after < before
+
+
+def test_the_adversary_has_its_own_optimizer():
+  params = {"bert": {"w": jnp.ones(3)}, D.ADVERSARY: {"w": jnp.ones(3)}}
+  grads = {"bert": {"w": jnp.array([1.0, -2.0, 3.0])}, D.ADVERSARY: {"w": jnp.array([0.5, -4, 1])}}
+  main = optax.adamw(0.0)  # the main schedule at 0: only the group moves
+  tx = O.with_optimizer_groups(main, {D.ADVERSARY: O.OptimizerGroup(D.is_adversary, 0.01)})
+  updates, _ = tx.update(grads, tx.init(params), params)
+  np.testing.assert_array_equal(updates["bert"]["w"], np.zeros(3))
+  # Adam's first step is -lr * g / (|g| + eps): -lr * sign(g).
+  np.testing.assert_allclose(updates[D.ADVERSARY]["w"], [-0.01, 0.01, -0.01], rtol=1e-5)
