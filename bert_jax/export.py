@@ -5,7 +5,8 @@ r"""Export a bert_jax checkpoint (pre-trained or fine-tuned) for use elsewhere.
   python -m bert_jax.export --workdir=DIR --format=params --output=OUT       # Orbax params
 
 The head comes from the workdir's head.json (or the weights); ``--task`` asks for a particular
-one ("encoder" exports any checkpoint's encoder alone). A checkpoint whose head does not fit
+one ("encoder" exports any checkpoint's encoder alone). A pre-training run without NSP exports
+to hf as BertForMaskedLM (objective mlm) or BertLMHeadModel with is_decoder (objective ltr). A checkpoint whose head does not fit
 the requested one is an error before anything is written; ``--overwrite`` replaces the output
 folder as a whole. ``--checkpoint`` picks a fine-tuning workdir's best (``best/``) or latest
 checkpoint (``bert_jax.tasks.best_checkpoint``). See docs/export.md.

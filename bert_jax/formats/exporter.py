@@ -4,6 +4,7 @@ The library behind ``python -m bert_jax.export`` (see docs/export.md):
 
   export("workdir/rte/best", "hf", "out/rte_hf")          # the head from head.json / the weights
   export("workdir/rte", "saved_model", "out/rte_tf", task="encoder")
+  export("workdir/ltr", "hf", "out/ltr_hf")  # objective ltr: BertLMHeadModel (mlm: ForMaskedLM)
   p = load_for_export("workdir/rte")                       # checked Pretrained(params, config, ...)
 
 The first argument is the checkpoint itself (anything ``load_pretrained`` reads); which of a
