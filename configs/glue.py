@@ -102,6 +102,9 @@ def get_config(task: str = "sst2") -> ml_collections.ConfigDict:
   config.data_dir = ""  # GLUE root (holding CoLA/, SST-2/, ...) or the task's folder
   config.tfds_data_dir = ""  # local TFDS data_dir with glue/* prepared (no download)
   config.skip_malformed_rows = False  # True: skip (and count) rows with missing fields / labels
+  # With max_train_examples: -1 takes the first rows of the file; a seed >= 0 a uniform sample of
+  # that many (in file order). GLUE files can be grouped (CoLA's train.tsv is sorted by source).
+  config.train_sample_seed = -1
   privacy_fields(config)
   config.lock()
   return config

@@ -201,3 +201,21 @@ def test_the_adversary_has_its_own_optimizer():
   np.testing.assert_array_equal(updates["bert"]["w"], np.zeros(3))
   # Adam's first step is -lr * g / (|g| + eps): -lr * sign(g).
   np.testing.assert_allclose(updates[D.ADVERSARY]["w"], [-0.01, 0.01, -0.01], rtol=1e-5)
+
+
+def test_train_sample_seed_draws_a_uniform_sample_in_file_order(shared_data, tokenizer):
+  sources = _column(shared_data / "glue/CoLA/train.tsv", 0, header=False)
+  first = GlueTask(
+    _config(shared_data, private_attributes="cola_source", max_train_examples=800), tokenizer
+  )
+  z_first = first.load_split("train").arrays["private"]
+  # The file is sorted by source: its first rows hold few of the five most frequent sources.
+  assert (z_first.sum(0) > 0).sum() < 5
+  sampled = _config(shared_data, private_attributes="cola_source", max_train_examples=800)
+  sampled.train_sample_seed = 3
+  z = GlueTask(sampled, tokenizer).load_split("train").arrays["private"]
+  keep = np.sort(np.random.default_rng(3).choice(len(sources), 800, replace=False))
+  top = first.private_attributes.names
+  expected = np.array([[sources[i] == t for t in top] for i in keep], np.int32)
+  np.testing.assert_array_equal(z, expected)
+  assert (z.sum(0) > 0).all()

@@ -3,7 +3,8 @@
 Config keys read (see configs/glue.py): ``task``, ``data_source`` ("tsv" | "tfds"),
 ``data_dir`` (GLUE root holding CoLA/, SST-2/, ... or one task's folder), ``tfds_data_dir``,
 ``max_seq_length``, ``skip_malformed_rows``, ``max_train_examples``/``max_eval_examples``
-(0 = all; slices for quick runs); ``private_attributes``, ``num_private_attributes``,
+(0 = all; slices for quick runs; ``train_sample_seed`` >= 0 makes the training slice a
+uniform sample drawn with that seed instead of the first rows); ``private_attributes``, ``num_private_attributes``,
 ``private_attributes_file`` (bert_jax/tasks/private_attributes.py: each split gains an int32
 [N, K] array ``private``) and ``defence`` (bert_jax/tasks/defences.py). Pairs are packed ``[CLS] A [SEP] B [SEP]``; a pair that does
 not fit is truncated (longer text first) and counted in the split's ``stats["truncated"]``.
@@ -181,7 +182,12 @@ class GlueTask(Task):
     limit = (
       self.config.max_train_examples if split == self.train_split else self.config.max_eval_examples
     )
-    if limit:
+    seed = int(self.config.train_sample_seed)
+    if limit and split == self.train_split and seed >= 0 and limit < len(examples):
+      # A uniform sample (files are often grouped, e.g. CoLA by source), kept in file order.
+      keep = np.sort(np.random.default_rng(seed).choice(len(examples), limit, replace=False))
+      examples = [examples[i] for i in keep]
+    elif limit:
       examples = examples[:limit]
     arrays, truncated = encode_texts(
       self.tokenizer,

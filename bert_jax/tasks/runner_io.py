@@ -40,6 +40,7 @@ _ADDED_KEYS = {
 }
 # Keys GLUE configs gained after workdirs were written (their defaults: configs/glue.py).
 _ADDED_GLUE_KEYS = {
+  "train_sample_seed": -1,
   "private_attributes": "",
   "num_private_attributes": 5,
   "private_attributes_file": "",
