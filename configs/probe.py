@@ -31,15 +31,7 @@ def get_config(arg: str = "cola_source") -> ml_collections.ConfigDict:
     task, kind = arg, ""
   config = glue.get_config(task)  # validates the task name
   config.unlock()
-  # The GLUE task's private attributes (bert_jax/tasks/private_attributes.py); defined by the GLUE
-  # config, set here when that config has not got them.
-  for key, default in (
-    ("private_attributes", ""),
-    ("num_private_attributes", 5),
-    ("private_attributes_file", ""),
-  ):
-    if key not in config:
-      config[key] = default
+  # The GLUE task's private attributes (configs/glue.py, bert_jax/tasks/private_attributes.py).
   config.private_attributes = kind
   # The frozen encoder: init_checkpoint (GLUE key) is a bert_jax workdir, a Hugging Face directory
   # or a TF checkpoint; of a fine-tuning workdir, "best" takes best/ (else the latest), "latest"

@@ -2,12 +2,17 @@
 the encoder run without batching or length cuts, the attacker on planted and random attributes,
 epoch selection, bad input, and ``python -m bert_jax.probe`` end to end on a tiny model."""
 
+import dataclasses
+import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 from flax.linen import meta
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
@@ -29,8 +34,25 @@ TINY = BertConfig(
 
 @pytest.fixture(scope="module")
 def tiny_params():
-  ids = np.zeros((1, 8), np.int32)
-  return meta.unbox(BertEncoder(TINY).init(jax.random.PRNGKey(0), ids)["params"])
+  """A random tiny encoder: N(0, 0.02) weights, LayerNorm scales 1 and biases 0 (BERT's init),
+  drawn in numpy (no compilation)."""
+  shapes = jax.eval_shape(BertEncoder(TINY).init, jax.random.PRNGKey(0), np.zeros((1, 8), np.int32))
+  return _random_params(shapes["params"])
+
+
+def _random_params(shapes):
+  rng = np.random.default_rng(0)
+  flat = traverse_util.flatten_dict(meta.unbox(shapes))
+  return traverse_util.unflatten_dict(
+    {
+      path: np.ones(s.shape, np.float32)
+      if path[-1] == "scale"
+      else np.zeros(s.shape, np.float32)
+      if path[-1] == "bias"
+      else rng.normal(0, 0.02, s.shape).astype(np.float32)
+      for path, s in flat.items()
+    }
+  )
 
 
 def _rows(n, length, seed, first_token=None):
@@ -97,7 +119,8 @@ def test_select_epoch_takes_the_earliest_dev_worst_privacy():
 # --- representations ---------------------------------------------------------------------------
 def test_representations_match_the_unbatched_encoder(tiny_params):
   arrays = _rows(13, 40, seed=1)  # 13 rows, batches of 4: padding and length cuts to 32 / 40
-  out = BertEncoder(TINY).apply(
+  apply = jax.jit(BertEncoder(TINY).apply, static_argnames="output_hidden_states")
+  out = apply(
     {"params": tiny_params},
     *(arrays[k] for k in probe_attacker.INPUT_KEYS),
     output_hidden_states=True,
@@ -112,21 +135,21 @@ def test_representations_match_the_unbatched_encoder(tiny_params):
     )
 
   np.testing.assert_allclose(reps("pooled"), out["pooled_output"], atol=1e-5)
-  np.testing.assert_allclose(reps("cls", 0), hidden[0][:, 0], atol=1e-5)
-  np.testing.assert_allclose(reps("mean", 1), mean_k[1], atol=1e-5)
+  cls_k = reps("scalar_mix", pooling="cls")  # [CLS] of every hidden state, the embeddings first
+  np.testing.assert_allclose(cls_k, np.stack([h[:, 0] for h in hidden], 1), atol=1e-5)
   mixed = reps("scalar_mix")
   assert mixed.shape == (13, 3, 32)
   np.testing.assert_allclose(mixed, np.stack(mean_k, 1), atol=1e-5)
   # The attacker's mix of the pooled layers equals pooling the mixed token states (linearity).
   attacker = probe_attacker.Attacker(2, 8, scalar_mix=True)
-  params = attacker.init(jax.random.PRNGKey(1), mixed[:1])["params"]
+  params = jax.jit(attacker.init)(jax.random.PRNGKey(1), mixed[:1])["params"]
   params["scalar_mix"] = {"weights": jnp.array([0.3, -1.0, 2.0]), "gamma": jnp.array(1.7)}
   s = np.exp([0.3, -1.0, 2.0]) / np.exp([0.3, -1.0, 2.0]).sum()
   token_mix = 1.7 * sum(s[k] * hidden[k] for k in range(3))
   ref_r = (token_mix * m).sum(1) / m.sum(1)
   ref = np.maximum(ref_r @ params["hidden"]["kernel"] + params["hidden"]["bias"], 0)
   ref = ref @ params["output"]["kernel"] + params["output"]["bias"]
-  np.testing.assert_allclose(attacker.apply({"params": params}, mixed), ref, atol=1e-4)
+  np.testing.assert_allclose(jax.jit(attacker.apply)({"params": params}, mixed), ref, atol=1e-4)
 
 
 def _config(**kw):
@@ -197,3 +220,140 @@ def test_attacker_finds_a_planted_token_and_not_a_random_attribute(tiny_params):
     r, z, attrs, epochs=out["selected_epoch"], learning_rate=1e-2, seed=0
   )
   assert again["test"] == out["test"]
+
+
+def test_direct_baseline_trains_the_encoder_on_a_planted_token():
+  """The seed's upper bound: encoder and attacker trained together on z (one layer, to compile
+  quickly); the planted attribute is learnt, the random one stays at its majority rate."""
+  config = dataclasses.replace(TINY, num_hidden_layers=1, hidden_dropout_prob=0.0)
+  shapes = jax.eval_shape(
+    BertEncoder(config).init, jax.random.PRNGKey(0), np.zeros((1, 8), np.int32)
+  )
+  params = _random_params(shapes["params"])
+  rng = np.random.default_rng(1)
+  splits, z = {}, {}
+  for name, n in (("train", 256), ("dev", 64), ("test", 128)):
+    z[name] = np.stack([rng.integers(0, 2, n), rng.random(n) < 0.7], 1).astype(np.int32)
+    splits[name] = _rows(n, 8, seed=n + 7, first_token=np.where(z[name][:, 0], 5, 6))
+  attrs = probe_attacker.Attributes(("demo", "random"), "accuracy")
+  out = probe_attacker.train_direct(
+    config,
+    params,
+    splits,
+    z,
+    attrs,
+    "pooled",
+    -1,
+    "mean",
+    epochs=6,
+    learning_rate=1e-2,
+    batch_size=32,
+    warmup_proportion=0.0,
+    eval_batch_size=64,
+  )
+  test = out["test"]["per_attribute"]
+  assert test["demo"]["accuracy"] > 0.9
+  assert test["random"]["accuracy"] == pytest.approx(z["test"][:, 1].mean(), abs=0.1)
+  dev_privacy = [e["dev_privacy"] for e in out["epochs"]]
+  assert out["selected_epoch"] == int(np.argmin(dev_privacy)) + 1 and "params" not in out
+
+
+# --- end to end ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cola_dir(tmp_path_factory, shared_data):
+  """A CoLA folder of every 60th training and every 20th dev sentence (all sources present)."""
+  root = tmp_path_factory.mktemp("glue")
+  (root / "CoLA").mkdir()
+  for name, step in (("train", 60), ("dev", 20)):
+    lines = (shared_data / "glue/CoLA" / f"{name}.tsv").read_text().splitlines(keepends=True)
+    (root / "CoLA" / f"{name}.tsv").write_text("".join(lines[::step]))
+  return root
+
+
+@pytest.fixture(scope="module")
+def cola_finetuned(tmp_path_factory, cola_dir, minilm_dir):
+  """A bert_jax fine-tuning workdir of CoLA (tiny model from scratch, 2 steps)."""
+  from bert_jax.tasks import runner
+  from configs import glue
+
+  config = glue.get_config("cola")
+  for k, v in dict(
+    data_dir=str(cola_dir),
+    vocab_file=str(minilm_dir / "vocab.txt"),
+    max_seq_length=32,
+    train_batch_size=16,
+    eval_batch_size=16,
+    num_train_steps=2,
+    predict_test=False,
+  ).items():
+    config[k] = v
+  workdir = tmp_path_factory.mktemp("cola_ft")
+  result = runner.finetune(config, str(workdir))
+  assert result["status"] == "completed"
+  return workdir, result
+
+
+def _column(path, k=0):
+  return [line.split("\t")[k] for line in path.read_text().splitlines()]
+
+
+def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_finetuned, subprocess_env):
+  import collections
+
+  finetuned, ft_result = cola_finetuned
+  workdir = tmp_path / "probe"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "bert_jax.probe",
+      "--config=configs/probe.py:cola_source",
+      f"--workdir={workdir}",
+      f"--config.init_checkpoint={finetuned}",
+      f"--config.data_dir={cola_dir}",
+      "--config.max_seq_length=32",
+      "--config.eval_batch_size=16",
+      "--config.attacker_epochs=3",
+      "--config.direct_baseline=false",  # compiling its training step is slow: tested below
+      "--config.representation=scalar_mix",
+    ],
+    cwd=REPO,
+    env=subprocess_env(1),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = json.loads((workdir / "probe.json").read_text())
+  assert json.loads((workdir / "metrics.json").read_text()) == out  # what launch sweep collects
+  assert summary["privacy"] == out["test"]["privacy"] and out["primary_metric"] == "test.privacy"
+  # The attributes: CoLA's five most frequent sources of the training file, presence -> F.
+  sources = collections.Counter(_column(cola_dir / "CoLA/train.tsv"))
+  top5 = [s for s, _ in sorted(sources.items(), key=lambda kv: (-kv[1], kv[0]))[:5]]
+  attrs = out["private_attributes"]
+  assert attrs["names"] == top5 and attrs["privacy_metric"] == "f1"
+  dev_sources = _column(cola_dir / "CoLA/dev.tsv")
+  n_train, n_test = sum(sources.values()), len(dev_sources)
+  assert out["rows"] == {
+    "attacker_train": n_train - round(0.1 * n_train),
+    "attacker_dev": round(0.1 * n_train),
+    "test": n_test,
+  }
+  test = out["test"]
+  for name in top5:
+    assert test["per_attribute"][name]["support"] == dev_sources.count(name)
+  assert test["privacy"] == pytest.approx(1 - test["f1_micro"])
+  # No source covers half the sentences: the majority attacker predicts no source, F = 0.
+  majority = out["baselines"]["majority"]
+  assert set(majority["values"].values()) == {0} and majority["test"]["privacy"] == 1.0
+  assert out["baselines"]["direct"] is None
+  assert 1 <= out["attacker"]["selected_epoch"] <= 3 and len(out["attacker"]["epochs"]) == 3
+  mix = out["scalar_mix"]  # tiny: embeddings + 2 layers
+  assert len(mix["weights"]) == 3 and sum(mix["weights"]) == pytest.approx(1.0)
+  assert 0 <= mix["centre_of_gravity"] <= 2
+  # The main task: the fine-tuned model's own dev metric, as its fine-tuning run measured it.
+  main = out["main_task"]
+  assert main["metric"] == "mcc" and main["split"] == "dev"
+  assert main["value"] == pytest.approx(ft_result["dev"]["mcc"])
+  assert out["config"]["representation"] == "scalar_mix"

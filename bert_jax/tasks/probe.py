@@ -164,6 +164,13 @@ def probe_arrays(
       for s in ("dev", "test")
     },
   }
+  logging.info(
+    "Attacker: epoch %d of %d kept, test privacy %.4f (majority %.4f)",
+    attacker["selected_epoch"],
+    len(attacker["epochs"]),
+    attacker["test"]["privacy"],
+    majority["test"]["privacy"],
+  )
   direct = None
   if config.direct_baseline:
     direct = train_direct(
@@ -295,6 +302,9 @@ def run_probe(config, workdir: str) -> dict[str, Any]:
 
 
 def _run_probe(config, workdir: str) -> dict[str, Any]:
+  from bert_jax.parallel.compilation_cache import enable_compilation_cache  # noqa: PLC0415
+
+  enable_compilation_cache(config.compilation_cache)
   source, pre, tokenizer, bert_config = load_encoder(config)
   check_config(config, bert_config.num_hidden_layers)  # before reading any data
   task, private, train, test = task_splits(config, tokenizer)
@@ -307,6 +317,10 @@ def _run_probe(config, workdir: str) -> dict[str, Any]:
   }
   attrs = Attributes(tuple(private.names), private.privacy_metric)
   report = probe_arrays(config, bert_config, pre.params["bert"], splits, attrs)
+  if report["baselines"]["direct"] is not None:
+    logging.info(
+      "Direct baseline: test privacy %.4f", report["baselines"]["direct"]["test"]["privacy"]
+    )
   main, why = main_task_metric(config, task, source, os.path.join(workdir, "main_task"))
   result = {
     "task": task.name,

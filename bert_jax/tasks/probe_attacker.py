@@ -15,6 +15,7 @@ and keeps the epoch whose dev privacy is lowest. ``train_attacker`` does so on c
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -92,6 +93,20 @@ def _bucket(length: int, max_length: int) -> int:
   return min(max_length, -(-max(length, 1) // 32) * 32)
 
 
+@functools.lru_cache(maxsize=8)
+def _representation_fn(bert_config: BertConfig, mode: str, layer: int, pooling: str):
+  """The jitted (params, ids, mask, segments) -> r(x), one per encoder and representation (so
+  the splits of a probe share its compilations)."""
+  encoder = BertEncoder(bert_config)
+  hidden = mode != "pooled"
+
+  def run(params, ids, mask, seg):
+    out = encoder.apply({"params": params}, ids, mask, seg, output_hidden_states=hidden)
+    return represent(out, mask, mode, layer, pooling)
+
+  return jax.jit(run)
+
+
 def compute_representations(
   bert_config: BertConfig,
   bert_params,
@@ -105,14 +120,8 @@ def compute_representations(
   encoder: float32 [N, D] (or [N, K, D] for scalar_mix), in row order. Rows are sorted by length
   and each jitted batch is cut to the multiple of 32 holding its longest row (padding is masked,
   so r(x) does not change); the last batch is padded with copies of a row."""
-  encoder = BertEncoder(bert_config)
-  hidden = mode != "pooled"
-
-  @jax.jit
-  def run(params, ids, mask, seg):
-    out = encoder.apply({"params": params}, ids, mask, seg, output_hidden_states=hidden)
-    return represent(out, mask, mode, layer, pooling)
-
+  run = _representation_fn(bert_config, mode, layer, pooling)
+  bert_params = jax.device_put(bert_params)  # once, not with every batch
   ids, mask, seg = (np.asarray(arrays[k]) for k in INPUT_KEYS)
   n, max_length = ids.shape
   lengths = mask.sum(1)
@@ -160,6 +169,7 @@ def predictor(logits_fn: LogitsFn):
 
 
 def _predict(step, params, arrays: Mapping[str, np.ndarray], batch_size: int) -> np.ndarray:
+  params = jax.device_put(params)  # once, not with every batch
   n = len(next(iter(arrays.values())))
   outs = []
   for start in range(0, n, batch_size):
@@ -226,7 +236,7 @@ def fit_and_select(
       }
     )
     if best is None or dev["privacy"] < best["privacy"]:
-      best, best_params = dev, jax.device_get(params)
+      best, best_params = dev, params  # immutable device arrays: no copy needed
   selected = pm.select_epoch([h["dev_privacy"] for h in history])
   test = pm.attack_metrics(
     data["test"][1],
@@ -255,7 +265,7 @@ def train_attacker(
 ) -> dict[str, Any]:
   """Phase 3 on cached representations: ``r`` and ``z`` keyed by "train", "dev", "test"."""
   model = Attacker(len(attrs.names), hidden_size, scalar_mix)
-  params = model.init(jax.random.PRNGKey(seed), jnp.asarray(r["train"][:1]))["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(r["train"][:1]))["params"]
 
   def logits_fn(p, batch, rng, deterministic):
     del rng, deterministic
@@ -294,7 +304,7 @@ def train_direct(
 
   model = DirectModel(bert_config, mode, layer, pooling, len(attrs.names), hidden_size)
   dummy = [np.asarray(inputs["train"][k][:1]) for k in INPUT_KEYS]
-  params = meta.unbox(model.init(jax.random.PRNGKey(seed), *dummy)["params"])
+  params = meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), *dummy)["params"])
   params = {**params, "bert": jax.tree_util.tree_map(jnp.asarray, bert_params)}
 
   def logits_fn(p, batch, rng, deterministic):
