@@ -33,13 +33,16 @@ def get_config(arg: str = "cola_source") -> ml_collections.ConfigDict:
   config.unlock()
   # The GLUE task's private attributes (configs/glue.py, bert_jax/tasks/private_attributes.py).
   config.private_attributes = kind
+  if kind == "stsb_genre":
+    config.num_private_attributes = 3  # STS-B has three genres
   # The frozen encoder: init_checkpoint (GLUE key) is a bert_jax workdir, a Hugging Face directory
   # or a TF checkpoint; of a fine-tuning workdir, "best" takes best/ (else the latest), "latest"
   # the latest checkpoint.
   config.which_checkpoint = "best"
-  # r(x): "pooled" (the pooler's tanh output), "cls" ([CLS] at `layer`), "mean" (masked mean over
-  # the tokens at `layer`) or "scalar_mix" (ELMo's learned mix over embeddings + every layer,
-  # trained with the attacker, then pooled by scalar_mix_pooling: "mean" or "cls").
+  # r(x): "pooled" (the pooler's tanh output: what the classifier reads and the defences protect),
+  # "cls" ([CLS] at `layer`), "mean" (masked mean over the tokens at `layer`) or "scalar_mix"
+  # (ELMo's learned mix over embeddings + every layer, trained with the attacker, then pooled by
+  # scalar_mix_pooling: "mean" or "cls").
   config.representation = "pooled"
   config.layer = -1  # for cls / mean: 0 = embeddings, 1..L the layers, -1 = the last
   config.scalar_mix_pooling = "mean"

@@ -357,3 +357,18 @@ def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_finetuned,
   assert main["metric"] == "mcc" and main["split"] == "dev"
   assert main["value"] == pytest.approx(ft_result["dev"]["mcc"])
   assert out["config"]["representation"] == "scalar_mix"
+
+
+def test_main_task_is_null_unless_a_fine_tuned_workdir_of_the_task(cola_finetuned, minilm_dir):
+  finetuned, _ = cola_finetuned
+  config = probe_config.get_config("cola_source")
+  config.init_checkpoint = str(minilm_dir)
+  main, why = probe.main_task_metric(config, None, None, None, None)
+  assert main is None and why.endswith(
+    "is not a bert_jax fine-tuning workdir (no head.json + config.json)"
+  )
+  config = probe_config.get_config("rte")
+  config.init_checkpoint = str(finetuned)
+  main, why = probe.main_task_metric(config, None, None, None, None)
+  assert main is None and "fine-tuned on 'cola', not 'rte'" in why
+  assert probe_config.get_config("stsb_genre").num_private_attributes == 3  # three genres

@@ -39,9 +39,12 @@ representation and attacker, but the encoder is fine-tuned with it on z (``learn
 ``num_train_epochs``, ``train_batch_size``, dropout as configured; Adam with BERT's warmup and
 linear decay), selected per epoch on dev as the attacker is.
 
-Main-task metric: when ``init_checkpoint`` is a fine-tuning workdir of ``config.task``, its own
-model is evaluated on the test split (``bert_jax.tasks.runner.evaluate``, into
-``<workdir>/main_task``); otherwise it is null.
+Main-task metric: when ``init_checkpoint`` is a bert_jax fine-tuning workdir of ``config.task``,
+the checkpoint the encoder was read from (encoder and classifier) is evaluated on the test rows
+by the task's own ``evaluate`` (the fine-tuning workdir is only read, never locked, so probes of
+one workdir can run in parallel); otherwise it is null, with a note saying why.
+
+Models and training: ``bert_jax.tasks.probe_attacker``; metrics: ``bert_jax.tasks.probe_metrics``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 from absl import logging
 
@@ -225,7 +229,7 @@ def load_encoder(config):
   if config.which_checkpoint not in CHOICES:
     raise ValueError(f"config.which_checkpoint={config.which_checkpoint!r} is not one of {CHOICES}")
   source = checkpoint_dir(config.init_checkpoint, config.which_checkpoint)
-  pre = load_pretrained(source, task="encoder", do_lower_case=config.do_lower_case)
+  pre = load_pretrained(source, do_lower_case=config.do_lower_case)  # with its head, if any
   tokenizer = pre.tokenizer
   if config.vocab_file:
     tokenizer = load_tokenizer(config.vocab_file, do_lower_case=config.do_lower_case)
@@ -260,33 +264,45 @@ def task_splits(config, tokenizer):
   return task, attrs, train, test
 
 
-def main_task_metric(config, task, encoder_dir: str, out_dir: str) -> tuple[dict | None, str]:
-  """The fine-tuned model's own metrics on the test split when ``config.init_checkpoint`` is a
-  fine-tuning workdir of ``config.task`` whose evaluated checkpoint is the probed encoder; else
-  (None, why not)."""
-  from bert_jax.tasks import runner, runner_io  # noqa: PLC0415
-  from bert_jax.tasks.best_checkpoint import checkpoint_dir  # noqa: PLC0415
+def main_task_metric(config, task, pre, bert_config: BertConfig, test) -> tuple[dict | None, str]:
+  """The fine-tuned model's own metrics on the test rows (``task.evaluate``) when
+  ``config.init_checkpoint`` is a bert_jax fine-tuning workdir of ``config.task`` and the
+  checkpoint read (``pre``, the same one the encoder came from) carries its classifier; else
+  (None, why not). Nothing is locked or written in the fine-tuning workdir."""
+  from bert_jax.tasks import runner_io  # noqa: PLC0415
 
   path = config.init_checkpoint
   if not all(os.path.isfile(os.path.join(path, f)) for f in ("head.json", "config.json")):
-    return None, f"{path} is not a fine-tuning workdir (no head.json + config.json)"
-  run_config = runner_io.read_run_config(path)
-  if run_config.task != config.task:
-    return None, f"{path} was fine-tuned on {run_config.task!r}, not {config.task!r}"
-  if os.path.realpath(checkpoint_dir(path, "best")) != os.path.realpath(encoder_dir):
-    return None, f"the probed encoder ({encoder_dir}) is not the checkpoint evaluation uses"
-  keys = ("data_source", "data_dir", "tfds_data_dir", "max_eval_examples")
-  overrides = {k: config[k] for k in keys if k in run_config and run_config[k] != config[k]}
-  split = task.eval_splits[0]
-  result = runner.evaluate(path, split, out_dir, overrides)
-  metrics = result["eval"][split]
+    return None, f"{path} is not a bert_jax fine-tuning workdir (no head.json + config.json)"
+  run_task = runner_io.read_run_config(path).task
+  if run_task != config.task:
+    return None, f"{path} was fine-tuned on {run_task!r}, not {config.task!r}"
+  if pre.task != task.head or pre.num_labels != task.num_labels:
+    return None, f"{pre.path} carries a {pre.task} head of {pre.num_labels} labels, not the task's"
+  model = task.build_model(bert_config)
+  params = {k: pre.params[k] for k in ("bert", "classifier")}
+  run = jax.jit(lambda p, b: task.predict(task.apply(model, p, b, True)))
+  predictions = _batched(run, jax.device_put(params), test.arrays, int(config.eval_batch_size))
+  metrics, _ = task.evaluate(test, predictions)
   return {
-    "split": split,
-    "metric": result["primary_metric"],
-    "value": metrics.get(result["primary_metric"]),
-    "metrics": metrics,
-    "checkpoint": result["checkpoint"],
+    "split": test.split,
+    "metric": task.primary_metric,
+    "value": metrics.get(task.primary_metric),
+    "metrics": {k: float(v) for k, v in metrics.items() if np.isscalar(v)},
+    "checkpoint": pre.path,
   }, ""
+
+
+def _batched(run, params, arrays: Mapping[str, np.ndarray], batch_size: int) -> dict:
+  """``run(params, batch)`` over every row in batches (the last padded), outputs in row order."""
+  n = len(arrays["input_ids"])
+  outs = []
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, min(start + batch_size, n))
+    idx = np.concatenate([idx, np.full(batch_size - idx.size, idx[0])])
+    batch = {k: arrays[k][idx] for k in ("input_ids", "input_mask", "segment_ids")}
+    outs.append(jax.device_get(run(params, batch)))
+  return {k: np.concatenate([o[k] for o in outs])[:n] for k in outs[0]}
 
 
 def run_probe(config, workdir: str) -> dict[str, Any]:
@@ -321,7 +337,7 @@ def _run_probe(config, workdir: str) -> dict[str, Any]:
     logging.info(
       "Direct baseline: test privacy %.4f", report["baselines"]["direct"]["test"]["privacy"]
     )
-  main, why = main_task_metric(config, task, source, os.path.join(workdir, "main_task"))
+  main, why = main_task_metric(config, task, pre, bert_config, test)
   result = {
     "task": task.name,
     "test_split": test.split,
