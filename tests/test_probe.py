@@ -271,36 +271,49 @@ def cola_dir(tmp_path_factory, shared_data):
 
 
 @pytest.fixture(scope="module")
-def cola_finetuned(tmp_path_factory, cola_dir, minilm_dir):
-  """A bert_jax fine-tuning workdir of CoLA (tiny model from scratch, 2 steps)."""
-  from bert_jax.tasks import runner
+def cola_model(tmp_path_factory, cola_dir, minilm_dir):
+  """A random tiny CoLA classifier as a bert_jax workdir: a parameters-only export (encoder and
+  classifier, head.json, MiniLM's vocabulary) with a fine-tuning run's config.json beside it.
+  Its bias splits the dev sentences' logit differences at their median, so both classes are
+  predicted. Returns (directory, dev labels, the model's dev predictions), the predictions
+  from the logits of all dev rows at once (no batching, no padding rows)."""
+  from bert_jax.formats.params_only import export_params_only
+  from bert_jax.model import BertForSequenceClassification
+  from bert_jax.tasks.glue_features import encode_texts
+  from bert_jax.tokenize import load_tokenizer
   from configs import glue
 
-  config = glue.get_config("cola")
-  for k, v in dict(
-    data_dir=str(cola_dir),
-    vocab_file=str(minilm_dir / "vocab.txt"),
-    max_seq_length=32,
-    train_batch_size=16,
-    eval_batch_size=16,
-    num_train_steps=2,
-    predict_test=False,
-  ).items():
-    config[k] = v
-  workdir = tmp_path_factory.mktemp("cola_ft")
-  result = runner.finetune(config, str(workdir))
-  assert result["status"] == "completed"
-  return workdir, result
+  config = dataclasses.replace(TINY, vocab_size=30522, max_position_embeddings=128)
+  model = BertForSequenceClassification(config, num_labels=2)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), np.zeros((1, 8), np.int32))
+  params = _random_params(shapes["params"])
+  params["classifier"]["kernel"] = np.random.default_rng(5).normal(0, 1, (32, 2)).astype(np.float32)
+  tokenizer = load_tokenizer(minilm_dir)
+  rows = [line.split("\t") for line in (cola_dir / "CoLA/dev.tsv").read_text().splitlines()]
+  arrays, _ = encode_texts(tokenizer, [r[3] for r in rows], None, 32)
+  logits = jax.jit(model.apply)({"params": params}, *(arrays[k] for k in probe_attacker.INPUT_KEYS))
+  diff = np.sort(np.diff(np.asarray(logits["logits"]), axis=-1)[:, 0])
+  shift = -(diff[len(diff) // 2 - 1] + diff[len(diff) // 2]) / 2
+  params["classifier"]["bias"][1] += shift
+  out = tmp_path_factory.mktemp("cola_model") / "model"
+  head = {"task": "sequence_classification", "num_labels": 2, "labels": ["0", "1"], "name": "cola"}
+  export_params_only(str(out), params, config, head, tokenizer)
+  run_config = glue.get_config("cola")
+  (out / "config.json").write_text(json.dumps(run_config.to_dict(), default=str))
+  preds = (np.diff(np.asarray(logits["logits"]), axis=-1)[:, 0] + shift > 0).astype(int)
+  return out, np.array([int(r[1]) for r in rows]), preds
 
 
 def _column(path, k=0):
   return [line.split("\t")[k] for line in path.read_text().splitlines()]
 
 
-def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_finetuned, subprocess_env):
+def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_model, subprocess_env):
   import collections
 
-  finetuned, ft_result = cola_finetuned
+  from sklearn.metrics import matthews_corrcoef
+
+  finetuned, labels, preds = cola_model
   workdir = tmp_path / "probe"
   proc = subprocess.run(
     [
@@ -352,15 +365,18 @@ def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_finetuned,
   mix = out["scalar_mix"]  # tiny: embeddings + 2 layers
   assert len(mix["weights"]) == 3 and sum(mix["weights"]) == pytest.approx(1.0)
   assert 0 <= mix["centre_of_gravity"] <= 2
-  # The main task: the fine-tuned model's own dev metric, as its fine-tuning run measured it.
+  # The main task: the classifier's own MCC / accuracy on the test rows (sklearn, on predictions
+  # from all rows at once).
   main = out["main_task"]
-  assert main["metric"] == "mcc" and main["split"] == "dev"
-  assert main["value"] == pytest.approx(ft_result["dev"]["mcc"])
+  assert main["metric"] == "mcc" and main["split"] == "dev" and out["main_task_note"] is None
+  assert 0 < preds.mean() < 1  # both classes predicted: MCC is not trivially 0
+  assert main["value"] == pytest.approx(matthews_corrcoef(labels, preds))
+  assert main["metrics"]["accuracy"] == pytest.approx(np.mean(labels == preds))
   assert out["config"]["representation"] == "scalar_mix"
 
 
-def test_main_task_is_null_unless_a_fine_tuned_workdir_of_the_task(cola_finetuned, minilm_dir):
-  finetuned, _ = cola_finetuned
+def test_main_task_is_null_unless_a_fine_tuned_workdir_of_the_task(cola_model, minilm_dir):
+  finetuned, _, _ = cola_model
   config = probe_config.get_config("cola_source")
   config.init_checkpoint = str(minilm_dir)
   main, why = probe.main_task_metric(config, None, None, None, None)
