@@ -30,6 +30,7 @@ import json
 import multiprocessing
 import os
 import random
+import sys
 import time
 
 from absl import logging
@@ -41,6 +42,9 @@ from bert_jax.tokenize import load_tokenizer
 
 SPLITS = ("train", "eval")
 AUTO_PARALLEL_MIN_BYTES = 4 << 20
+# Sentences per tokenizer call: documents are tokenized many at a time (same ids as one at a
+# time), so a batch tokenizer's per-call cost is paid per few thousand lines, not per document.
+ENCODE_BATCH_LINES = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +131,38 @@ def _seed(*parts) -> int:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_tokenizer_and_spec(tokenizer_path: str, do_lower_case: bool | None):
-  tokenizer = load_tokenizer(tokenizer_path, do_lower_case=do_lower_case)
+def _load_tokenizer_and_spec(
+  tokenizer_path: str, do_lower_case: bool | None, backend: str = "reference"
+):
+  tokenizer = load_tokenizer(tokenizer_path, do_lower_case=do_lower_case, backend=backend)
   return tokenizer, masking.MaskingSpec.from_tokenizer(tokenizer)
+
+
+def _tokenizer_backend() -> str:
+  """The fast WordPiece path (tensorflow-text; same ids) where TensorFlow is already imported,
+  i.e. in this process when it generates alone; the reference in the fork-server workers, which
+  must not import TensorFlow (see example_proto)."""
+  return "auto" if "tensorflow" in sys.modules else "reference"
+
+
+def _tokenized_documents(tokenizer, documents):
+  """Each document's ids, one list per sentence, tokenizing ENCODE_BATCH_LINES at a time."""
+  pending, lines = [], 0
+  for sentences in documents:
+    pending.append(sentences)
+    lines += len(sentences)
+    if lines >= ENCODE_BATCH_LINES:
+      yield from _encode_documents(tokenizer, pending)
+      pending, lines = [], 0
+  yield from _encode_documents(tokenizer, pending)
+
+
+def _encode_documents(tokenizer, documents):
+  ids = tokenizer.encode_batch([s for sentences in documents for s in sentences])
+  start = 0
+  for sentences in documents:
+    yield ids[start : start + len(sentences)]
+    start += len(sentences)
 
 
 def _new_stats() -> dict:
@@ -180,14 +213,19 @@ def make_shard_records(
   import TensorFlow (example_proto serializes); the parent writes the files.
   """
   stats = _new_stats()
-  tokenizer, spec = _load_tokenizer_and_spec(config.tokenizer_path, config.do_lower_case)
+  tokenizer, spec = _load_tokenizer_and_spec(
+    config.tokenizer_path, config.do_lower_case, _tokenizer_backend()
+  )
   read_stats: dict = {}
   documents: dict[str, list[list[list[int]]]] = {"train": [], "eval": []}
   split_rng = random.Random(_seed(config.random_seed, shard.index, "eval_split"))
-  for sentences in corpus.read_shard_documents(
-    shard, config.input_format, read_stats, doc_boundary=config.doc_boundary
+  for sentence_ids in _tokenized_documents(
+    tokenizer,
+    corpus.read_shard_documents(
+      shard, config.input_format, read_stats, doc_boundary=config.doc_boundary
+    ),
   ):
-    tokenized = [ids for ids in tokenizer.encode_batch(sentences) if ids]
+    tokenized = [ids for ids in sentence_ids if ids]
     is_eval = split_rng.random() < config.eval_fraction
     if not tokenized:
       continue
