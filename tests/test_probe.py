@@ -388,3 +388,30 @@ def test_main_task_is_null_unless_a_fine_tuned_workdir_of_the_task(cola_model, m
   main, why = probe.main_task_metric(config, None, None, None, None)
   assert main is None and "fine-tuned on 'cola', not 'rte'" in why
   assert probe_config.get_config("stsb_genre").num_private_attributes == 3  # three genres
+
+
+def test_entry_point_reports_bad_input_in_one_line(tmp_path, cola_dir, subprocess_env):
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "bert_jax.probe",
+      "--config=configs/probe.py:cola_source",
+      f"--workdir={tmp_path / 'probe'}",
+      "--config.init_checkpoint=/nonexistent",
+      f"--config.data_dir={cola_dir}",
+      "--config.representation=last",  # refused before the checkpoint is read
+    ],
+    cwd=REPO,
+    env=subprocess_env(1),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 1
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last == (
+    "probe: error: config.representation='last' is not one of "
+    "('pooled', 'cls', 'mean', 'scalar_mix')"
+  )
+  assert not (tmp_path / "probe" / "probe.json").exists()

@@ -88,8 +88,9 @@ def layer_index(layer: int, num_hidden_layers: int) -> int:
   return int(layer) % n
 
 
-def check_config(config, num_hidden_layers: int) -> int:
-  """Validates the probe's own keys; returns the resolved layer index."""
+def check_config(config, num_hidden_layers: int | None = None) -> int | None:
+  """Validates the probe's own keys (before anything is loaded); with the encoder's
+  ``num_hidden_layers``, also ``config.layer``, and returns it as a hidden-state index."""
   if config.representation not in REPRESENTATIONS:
     raise ValueError(
       f"config.representation={config.representation!r} is not one of {REPRESENTATIONS}"
@@ -103,6 +104,8 @@ def check_config(config, num_hidden_layers: int) -> int:
   for key in ("attacker_epochs", "attacker_hidden_size", "attacker_batch_size", "eval_batch_size"):
     if int(config[key]) < 1:
       raise ValueError(f"config.{key}={config[key]} must be >= 1")
+  if num_hidden_layers is None:
+    return None
   return layer_index(config.layer, num_hidden_layers)
 
 
@@ -320,9 +323,10 @@ def run_probe(config, workdir: str) -> dict[str, Any]:
 def _run_probe(config, workdir: str) -> dict[str, Any]:
   from bert_jax.parallel.compilation_cache import enable_compilation_cache  # noqa: PLC0415
 
+  check_config(config)  # before loading anything
   enable_compilation_cache(config.compilation_cache)
   source, pre, tokenizer, bert_config = load_encoder(config)
-  check_config(config, bert_config.num_hidden_layers)  # before reading any data
+  check_config(config, bert_config.num_hidden_layers)  # the layer, before reading any data
   task, private, train, test = task_splits(config, tokenizer)
   train_rows, dev_rows = split_rows(train.num_rows, config.dev_fraction, int(config.seed))
   keys = ("input_ids", "input_mask", "segment_ids", "private")
