@@ -63,8 +63,14 @@ def is_fast_eligible(text: str) -> bool:
 
 
 def split_eligible(texts: Sequence[str]) -> tuple[list[int], list[int]]:
-  """(indices of the fast-eligible texts, indices of the others), in order."""
-  joined = "".join(texts)
+  """(indices of the fast-eligible texts, indices of the others), in order; TypeError for a
+  text that is not a str (the message of base.check_text)."""
+  try:
+    joined = "".join(texts)  # also the type check: join takes only str
+  except TypeError:
+    for text in texts:
+      base.check_text(text)
+    raise
   if joined.isascii() and _ASCII_CONTROL.search(joined) is None:
     return list(range(len(texts))), []  # the common case, checked in two C passes
   fast, slow = [], []
@@ -148,7 +154,7 @@ class FastWordPieceTokenizer(wordpiece.WordPieceTokenizer):
     return out
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    texts = [base.check_text(t) for t in texts]
+    texts = list(texts)
     fast_idx, slow_idx = split_eligible(texts)
     if len(fast_idx) < MIN_FAST_BATCH:
       return super().encode_batch(texts)
@@ -162,7 +168,7 @@ class FastWordPieceTokenizer(wordpiece.WordPieceTokenizer):
     return out
 
   def tokenize_batch(self, texts: Sequence[str]) -> list[list[str]]:
-    texts = [base.check_text(t) for t in texts]
+    texts = list(texts)
     fast_idx, slow_idx = split_eligible(texts)
     if len(fast_idx) < MIN_FAST_BATCH:
       return super().tokenize_batch(texts)

