@@ -85,7 +85,9 @@ class DirectModel(nn.Module):
       output_hidden_states=self.mode != "pooled",
     )
     r = represent(out, input_mask, self.mode, self.layer, self.pooling)
-    attacker = Attacker(self.num_attributes, self.hidden_size, self.mode == "scalar_mix")
+    attacker = Attacker(
+      self.num_attributes, self.hidden_size, self.mode == "scalar_mix", name="attacker"
+    )
     return attacker(r)
 
 
