@@ -138,7 +138,7 @@ def _check_corpora(pair, shared_data, every):
 
 
 def test_shared_data_identical(pair, shared_data):
-  _check_corpora(pair, shared_data, every=8)
+  _check_corpora(pair, shared_data, every=16)
 
 
 @pytest.mark.slow
@@ -212,7 +212,7 @@ def _check_code_points(minilm_dir, lower, every):
 
 @pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
 def test_code_points(minilm_dir, lower):
-  _check_code_points(minilm_dir, lower, every=9)
+  _check_code_points(minilm_dir, lower, every=13)
 
 
 @pytest.mark.slow
