@@ -261,3 +261,22 @@ def test_pickles(minilm_dir):
   assert type(copy) is type(fast_tok)
   texts = ["Hello, World!"] * 100
   assert copy.encode_batch(texts) == ref.encode_batch(texts)
+
+
+def test_tokens_the_reference_cannot_produce(tmp_path):
+  """tensorflow-text folds the split into its matcher: a vocabulary token holding a space made
+  it read "x y" as one token before fast.tf_text_vocab; punctuation inside, "##" alone, control
+  and non-ASCII characters, special tokens."""
+  odd = ["x y", "x\ty", "don't", "a.b", ".a", "##.", "##", "#", "a\x01", "é", "##é", "[unused0]"]
+  letters = ["a", "b", "d", "o", "n", "t", "x", "y", ".", "'", "!"]
+  tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *odd, *letters, "don", "##t", "##o"]
+  tokens += [f"##{c}" for c in "abdnxy"]
+  path = tmp_path / "vocab.txt"
+  path.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+  rng = random.Random(1)
+  alphabet = list("abdontxy.'#! \t[]UNK") + ["\x01"]
+  texts = ["x y", "x  y", "x\ty", "don't", "a.b", ".a", "##", "[UNK]", "x[UNK]y"] * 8
+  texts += ["".join(rng.choices(alphabet, k=rng.randint(0, 30))) for _ in range(3000)]
+  for lower in (True, False):
+    fast_tok, ref = tokenizers(str(path), lower)
+    assert_same(fast_tok, ref, texts, f"odd vocabulary, lower={lower}")

@@ -39,6 +39,13 @@ CHUNK = 16384
 _ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
+# What the reference's split makes of ASCII: words of letters and digits, single punctuation.
+_ASCII_PUNCT = frozenset(
+  chr(c) for c in (*range(33, 48), *range(58, 65), *range(91, 97), *range(123, 127))
+)
+_ASCII_WORD = re.compile("[A-Za-z0-9]+")
+
+
 class FastUnavailable(Exception):
   """Why the fast path cannot be built here (load_tokenizer logs it and uses the reference)."""
 
@@ -60,6 +67,27 @@ def is_fast_eligible(text: str) -> bool:
   """Whether tensorflow-text's ids for ``text`` are provably the reference's (see the module
   docstring): ASCII without control characters other than tab, newline, carriage return."""
   return text.isascii() and _ASCII_CONTROL.search(text) is None
+
+
+def tf_text_vocab(tokens: Sequence[str]) -> list[str]:
+  """The vocabulary for tensorflow-text: each token the reference can produce from eligible
+  text as it is, every other one replaced by a unique string no ASCII text can match.
+
+  tensorflow-text folds the split into its matcher, so a token the reference can never produce
+  still matches there: "x y" in a vocabulary makes it read "x y" or "x\ty" as that one token
+  (the reference: "x", "y"). On ASCII the reference produces a word piece (letters and digits,
+  "##" first for a continuation) or a single punctuation character; keep those (and [UNK],
+  tensorflow-text's unknown token), replace the rest."""
+  out = []
+  for i, token in enumerate(tokens):
+    body = token.removeprefix(wordpiece.CONTINUATION_PREFIX)
+    keep = (
+      token == base.UNK
+      or (token == body and token in _ASCII_PUNCT)
+      or _ASCII_WORD.fullmatch(body) is not None
+    )
+    out.append(token if keep else f"\U000f0000{i}")  # a private-use character: never ASCII
+  return out
 
 
 def split_eligible(texts: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -118,7 +146,7 @@ class FastWordPieceTokenizer(wordpiece.WordPieceTokenizer):
       # On the texts sent here (ASCII, see is_fast_eligible) lower-casing is all that
       # "lower_case_nfd_strip_accents" does, and a byte is a character.
       fast = tf_text.FastBertTokenizer(
-        vocab=self._tokens,
+        vocab=tf_text_vocab(self._tokens),
         suffix_indicator=wordpiece.CONTINUATION_PREFIX,
         max_bytes_per_word=max_input_chars_per_word,
         token_out_type=tf.int32,
