@@ -54,6 +54,9 @@ def get_config(arg: str = "cola_source") -> ml_collections.ConfigDict:
   config.attacker_batch_size = 32
   # The seeded fraction of the task's train split held out as the attacker's dev set.
   config.dev_fraction = 0.1
+  # True: only examples with at least one private attribute (train, dev and test), as the seed
+  # does for its entity-presence attributes to avoid a very unbalanced data set.
+  config.require_attribute = False
   # The direct baseline: encoder + attacker fine-tuned on z (the seed's trained upper bound).
   config.direct_baseline = True
   config.num_train_epochs = 3.0

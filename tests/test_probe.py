@@ -186,6 +186,18 @@ def test_split_rows_is_seeded_and_disjoint():
   assert (a_dev == b_dev).all() and len(a_dev) == 10 and len(a_train) == 90
   assert sorted(np.r_[a_train, a_dev].tolist()) == list(range(100))
   assert not (probe.split_rows(100, 0.1, 4)[1] == a_dev).all()
+  # The seed's filtering of presence attributes: only rows with at least one attribute.
+  rng = np.random.default_rng(0)
+  z_train, z_test = ((rng.random((n, 3)) < 0.2).astype(int) for n in (200, 50))
+  train, dev, test = probe.select_rows(z_train, z_test, 0.1, 3, require_attribute=True)
+  with_attr = np.flatnonzero(z_train.any(1))
+  assert sorted(np.r_[train, dev].tolist()) == with_attr.tolist()
+  assert (
+    len(dev) == round(0.1 * len(with_attr))
+    and test.tolist() == np.flatnonzero(z_test.any(1)).tolist()
+  )
+  train, dev, test = probe.select_rows(z_train, z_test, 0.1, 3)
+  assert (dev == probe.split_rows(200, 0.1, 3)[1]).all() and len(test) == 50
 
 
 # --- the attacker ------------------------------------------------------------------------------
@@ -329,6 +341,7 @@ def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_model, sub
       "--config.attacker_epochs=3",
       "--config.direct_baseline=false",  # compiling its training step is slow: tested below
       "--config.representation=scalar_mix",
+      "--config.require_attribute=true",  # only sentences of the five sources
     ],
     cwd=REPO,
     env=subprocess_env(1),
@@ -346,9 +359,10 @@ def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_model, sub
   top5 = [s for s, _ in sorted(sources.items(), key=lambda kv: (-kv[1], kv[0]))[:5]]
   attrs = out["private_attributes"]
   assert attrs["names"] == top5 and attrs["privacy_metric"] == "f1"
-  dev_sources = _column(cola_dir / "CoLA/dev.tsv")
-  n_train, n_test = sum(sources.values()), len(dev_sources)
-  assert out["rows"] == {
+  kept = np.isin(_column(cola_dir / "CoLA/dev.tsv"), top5)
+  dev_sources = [s for s, k in zip(_column(cola_dir / "CoLA/dev.tsv"), kept) if k]
+  n_train, n_test = sum(sources[s] for s in top5), len(dev_sources)
+  assert 0 < n_test < len(kept) and out["rows"] == {
     "attacker_train": n_train - round(0.1 * n_train),
     "attacker_dev": round(0.1 * n_train),
     "test": n_test,
@@ -369,7 +383,8 @@ def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_model, sub
   # from all rows at once).
   main = out["main_task"]
   assert main["metric"] == "mcc" and main["split"] == "dev" and out["main_task_note"] is None
-  assert 0 < preds.mean() < 1  # both classes predicted: MCC is not trivially 0
+  assert 0 < preds[kept].mean() < 1  # both classes predicted: MCC is not trivially 0
+  labels, preds = labels[kept], preds[kept]  # scored on the probe's test rows
   assert main["value"] == pytest.approx(matthews_corrcoef(labels, preds))
   assert main["metrics"]["accuracy"] == pytest.approx(np.mean(labels == preds))
   assert out["config"]["representation"] == "scalar_mix"

@@ -30,7 +30,9 @@ attacker) is kept and reported on test. Metrics: ``bert_jax.tasks.probe_metrics`
 Splits. The task's data with private attributes (``task.private_attributes``, the
 ``private`` array of a split): the attacker trains on the task's train split minus a seeded
 held-out fraction ``dev_fraction``, which is its dev set for epoch selection; test is the task's
-(first) dev split, since GLUE's test split has neither labels nor attributes.
+(first) dev split, since GLUE's test split has neither labels nor attributes. With
+``config.require_attribute`` only rows with at least one attribute are kept (the seed's filtering
+of its entity-presence data).
 
 Baselines (section 4.3.1): ``majority``, each attribute's most frequent value on the attacker's
 training rows; ``direct`` (``config.direct_baseline``), the seed's trained upper bound, "a
@@ -121,6 +123,28 @@ def split_rows(num_rows: int, fraction: float, seed: int) -> tuple[np.ndarray, n
     )
   perm = np.random.default_rng(seed).permutation(num_rows)
   return np.sort(perm[n_dev:]), np.sort(perm[:n_dev])
+
+
+def select_rows(
+  z_train_NxK: np.ndarray,
+  z_test_NxK: np.ndarray,
+  dev_fraction: float,
+  seed: int,
+  require_attribute: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Rows of the task's train split for the attacker's train and dev sets, and of its test split.
+  ``require_attribute`` keeps only rows with at least one attribute, as the seed does for its
+  entity-presence attributes ("only keep examples containing at least one of these named
+  entities", to avoid a very unbalanced data set); the held-out fraction is drawn from those."""
+  keep_train = np.arange(len(z_train_NxK))
+  keep_test = np.arange(len(z_test_NxK))
+  if require_attribute:
+    keep_train = np.flatnonzero(np.asarray(z_train_NxK).sum(1) > 0)
+    keep_test = np.flatnonzero(np.asarray(z_test_NxK).sum(1) > 0)
+    if len(keep_test) == 0:
+      raise ValueError("config.require_attribute: no test row has any of the private attributes")
+  train_rows, dev_rows = split_rows(len(keep_train), dev_fraction, seed)
+  return keep_train[train_rows], keep_train[dev_rows], keep_test
 
 
 def probe_arrays(
@@ -328,7 +352,19 @@ def _run_probe(config, workdir: str) -> dict[str, Any]:
   source, pre, tokenizer, bert_config = load_encoder(config)
   check_config(config, bert_config.num_hidden_layers)  # the layer, before reading any data
   task, private, train, test = task_splits(config, tokenizer)
-  train_rows, dev_rows = split_rows(train.num_rows, config.dev_fraction, int(config.seed))
+  train_rows, dev_rows, test_rows = select_rows(
+    train.arrays["private"],
+    test.arrays["private"],
+    config.dev_fraction,
+    int(config.seed),
+    bool(config.require_attribute),
+  )
+  if len(test_rows) < test.num_rows:  # the main task is scored on the same rows
+    test = dataclasses.replace(
+      test,
+      arrays={k: v[test_rows] for k, v in test.arrays.items()},
+      examples=[test.examples[i] for i in test_rows],
+    )
   keys = ("input_ids", "input_mask", "segment_ids", "private")
   splits = {
     "train": {k: train.arrays[k][train_rows] for k in keys},
