@@ -2,8 +2,8 @@
 reference's, bert_jax's own WordPieceTokenizer (the reference) everywhere else.
 
 tensorflow-text's ``FastBertTokenizer`` (Google's C++ "LinMaxMatch" WordPiece with BERT's
-normalization and split) is about ten times as fast per core as the Rust ``tokenizers``
-pipeline the reference runs. It is not identical to the reference on all text: it replaces
+normalization and split) is 6-7 times as fast per core as the Rust ``tokenizers`` pipeline
+the reference runs (benchmarks/bench_tokenizer.py; docs/tokenizers.md). It is not identical to the reference on all text: it replaces
 control characters with a space (the reference deletes them), counts a word's length in bytes
 (the reference in characters), has no CJK spacing, no NFC, and older Unicode tables; a sweep of
 every code point finds its ids different on ~967k of 1,112,064 (mostly unassigned and
@@ -12,7 +12,8 @@ tab, newline and carriage return) it is identical, cased and uncased: bytes are 
 there and none of those differences can arise. So batches are split: each text that is ASCII
 and holds no ASCII control character other than tab/newline/carriage return goes to
 tensorflow-text, every other text (any non-ASCII character, a control character) to the
-reference. English corpora are almost all of the first kind. tests/test_tokenize_fast.py
+reference. English corpora are almost all of the first kind. tensorflow-text is given only
+the vocabulary tokens the reference can produce (tf_text_vocab). tests/test_tokenize_fast.py
 checks the ids against the reference on the shared data, random and adversarial ASCII, and
 every code point.
 
@@ -37,8 +38,6 @@ CHUNK = 16384
 # ASCII characters tensorflow-text treats otherwise than the reference (which deletes them; it
 # puts a space): every ASCII control character but tab, newline and carriage return.
 _ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
 # What the reference's split makes of ASCII: words of letters and digits, single punctuation.
 _ASCII_PUNCT = frozenset(
   chr(c) for c in (*range(33, 48), *range(58, 65), *range(91, 97), *range(123, 127))
