@@ -2,20 +2,20 @@
 reference's, bert_jax's own WordPieceTokenizer (the reference) everywhere else.
 
 tensorflow-text's ``FastBertTokenizer`` (Google's C++ "LinMaxMatch" WordPiece with BERT's
-normalization and split) is 6-7 times as fast per core as the Rust ``tokenizers`` pipeline
-the reference runs (benchmarks/bench_tokenizer.py; docs/tokenizers.md). It is not identical to the reference on all text: it replaces
-control characters with a space (the reference deletes them), counts a word's length in bytes
-(the reference in characters), has no CJK spacing, no NFC, and older Unicode tables; a sweep of
-every code point finds its ids different on ~967k of 1,112,064 (mostly unassigned and
-private-use ones, but also hundreds of letters, symbols and marks). On printable ASCII (plus
-tab, newline and carriage return) it is identical, cased and uncased: bytes are characters
-there and none of those differences can arise. So batches are split: each text that is ASCII
-and holds no ASCII control character other than tab/newline/carriage return goes to
-tensorflow-text, every other text (any non-ASCII character, a control character) to the
-reference. English corpora are almost all of the first kind. tensorflow-text is given only
-the vocabulary tokens the reference can produce (tf_text_vocab). tests/test_tokenize_fast.py
-checks the ids against the reference on the shared data, random and adversarial ASCII, and
-every code point.
+normalization and split) is 6-7 times as fast per core as the Rust ``tokenizers`` pipeline the
+reference runs (benchmarks/bench_tokenizer.py; docs/tokenizers.md). It is not identical to the
+reference on all text: it replaces control characters with a space (the reference deletes them),
+counts a word's length in bytes (the reference in characters), has no CJK spacing, no NFC, and
+older Unicode tables; a sweep of every code point finds its ids different on ~967k of 1,112,064
+(mostly unassigned and private-use ones, but also hundreds of letters, symbols and marks). On
+printable ASCII (plus tab, newline and carriage return) it is identical, cased and uncased:
+bytes are characters there and none of those differences can arise. So batches are split: each
+text that is ASCII and holds no ASCII control character other than tab/newline/carriage return
+goes to tensorflow-text, every other text (any non-ASCII character, a control character) to the
+reference. English corpora are almost all of the first kind. tensorflow-text is given only the
+vocabulary tokens the reference can produce (tf_text_vocab). tests/test_tokenize_fast.py checks
+the ids against the reference on the shared data, random and adversarial ASCII, and every code
+point.
 
 Only the batch methods (``encode_batch``, ``tokenize_batch``) take the fast path, for batches
 with at least ``MIN_FAST_BATCH`` eligible texts; ``encode``/``tokenize`` of one text, and
