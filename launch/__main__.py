@@ -25,7 +25,7 @@ from .targets import TARGETS, make_target, setting_help
 
 FLAGS = flags.FLAGS
 COMMANDS = ("run", "sweep", "results")
-flags.DEFINE_string("job", "pretrain", "pretrain, finetune, evaluate or a module path.")
+flags.DEFINE_string("job", "pretrain", "pretrain, finetune, evaluate, probe or a module path.")
 flags.DEFINE_string("config", "", "The job's config, path.py[:arg].")
 flags.DEFINE_string("workdir", None, "The run's workdir (a sweep's root directory).")
 flags.DEFINE_enum("target", "local", sorted(TARGETS), "Where the job runs.")

@@ -36,6 +36,7 @@ ENTRY_POINTS = {
   "pretrain": "bert_jax.pretrain",
   "finetune": "bert_jax.finetune",
   "evaluate": "bert_jax.evaluate",
+  "probe": "bert_jax.probe",
 }
 
 # The environment variables a multi-process job reads (bert_jax.parallel reads the same names).
