@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import scipy.stats
 import sklearn.metrics
-from ml_collections import ConfigDict
 
 from bert_jax.tasks import create_task
 from bert_jax.tasks import metrics as M
 from bert_jax.tasks.glue_data import SPECS, GlueInputError, read_tfds, read_tsv
 from bert_jax.tasks.glue_features import encode_texts
+from configs import glue
 
 
 # --- metrics --------------------------------------------------------------------------------
@@ -127,18 +127,13 @@ def _mnli_dir(root):
 
 
 def _config(task, data_dir, **kw):
-  c = dict(
-    task=task,
-    data_source="tsv",
-    data_dir=str(data_dir),
-    tfds_data_dir="",
-    max_seq_length=32,
-    skip_malformed_rows=False,
-    max_train_examples=0,
-    max_eval_examples=0,
-  )
-  c.update(kw)
-  return ConfigDict(c)
+  """The task's real config (every key with its default) with the test's settings."""
+  c = glue.get_config(task)
+  settings = dict(data_dir=str(data_dir), max_seq_length=32)
+  settings.update(kw)
+  for key, value in settings.items():
+    setattr(c, key, value)
+  return c
 
 
 @pytest.fixture(scope="module")
@@ -276,8 +271,10 @@ def test_bad_tsv_errors_name_file_and_line(tmp_path, tokenizer):
   p.write_text("sentence1\tsentence2\tscore\na\tb\tfive\n")
   with pytest.raises(GlueInputError, match=r"score\.tsv:2: score 'five'"):
     read_tsv(SPECS["stsb"], str(p), True)
+  config = _config("sst2", tmp_path)
+  config.task = "glue_nope"
   with pytest.raises(ValueError, match="unknown task"):
-    create_task(_config("glue_nope", tmp_path), tokenizer)
+    create_task(config, tokenizer)
 
 
 # --- TFDS source ----------------------------------------------------------------------------
