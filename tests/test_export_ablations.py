@@ -262,6 +262,7 @@ def _export_cli(workdir, output, *flags):
   )
 
 
+@pytest.mark.slow  # two real pre-training runs (~85 s); the in-process exports above stay in CI
 @pytest.mark.parametrize("objective", ["mlm", "ltr"])
 def test_entry_point_exports_a_pretraining_run(objective, runs, tmp_path):
   workdir = runs[objective]
@@ -286,6 +287,7 @@ def test_entry_point_exports_a_pretraining_run(objective, runs, tmp_path):
     assert type(auto).__name__ == "BertForMaskedLM"
 
 
+@pytest.mark.slow
 def test_entry_point_refuses_a_saved_model_of_a_no_nsp_run_in_one_line(runs, tmp_path):
   out = tmp_path / "sm"
   proc = _export_cli(runs["mlm"], out, "--format=saved_model")

@@ -156,7 +156,14 @@ RESUME_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(RESUME_CASES))
+@pytest.mark.parametrize(
+  "case",
+  [
+    # ltr resumes through the same code as mlm (no masking at all); kept out of CI for time.
+    pytest.param(c, marks=pytest.mark.slow) if c == "ltr" else c
+    for c in sorted(RESUME_CASES)
+  ],
+)
 def test_sigkill_and_resume_is_exact_on_packed_data(case, tmp_path, packed_data):
   """SIGKILL between checkpoints and a restart: every step's loss equals the uninterrupted
   run's bit for bit (the data position, the dynamic masks and dropout all resume)."""
