@@ -108,6 +108,9 @@ def probe(args, attrs: str, defence: str, seed: int) -> None:
     f"--config.seed={seed}",
     f"--config.direct_baseline={str(direct).lower()}",
     *_glue_flags(attrs, args),
+    # The attacker learns from the representations of the whole training split (the main model
+    # saw a sample of it): 1,440 rows were too few for it to find any source.
+    f"--config.max_train_examples={args.probe_train_examples}",
   ]
   _run(cmd, os.path.join(out, "probe.log"))
 
@@ -163,6 +166,7 @@ def main():
   p.add_argument("--defences", default=",".join(DEFENCES))
   p.add_argument("--seeds", default="1,2,3")
   p.add_argument("--max_train_examples", type=int, default=1600)
+  p.add_argument("--probe_train_examples", type=int, default=0, help="0: the whole train split")
   p.add_argument("--max_seq_length", type=int, default=64)
   p.add_argument("--epochs", type=float, default=2.0)
   p.add_argument("--learning_rate", type=float, default=5e-5)
