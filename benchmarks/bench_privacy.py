@@ -15,7 +15,8 @@ the baselines.
 Every run is a subprocess writing into ``--out_dir``; a finished run (metrics.json / probe.json
 present) is not redone, so the script can be stopped and rerun. The direct baseline (the encoder
 fine-tuned on z itself) does not depend on the defence: it is computed once per attribute set, by
-the probe of seed 1 without defence.
+the probe of the pre-trained encoder (stage ``pretrained``), which also shows what the encoder
+reveals before any fine-tuning.
 """
 
 from __future__ import annotations
@@ -97,7 +98,6 @@ def probe(args, attrs: str, defence: str, seed: int) -> None:
   if os.path.isfile(os.path.join(out, "probe.json")):
     return
   os.makedirs(out, exist_ok=True)
-  direct = defence == "none" and seed == 1 and args.direct_baseline
   cmd = [
     sys.executable,
     "-m",
@@ -106,10 +106,33 @@ def probe(args, attrs: str, defence: str, seed: int) -> None:
     f"--workdir={out}",
     f"--config.init_checkpoint={workdir}",
     f"--config.seed={seed}",
-    f"--config.direct_baseline={str(direct).lower()}",
+    "--config.direct_baseline=false",  # computed once, on the pre-trained encoder
     *_glue_flags(attrs, args),
     # The attacker learns from the representations of the whole training split (the main model
     # saw a sample of it): 1,440 rows were too few for it to find any source.
+    f"--config.max_train_examples={args.probe_train_examples}",
+  ]
+  _run(cmd, os.path.join(out, "probe.log"))
+
+
+def pretrained_probe(args, attrs: str) -> None:
+  """The attacker on the pre-trained (not fine-tuned) encoder, and the direct baseline: the
+  encoder fine-tuned on z itself for ``--direct_epochs`` over the attacker's training rows."""
+  out = os.path.join(args.out_dir, attrs, "pretrained", "probe")
+  if os.path.isfile(os.path.join(out, "probe.json")):
+    return
+  os.makedirs(out, exist_ok=True)
+  cmd = [
+    sys.executable,
+    "-m",
+    "bert_jax.probe",
+    f"--config=configs/probe.py:{attrs}",
+    f"--workdir={out}",
+    f"--config.init_checkpoint={_minilm()}",
+    f"--config.direct_baseline={str(bool(args.direct_baseline)).lower()}",
+    f"--config.num_train_epochs={args.direct_epochs}",
+    f"--config.learning_rate={args.learning_rate}",
+    *_glue_flags(attrs, args),
     f"--config.max_train_examples={args.probe_train_examples}",
   ]
   _run(cmd, os.path.join(out, "probe.log"))
@@ -137,7 +160,16 @@ def report(args) -> str:
     "|---|---|---|---|---|---|",
   ]
   for attrs, (_, _, metric) in SETS.items():
+    p = _read(os.path.join(args.out_dir, attrs, "pretrained", "probe", "probe.json"))
     direct = None
+    if p:
+      d = p["baselines"].get("direct")
+      direct = d["test"]["privacy"] if d else None
+      lines.append(
+        f"| {attrs} | pre-trained MiniLM, not fine-tuned | - | {_cell([p['test']['privacy']])} "
+        f"| {_cell([p['baselines']['majority']['test']['privacy']])} "
+        f"| {_cell([direct]) if direct is not None else '-'} |"
+      )
     for defence in DEFENCES:
       main, privacy, majority = [], [], []
       for seed in args.seeds:
@@ -148,12 +180,10 @@ def report(args) -> str:
           main.append(m["dev"].get(metric))
         if p:
           privacy.append(p["test"]["privacy"])
-          majority.append(p["baselines"]["majority"]["privacy"])
-          if p["baselines"].get("direct"):
-            direct = p["baselines"]["direct"]["privacy"]
+          majority.append(p["baselines"]["majority"]["test"]["privacy"])
       lines.append(
         f"| {attrs} | {defence} | {metric} {_cell(main)} | {_cell(privacy)} | {_cell(majority)} "
-        f"| {_cell([direct]) if direct is not None else '-'} |"
+        "| (above) |"
       )
   return "\n".join(lines)
 
@@ -171,7 +201,10 @@ def main():
   p.add_argument("--epochs", type=float, default=2.0)
   p.add_argument("--learning_rate", type=float, default=5e-5)
   p.add_argument("--direct_baseline", type=int, default=1)
-  p.add_argument("--stages", default="finetune,probe", help="finetune, probe (in that order)")
+  p.add_argument("--direct_epochs", type=float, default=1.0)
+  p.add_argument(
+    "--stages", default="finetune,probe,pretrained", help="finetune, probe, pretrained (in order)"
+  )
   p.add_argument("--report", action="store_true")
   args = p.parse_args()
   args.seeds = [int(s) for s in args.seeds.split(",")]
@@ -187,6 +220,10 @@ def main():
       for a, d, s in runs:
         print(f"{stage} {a} {d} seed {s}", flush=True)
         (finetune if stage == "finetune" else probe)(args, a, d, s)
+  if "pretrained" in stages:
+    for a in args.sets.split(","):
+      print(f"pretrained {a}", flush=True)
+      pretrained_probe(args, a)
   print(report(args))
 
 
