@@ -212,18 +212,20 @@ def main():
     print(report(args))
     return
   stages = args.stages.split(",")
-  runs = [
-    (a, d, s) for a in args.sets.split(",") for d in args.defences.split(",") for s in args.seeds
-  ]
-  for stage in ("finetune", "probe"):
-    if stage in stages:
-      for a, d, s in runs:
-        print(f"{stage} {a} {d} seed {s}", flush=True)
-        (finetune if stage == "finetune" else probe)(args, a, d, s)
-  if "pretrained" in stages:
+  # Seed-major, each run fine-tuned then probed: a stopped benchmark leaves whole rows for every
+  # defence rather than fine-tuned encoders nobody probed. The pre-trained encoder's probe (with
+  # the baselines) comes after the first seed.
+  for i, seed in enumerate(args.seeds):
     for a in args.sets.split(","):
-      print(f"pretrained {a}", flush=True)
-      pretrained_probe(args, a)
+      for d in args.defences.split(","):
+        for stage in ("finetune", "probe"):
+          if stage in stages:
+            print(f"{stage} {a} {d} seed {seed}", flush=True)
+            (finetune if stage == "finetune" else probe)(args, a, d, seed)
+    if i == 0 and "pretrained" in stages:
+      for a in args.sets.split(","):
+        print(f"pretrained {a}", flush=True)
+        pretrained_probe(args, a)
   print(report(args))
 
 
