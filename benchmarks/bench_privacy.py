@@ -32,8 +32,13 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
 
-# attribute set: (GLUE task, K, the main metric reported)
-SETS = {"cola_source": ("cola", 5, "mcc"), "stsb_genre": ("stsb", 3, "pearson")}
+# attribute set: (GLUE task, K, the main metric reported, fine-tuning learning rate, epochs).
+# CoLA at lr 5e-5 for 2 epochs of the 1,600-row sample stays at the majority class (dev MCC 0.0,
+# measured): it gets 1e-4 for 3 epochs; --learning_rate / --epochs override both sets.
+SETS = {
+  "cola_source": ("cola", 5, "mcc", 1e-4, 3.0),
+  "stsb_genre": ("stsb", 3, "pearson", 5e-5, 2.0),
+}
 DEFENCES = ("none", "multidetasking", "declustering")
 
 
@@ -54,7 +59,7 @@ def _run(cmd: list[str], log_path: str) -> None:
 
 
 def _glue_flags(attrs: str, args) -> list[str]:
-  task, k, _ = SETS[attrs]
+  task, k = SETS[attrs][:2]
   return [
     f"--config.data_dir={args.data_dir}/glue",
     f"--config.private_attributes={attrs}",
@@ -63,6 +68,10 @@ def _glue_flags(attrs: str, args) -> list[str]:
     f"--config.max_train_examples={args.max_train_examples}",
     "--config.train_sample_seed=0",  # the same uniform sample for every run (CoLA is sorted)
   ]
+
+
+def _lr(args, attrs: str) -> float:
+  return args.learning_rate or SETS[attrs][3]
 
 
 def run_dir(args, attrs: str, defence: str, seed: int) -> str:
@@ -84,8 +93,8 @@ def finetune(args, attrs: str, defence: str, seed: int) -> None:
     f"--config.init_checkpoint={_minilm()}",
     f"--config.defence.name={'' if defence == 'none' else defence}",
     f"--config.seed={seed}",
-    f"--config.learning_rate={args.learning_rate}",
-    f"--config.num_train_epochs={args.epochs}",
+    f"--config.learning_rate={_lr(args, attrs)}",
+    f"--config.num_train_epochs={args.epochs or SETS[attrs][4]}",
     "--config.predict_test=false",
     *_glue_flags(attrs, args),
   ]
@@ -131,7 +140,7 @@ def pretrained_probe(args, attrs: str) -> None:
     f"--config.init_checkpoint={_minilm()}",
     f"--config.direct_baseline={str(bool(args.direct_baseline)).lower()}",
     f"--config.num_train_epochs={args.direct_epochs}",
-    f"--config.learning_rate={args.learning_rate}",
+    f"--config.learning_rate={_lr(args, attrs)}",
     *_glue_flags(attrs, args),
     f"--config.max_train_examples={args.probe_train_examples}",
   ]
@@ -159,7 +168,7 @@ def report(args) -> str:
     "direct privacy |",
     "|---|---|---|---|---|---|",
   ]
-  for attrs, (_, _, metric) in SETS.items():
+  for attrs, (_, _, metric, _, _) in SETS.items():
     p = _read(os.path.join(args.out_dir, attrs, "pretrained", "probe", "probe.json"))
     direct = None
     if p:
@@ -198,8 +207,8 @@ def main():
   p.add_argument("--max_train_examples", type=int, default=1600)
   p.add_argument("--probe_train_examples", type=int, default=0, help="0: the whole train split")
   p.add_argument("--max_seq_length", type=int, default=64)
-  p.add_argument("--epochs", type=float, default=2.0)
-  p.add_argument("--learning_rate", type=float, default=5e-5)
+  p.add_argument("--epochs", type=float, default=0.0, help="0: the set's own (SETS)")
+  p.add_argument("--learning_rate", type=float, default=0.0, help="0: the set's own (SETS)")
   p.add_argument("--direct_baseline", type=int, default=1)
   p.add_argument("--direct_epochs", type=float, default=1.0)
   p.add_argument(

@@ -1,4 +1,5 @@
-"""TPU topologies to compile for without the hardware, and the chip specs a step-time estimate uses.
+"""TPU topologies to compile for without the hardware, and the chip specs a step-time estimate uses
+(NVIDIA GPU hosts: bert_jax/parallel/gpu_topology.py, dispatched to from here).
 
   topo = parse_topology("v5e:16x16")             # or "v5e-256", "v4:4x4x8", "v4-256", "v5p:4x4x4"
   topo = parse_topology("v4:4x4x4", num_slices=2)   # two slices joined by the data-center network
@@ -52,6 +53,7 @@ class ChipSpec:
   dcn_bandwidth: float  # per chip
   megacore: bool
   notes: str = ""
+  platform: str = "tpu"  # or "gpu" (bert_jax/parallel/gpu_topology.py)
 
 
 # Sources: Google Cloud TPU system-architecture pages, cloud.google.com/tpu/docs/<v4|v5e|v5p|v6e>
@@ -113,7 +115,7 @@ KNOWN_SHAPES: dict[str, tuple[str, ...]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-  """A named TPU slice (times ``num_slices``)."""
+  """A named TPU slice (times ``num_slices``), or GPU hosts: shape (hosts, GPUs per host)."""
 
   name: str  # canonical, e.g. "v5e:16x16"
   chip: ChipSpec
@@ -133,24 +135,36 @@ class Topology:
     return f"{_LIBTPU_PREFIX[self.chip.generation]}:{'x'.join(map(str, self.shape))}"
 
   @property
+  def is_gpu(self) -> bool:
+    return self.chip.platform == "gpu"
+
+  @property
   def accelerator_type(self) -> str:
-    """The Cloud name of one slice (v4/v5p count TensorCores, v5e/v6e chips)."""
+    """The Cloud name of one slice (v4/v5p count TensorCores, v5e/v6e chips); a GPU's name."""
+    if self.is_gpu:
+      return self.name
     n = self.chips_per_slice * (2 if self.chip.megacore else 1)
     prefix = "v5litepod" if self.chip.generation == "v5e" else self.chip.generation
     return f"{prefix}-{n}"
 
   def describe(self) -> str:
+    if self.is_gpu:
+      hosts = f", {self.shape[0]} hosts x {self.shape[1]}" if self.shape[0] > 1 else ""
+      return f"{self.name} ({self.num_devices} GPUs{hosts}, {self.chip.device_kind})"
     slices = f" x {self.num_slices} slices" if self.num_slices > 1 else ""
     return f"{self.name}{slices} ({self.num_devices} chips, {self.chip.device_kind})"
 
   def to_dict(self) -> dict[str, Any]:
-    return {
+    out = {
       "name": self.name,
       "accelerator_type": self.accelerator_type,
       "num_slices": self.num_slices,
       "num_chips": self.num_devices,
       "chip": dataclasses.asdict(self.chip),
     }
+    if self.is_gpu:
+      out.update(hosts=self.shape[0], gpus_per_host=self.shape[1])
+    return out
 
 
 def known_topologies() -> list[str]:
@@ -161,7 +175,7 @@ def _unknown(name: str) -> ValueError:
   listing = "; ".join(f"{g}: {' '.join(s)}" for g, s in KNOWN_SHAPES.items())
   return ValueError(
     f"unknown TPU topology {name!r}; known: {listing} (or an accelerator type like v4-128, "
-    "v5litepod-256, v5p-128, v6e-64)"
+    "v5litepod-256, v5p-128, v6e-64; or NVIDIA GPUs like h100:8, h100:2x8)"
   )
 
 
@@ -175,8 +189,13 @@ def _from_accelerator_type(gen: str, count: int, name: str) -> tuple[int, ...]:
 
 
 def parse_topology(name: str, num_slices: int = 1) -> Topology:
-  """``"v5e:16x16"`` / ``"v5e-256"`` / ``"v4:4x4x8"`` / ``"v4-256"`` -> Topology; ValueError
-  (one line, listing the known ones) for anything else."""
+  """``"v5e:16x16"`` / ``"v5e-256"`` / ``"v4:4x4x8"`` / ``"v4-256"`` -> Topology; GPU names
+  (``"h100:8"``, ``"h100:2x8"``) as ``gpu_topology.parse_gpu_topology``; ValueError (one line,
+  listing the known ones) for anything else."""
+  from bert_jax.parallel import gpu_topology  # noqa: PLC0415 (it imports this module)
+
+  if gpu_topology.is_gpu_name(name):
+    return gpu_topology.parse_gpu_topology(name, num_slices)
   if num_slices < 1:
     raise ValueError(f"num_slices must be >= 1, got {num_slices}")
   text = name.strip().lower()
@@ -195,7 +214,12 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
 
 
 def topology_devices(topo: Topology) -> list[Any]:
-  """The abstract (compile-only) TPU devices of ``topo``; TopologyError when libtpu is missing."""
+  """The abstract (compile-only) devices of ``topo``; TopologyError when libtpu (for a GPU
+  topology: the CUDA PJRT plugin) is missing."""
+  if topo.is_gpu:
+    from bert_jax.parallel.gpu_topology import gpu_topology_devices  # noqa: PLC0415
+
+    return gpu_topology_devices(topo)
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   # Not a TPU VM: no metadata server to ask for the host's TPU type and workers (libtpu would
   # print errors about both). Only the first libtpu start in a process reads these.

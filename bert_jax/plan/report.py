@@ -8,12 +8,18 @@ Memory per chip: parameters and optimizer state are computed from the abstract s
 shardings (each array's shard); arguments, outputs (minus those aliased to donated inputs),
 temporaries and the program come from the compiler's ``memory_analysis()``. "Fits" is the
 compiler's verdict: when the program does not fit, the TPU compiler refuses it, and the numbers
-of its message (needed, available, over by) are reported instead.
+of its message (needed, available, over by) are reported instead. XLA:GPU does not refuse a
+program for memory: on a GPU topology "fits" is total <= what JAX may allocate there (HBM x
+XLA_PYTHON_CLIENT_MEM_FRACTION, bert_jax.parallel.gpu_topology.available_bytes), with the same
+numbers when it does not. FLOPs and bytes accessed: the compiler's ``cost_analysis()``; the GPU
+compile-only client has none, so XLA's generic HLO cost analysis of the compiled GPU module is
+used there (a cuBLAS custom call counts no FLOPs in it: the model FLOPs below are the floor).
 
 Time per step (per chip; every chip runs the same SPMD program):
   compute  = max(compiler FLOPs, model FLOPs / chips) / peak bf16 FLOP/s
   hbm      = compiler "bytes accessed" / HBM bandwidth
   ici, dcn = bytes each chip moves in collectives over that network / its bandwidth
+             (GPUs: NVLink within a host, InfiniBand between hosts)
   step     = max(compute, hbm, ici + dcn)        (perfect overlap: the roofline bound)
   serial   = compute + ici + dcn                  (no overlap: an upper estimate)
 MFU = model FLOPs per step / (step x chips x peak); model FLOPs are the task's
@@ -30,9 +36,11 @@ from typing import Any
 
 import jax
 
+from bert_jax.parallel import gpu_topology
 from bert_jax.parallel.topology import Topology
 from bert_jax.plan import hlo
 
+_GPU_NETWORKS = {"ici": "nvlink", "dcn": "ib"}  # how a GPU report names the two networks
 _UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
@@ -120,8 +128,20 @@ def _cost(compiled) -> tuple[float, float]:
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}
-  cost = cost or {}
+  cost = cost or _hlo_cost(compiled)
   return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def _hlo_cost(compiled) -> dict[str, float]:
+  """XLA's HloCostAnalysis of the compiled (optimised, per-device) module, run by the CPU
+  client: for compilers whose executables report no cost (the GPU compile-only client)."""
+  try:
+    from jax._src.lib import xla_client  # noqa: PLC0415 (no public entry point for this)
+
+    module = compiled.runtime_executable().hlo_modules()[0]
+    return xla_client._xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  except Exception:  # no estimate is better than no report: model FLOPs remain the floor
+    return {}
 
 
 def estimate(
@@ -176,7 +196,7 @@ def step_report(
   report with ``fits=False`` (other compile errors raise)."""
   start = time.perf_counter()
   try:
-    compiled = lowered.compile()
+    compiled = lowered.compile(**gpu_topology.compile_kwargs()) if topo.is_gpu else lowered.compile()
   except Exception as e:  # the compiler's refusal is the answer we are after
     msg = str(e)
     if not is_out_of_memory(msg):
@@ -190,10 +210,21 @@ def step_report(
   seconds = time.perf_counter() - start
   memory = dict(params_bytes=params_bytes, opt_state_bytes=opt_state_bytes)
   memory.update(_memory(compiled, topo.chip.hbm_bytes))
+  fits, error = True, ""
+  if topo.is_gpu:  # XLA:GPU compiles whatever the size: compare with what JAX may allocate
+    available = gpu_topology.available_bytes(topo.chip)
+    memory.update(available_bytes=available, free_bytes=available - memory["total_bytes"])
+    if memory["total_bytes"] > available:
+      fits = False
+      memory.update(needed_bytes=memory["total_bytes"], over_bytes=-memory["free_bytes"])
+      error = (
+        f"needs {_gb(memory['total_bytes'])} GiB per GPU, {_gb(available)} GiB available "
+        f"(HBM x XLA_PYTHON_CLIENT_MEM_FRACTION)"
+      )
   flops, bytes_accessed = _cost(compiled)
-  colls = hlo.collectives(compiled.as_text(), mesh)
+  colls = hlo.collectives(compiled.as_text(), gpu_topology.host_mesh(mesh) if topo.is_gpu else mesh)
   est = estimate(flops, bytes_accessed, colls, topo, model_flops, tokens)
-  return StepReport(name, True, seconds, memory, flops, bytes_accessed, colls, est, "", compiled)
+  return StepReport(name, fits, seconds, memory, flops, bytes_accessed, colls, est, error, compiled)
 
 
 def _gb(x: float) -> str:
@@ -208,6 +239,11 @@ def format_report(reports: list[StepReport], topo: Topology, header: str = "") -
   """A console table of the steps, then each step's collectives."""
   lines = [header] if header else []
   lines.append(f"Topology {topo.describe()}; HBM {_gb(topo.chip.hbm_bytes)} GiB per chip")
+  if topo.is_gpu:
+    lines.append(
+      f"  JAX may allocate {_gb(gpu_topology.available_bytes(topo.chip))} GiB of it "
+      "(XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75): 'fits' and 'free' are against that"
+    )
   if topo.chip.notes:
     lines.append(f"  note: {topo.chip.notes}")
   cols = "step", "fits", "params", "opt", "temp", "total", "free", "compile", "est. step", "tok/s"
@@ -242,8 +278,9 @@ def format_report(reports: list[StepReport], topo: Topology, header: str = "") -
     if r.collectives:
       lines.append(f"  {r.name} collectives per step (per chip):")
       for c in r.collectives:
+        net = _GPU_NETWORKS.get(c["network"], c["network"]) if topo.is_gpu else c["network"]
         lines.append(
-          f"    {c['kind']:<18} over {c['axes']:<16} {c['network']}  x{c['count']:<5} "
+          f"    {c['kind']:<18} over {c['axes']:<16} {net:<6}  x{c['count']:<5} "
           f"{c['bytes'] / 1024**2:>10.1f} MiB  moves {c['moved_bytes'] / 1024**2:>10.1f} MiB"
         )
   return "\n".join(lines)
