@@ -12,8 +12,8 @@ of its message (needed, available, over by) are reported instead. XLA:GPU does n
 program for memory: on a GPU topology "fits" is total <= what JAX may allocate there (HBM x
 XLA_PYTHON_CLIENT_MEM_FRACTION, bert_jax.parallel.gpu_topology.available_bytes), with the same
 numbers when it does not. FLOPs and bytes accessed: the compiler's ``cost_analysis()``; the GPU
-compile-only client has none, so XLA's generic HLO cost analysis of the compiled GPU module is
-used there (a cuBLAS custom call counts no FLOPs in it: the model FLOPs below are the floor).
+compile-only client has none, so there they are XLA's generic HLO cost analysis of the compiled
+GPU module plus the FLOPs of its cuBLAS GEMM calls (read from the HLO: a custom call counts none).
 
 Time per step (per chip; every chip runs the same SPMD program):
   compute  = max(compiler FLOPs, model FLOPs / chips) / peak bf16 FLOP/s
@@ -128,7 +128,9 @@ def _cost(compiled) -> tuple[float, float]:
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}
-  cost = cost or _hlo_cost(compiled)
+  if not cost:  # the GPU compile-only client reports none
+    cost = dict(_hlo_cost(compiled))
+    cost["flops"] = cost.get("flops", 0.0) + cublas_flops(compiled.as_text())
   return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
@@ -142,6 +144,31 @@ def _hlo_cost(compiled) -> dict[str, float]:
     return xla_client._xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
   except Exception:  # no estimate is better than no report: model FLOPs remain the floor
     return {}
+
+
+_CUBLAS = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)"')
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*([a-z]\w*\[[\d,]*\])")
+
+
+def cublas_flops(text: str) -> float:
+  """FLOPs of the cuBLAS GEMM calls of a compiled GPU module (HloCostAnalysis counts none for a
+  custom call): 2 x result elements x contracted size, per execution of their computation."""
+  comps, entry = hlo._split_computations(text)
+  times = hlo._multiplicities(comps, entry)
+  shapes = {m.group(1): m.group(2) for ls in comps.values() for m in map(_DEF.match, ls) if m}
+  total = 0.0
+  for name, lines in comps.items():
+    for line in filter(_CUBLAS.search, lines):
+      lhs = re.search(r"custom-call\(%?([\w.\-]+)", line)
+      contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', line)
+      result = hlo._SHAPE.search(line.split("=", 1)[1])  # (result, workspace): the first
+      if not (lhs and contracting and result and lhs.group(1) in shapes):
+        continue
+      dims = [int(d) for d in hlo._SHAPE.search(shapes[lhs.group(1)]).group(2).split(",") if d]
+      k = math.prod(dims[int(i.strip('" '))] for i in contracting.group(1).split(",") if i)
+      n = math.prod(int(d) for d in result.group(2).split(",") if d)
+      total += 2.0 * n * k * times.get(name, 0)
+  return total
 
 
 def estimate(
@@ -196,7 +223,9 @@ def step_report(
   report with ``fits=False`` (other compile errors raise)."""
   start = time.perf_counter()
   try:
-    compiled = lowered.compile(**gpu_topology.compile_kwargs()) if topo.is_gpu else lowered.compile()
+    compiled = (
+      lowered.compile(**gpu_topology.compile_kwargs()) if topo.is_gpu else lowered.compile()
+    )
   except Exception as e:  # the compiler's refusal is the answer we are after
     msg = str(e)
     if not is_out_of_memory(msg):
