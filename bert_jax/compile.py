@@ -1,14 +1,16 @@
-r"""Compile a run's train and eval steps for a TPU topology, on any host: memory per chip,
-collectives, estimated step time; or plan the fastest mesh layout that fits.
+r"""Compile a run's train and eval steps for a TPU topology or NVIDIA GPU hosts, on any host:
+memory per chip, collectives, estimated step time; or plan the fastest mesh layout that fits.
 
   python -m bert_jax.compile --config configs/pretrain.py:large --topology v5e:16x16 \
       --config.mesh.fsdp=8 --config.dtype=bfloat16 --output plan.json
   python -m bert_jax.compile --config configs/squad.py --topology v4-128 --num_slices 2
   python -m bert_jax.compile --config configs/pretrain.py:large --topology v5e-256 --plan
+  python -m bert_jax.compile --config configs/pretrain.py:base --topology h100:2x8  # 2 hosts x 8
 
 The config and its ``--config.<key>=value`` overrides are pretrain's / finetune's; the steps
 compiled are the ones those entry points run (bert_jax.plan.compiler). Needs libtpu
-(``pip install 'bert-jax[tpu]'``), not a TPU. Exit status 0 when every step fits, 3 when the
+(``pip install 'bert-jax[tpu]'``), not a TPU; GPU names need the CUDA plugin
+(``pip install 'bert-jax[gpu-aot]'``), not a GPU. Exit status 0 when every step fits, 3 when the
 compiler refuses one for memory (the numbers are printed), 1 (one line) for bad input: an
 unknown topology, a mesh whose product is not the chip count, a step that does not compile for
 another reason. See docs/compile.md.
@@ -33,7 +35,9 @@ _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "A configs/*.py[:preset] file; override keys with --config.<key>=v",
   lock_config=True,
 )  # fmt: skip
-_TOPOLOGY = flags.DEFINE_string("topology", None, "e.g. v5e:16x16, v4:4x4x8, v5p-128, v6e-64")
+_TOPOLOGY = flags.DEFINE_string(
+  "topology", None, "e.g. v5e:16x16, v4:4x4x8, v5p-128, v6e-64, h100:8, h100:2x8, a100-40gb:4"
+)
 _SLICES = flags.DEFINE_integer("num_slices", 1, "slices joined by the data-center network")
 _PLAN = flags.DEFINE_bool("plan", False, "try the mesh layouts, remat, grad accumulation")
 _MAX_MESHES = flags.DEFINE_integer("plan_max_meshes", 6, "--plan: mesh layouts to compile")

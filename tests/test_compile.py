@@ -250,6 +250,32 @@ def test_collectives_counted_per_execution_with_their_mesh_axes():
   assert ar["bytes"] == 4 * 256 * 4 and ar["moved_bytes"] == 4 * 2 * 256 * 4 / 2
 
 
+_HLO_COMBINED = """\
+HloModule m
+
+ENTRY %main (a: bf16[8,128], b: f32[4], c: f32[256], d: f32[64]) -> f32[256] {
+  %a = bf16[8,128]{1,0} parameter(0)
+  %b = f32[4]{0} parameter(1)
+  %ags = ((bf16[8,128]{1,0}, f32[4]{0}), (bf16[16,128]{1,0}, f32[8]{0})) all-gather-start(%a, %b), channel_id=1, replica_groups={{0,1},{2,3}}, dimensions={0}, use_global_device_ids=true
+  %agd = (bf16[16,128]{1,0}, f32[8]{0}) all-gather-done(%ags)
+  %ars = (f32[256]{0}, f32[64]{0}) all-reduce-start(%c, %d), channel_id=2, replica_groups={{0,2},{1,3}}, use_global_device_ids=true, to_apply=%add
+  %ard = (f32[256]{0}, f32[64]{0}) all-reduce-done(%ars)
+  %rs = (f32[4,128]{1,0}, f32[2]{0}) reduce-scatter(%e, %f), channel_id=3, replica_groups={{0,1},{2,3}}, dimensions={0}, use_global_device_ids=true, to_apply=%add
+  ROOT %r = f32[256]{0} get-tuple-element(%ard), index=0
+}
+"""
+
+
+def test_combined_collectives_count_every_array_they_carry():
+  # XLA combines many small collectives into one op over a tuple of arrays: every result counts
+  # (by hand from the shapes above), and an async all-gather's operands are not its result.
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2, 1), ("data", "fsdp", "tensor"))
+  got = {(c["kind"], c["axes"]): c for c in hlo.collectives(_HLO_COMBINED, mesh)}
+  assert got[("all-gather", "fsdp")]["bytes"] == 16 * 128 * 2 + 8 * 4
+  assert got[("all-reduce", "data")]["bytes"] == 256 * 4 + 64 * 4
+  assert got[("reduce-scatter", "fsdp")]["bytes"] == 2 * (4 * 128 * 4 + 2 * 4)  # the input
+
+
 def test_unknown_topology_lists_the_known_ones():
   with pytest.raises(ValueError, match=r"unknown TPU topology 'v9:2x2'; known: v4: 2x2x1"):
     topo_lib.parse_topology("v9:2x2")

@@ -49,6 +49,39 @@ def shape_bytes(type_text: str) -> float:
   return total
 
 
+def _tuple_elements(type_text: str) -> list[str]:
+  """The top-level elements of an HLO tuple type ``(a, (b, c), ...)``; ``[type_text]`` when it
+  is not a tuple."""
+  text = type_text.strip()
+  if not text.startswith("("):
+    return [text]
+  elements, depth, begin = [], 0, 1
+  for i, ch in enumerate(text):
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+      if depth == 0:
+        elements.append(text[begin:i])
+        break
+    elif ch == "," and depth == 1:
+      elements.append(text[begin:i])
+      begin = i + 1
+  return [e for e in elements if e.strip()]
+
+
+def _result_bytes(kind: str, start: bool, type_text: str) -> float:
+  """Bytes of a collective's result. A combined collective (one op over several arrays) has a
+  tuple of results, all of which count. An async all-gather / collective-permute start is typed
+  ``(operand(s), result(s), ...)``: its second element is the result; an all-reduce start is
+  typed as its result(s)."""
+  if start and kind in ("all-gather", "collective-permute", "all-to-all"):
+    elements = _tuple_elements(type_text)
+    if len(elements) >= 2:
+      return shape_bytes(elements[1])
+  return shape_bytes(type_text)
+
+
 def _split_computations(hlo: str) -> tuple[dict[str, list[str]], str]:
   comps: dict[str, list[str]] = {}
   entry, current = "", None
@@ -159,11 +192,7 @@ def collectives(hlo: str, mesh) -> list[dict[str, Any]]:
         continue
       kind, start = op.group(1), op.group(2)
       type_text = line[line.index("=") + 1 : op.start() + 1]
-      if start:  # async start: (operand(s), result, ...) -- the largest element is the data
-        sizes = [shape_bytes(f"{d}[{s}]") for d, s in _SHAPE.findall(type_text)]
-        nbytes = max(sizes, default=0.0)
-      else:
-        nbytes = shape_bytes(type_text)
+      nbytes = _result_bytes(kind, bool(start), type_text)
       attrs = line[op.end() :]
       channel = re.search(r"channel_id=(\d+)", attrs)
       key = (kind, channel.group(1)) if channel else (kind, name, m.group(1))
