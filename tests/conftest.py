@@ -53,6 +53,20 @@ def subprocess_env_for(devices: int = 1) -> dict[str, str]:
   return env
 
 
+def tiny_pretrain_config(mesh=(1, 1, 1), **overrides):
+  """configs/pretrain.py:tiny on a (data, fsdp, tensor) mesh, one phase (seq 128), unlocked,
+  with ``overrides`` set: the config the compile tests build their steps from."""
+  from configs import pretrain
+
+  c = pretrain.get_config("tiny")
+  c.unlock()
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
+  c.phase2.fraction = 0.0
+  for k, v in overrides.items():
+    c[k] = v
+  return c
+
+
 @pytest.fixture
 def subprocess_env():
   """``subprocess_env(devices)``: see ``subprocess_env_for``."""

@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from conftest import tiny_pretrain_config
 from jax.sharding import PartitionSpec
 
 from bert_jax import parallel
@@ -30,7 +31,7 @@ from bert_jax.plan.planner import mesh_candidates
 from bert_jax.plan.report import CompileError, parse_hbm_shortfall, step_report
 from bert_jax.tasks import build_job
 from bert_jax.train import trainer
-from configs import pretrain, squad
+from configs import squad
 from launch.job import Job, LaunchError
 from launch.launch import launch
 from launch.targets import TpuTarget
@@ -50,14 +51,7 @@ def _devices(name: str):
     pytest.skip(f"libtpu cannot load on this host, so no TPU topology can be compiled: {e}")
 
 
-def _config(mesh=(1, 1, 1), **overrides):
-  c = pretrain.get_config("tiny")
-  c.unlock()
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
-  c.phase2.fraction = 0.0  # one phase: seq 128
-  for k, v in overrides.items():
-    c[k] = v
-  return c
+_config = tiny_pretrain_config
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,13 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import tiny_pretrain_config
 
 from bert_jax.parallel import gpu_topology
 from bert_jax.parallel import topology as topo_lib
 from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.plan.report import cublas_flops, format_report
 from bert_jax.tasks import build_job
-from configs import pretrain
 
 GiB = 1024**3
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -46,14 +46,7 @@ def _require_plugin() -> None:
     )
 
 
-def _config(mesh, **overrides):
-  c = pretrain.get_config("tiny")
-  c.unlock()
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
-  c.phase2.fraction = 0.0  # one phase: seq 128
-  for k, v in overrides.items():
-    c[k] = v
-  return c
+_config = tiny_pretrain_config
 
 
 def _compile(name: str, mesh, **overrides):
