@@ -78,10 +78,16 @@ def test_ctrl_c_asks_for_a_save_and_a_second_one_aborts():
 
   from bert_jax.train.loop import PreemptionWatcher
 
-  with PreemptionWatcher() as watcher:
-    assert not watcher.requested()
-    signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: save and stop at the next step
-    assert watcher.requested()
-    with pytest.raises(KeyboardInterrupt):
-      signal.raise_signal(signal.SIGINT)  # the second: at once
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+  # Python's own handler, whatever this process inherited (a job started in the background of a
+  # non-interactive shell inherits SIGINT ignored).
+  inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with PreemptionWatcher() as watcher:
+      assert not watcher.requested()
+      signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: save and stop at the next step
+      assert watcher.requested()
+      with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)  # the second: at once
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+  finally:
+    signal.signal(signal.SIGINT, inherited)
