@@ -29,7 +29,8 @@ from conftest import tiny_pretrain_config
 from bert_jax.parallel import gpu_topology
 from bert_jax.parallel import topology as topo_lib
 from bert_jax.plan.compiler import compile_for_topology
-from bert_jax.plan.report import cublas_flops, format_report
+from bert_jax.plan.hlo import cublas_flops
+from bert_jax.plan.report import format_report
 from bert_jax.tasks import build_job
 
 GiB = 1024**3

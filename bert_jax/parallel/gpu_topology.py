@@ -30,10 +30,7 @@ import dataclasses
 import importlib.util
 import os
 import re
-import types
 from typing import Any
-
-import numpy as np
 
 from bert_jax.parallel.topology import ChipSpec, GiB, Topology, TopologyError
 
@@ -240,12 +237,3 @@ def available_bytes(chip: ChipSpec) -> float:
   except ValueError:
     raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={text!r} is not a number") from None
   return chip.hbm_bytes * fraction
-
-
-def host_mesh(mesh) -> Any:
-  """``mesh`` as ``bert_jax.plan.hlo.collectives`` sees it, with each device's host as its
-  "slice": groups that span hosts are costed at InfiniBand ("dcn") bandwidth."""
-  hosts = np.vectorize(
-    lambda d: types.SimpleNamespace(slice_index=d.process_index), otypes=[object]
-  )(mesh.devices)
-  return types.SimpleNamespace(devices=hosts, axis_names=mesh.axis_names)

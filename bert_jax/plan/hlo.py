@@ -173,13 +173,15 @@ def _axis_partitions(mesh) -> dict[frozenset, str]:
   return out
 
 
-def collectives(hlo: str, mesh) -> list[dict[str, Any]]:
-  """Aggregated collectives of a compiled module (see the module docstring), largest first."""
+def collectives(hlo: str, mesh, domains: list[int] | None = None) -> list[dict[str, Any]]:
+  """Aggregated collectives of a compiled module (see the module docstring), largest first.
+  ``domains``: each device's fast-network domain, in ``mesh.devices.flat`` order (default: its
+  TPU slice; for GPUs its host); a group spanning domains goes over the "dcn" network."""
   comps, entry = _split_computations(hlo)
   mult = _multiplicities(comps, entry)
   n = mesh.devices.size
   partitions = _axis_partitions(mesh)
-  slice_of = [getattr(d, "slice_index", 0) for d in mesh.devices.flat]
+  slice_of = domains or [getattr(d, "slice_index", 0) for d in mesh.devices.flat]
   seen: dict[Any, dict] = {}
   for name, lines in comps.items():
     times = mult.get(name, 0)
@@ -232,3 +234,28 @@ def collectives(hlo: str, mesh) -> list[dict[str, Any]]:
     a["bytes"] += c["bytes"] * c["times"]
     a["moved_bytes"] += c["moved"] * c["times"]
   return sorted(agg.values(), key=lambda a: -a["moved_bytes"])
+
+
+_CUBLAS = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)"')
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*([a-z]\w*\[[\d,]*\])")
+
+
+def cublas_flops(text: str) -> float:
+  """FLOPs of the cuBLAS GEMM calls of a compiled GPU module (HloCostAnalysis counts none for a
+  custom call): 2 x result elements x contracted size, per execution of their computation."""
+  comps, entry = _split_computations(text)
+  times = _multiplicities(comps, entry)
+  shapes = {m.group(1): m.group(2) for ls in comps.values() for m in map(_DEF.match, ls) if m}
+  total = 0.0
+  for name, lines in comps.items():
+    for line in filter(_CUBLAS.search, lines):
+      lhs = re.search(r"custom-call\(%?([\w.\-]+)", line)
+      contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', line)
+      result = _SHAPE.search(line.split("=", 1)[1])  # (result, workspace): the first
+      if not (lhs and contracting and result and lhs.group(1) in shapes):
+        continue
+      dims = [int(d) for d in _SHAPE.search(shapes[lhs.group(1)]).group(2).split(",") if d]
+      k = math.prod(dims[int(i.strip('" '))] for i in contracting.group(1).split(",") if i)
+      n = math.prod(int(d) for d in result.group(2).split(",") if d)
+      total += 2.0 * n * k * times.get(name, 0)
+  return total

@@ -130,7 +130,7 @@ def _cost(compiled) -> tuple[float, float]:
     cost = cost[0] if cost else {}
   if not cost:  # the GPU compile-only client reports none
     cost = dict(_hlo_cost(compiled))
-    cost["flops"] = cost.get("flops", 0.0) + cublas_flops(compiled.as_text())
+    cost["flops"] = cost.get("flops", 0.0) + hlo.cublas_flops(compiled.as_text())
   return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
@@ -144,31 +144,6 @@ def _hlo_cost(compiled) -> dict[str, float]:
     return xla_client._xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
   except Exception:  # no estimate is better than no report: model FLOPs remain the floor
     return {}
-
-
-_CUBLAS = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)"')
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*([a-z]\w*\[[\d,]*\])")
-
-
-def cublas_flops(text: str) -> float:
-  """FLOPs of the cuBLAS GEMM calls of a compiled GPU module (HloCostAnalysis counts none for a
-  custom call): 2 x result elements x contracted size, per execution of their computation."""
-  comps, entry = hlo._split_computations(text)
-  times = hlo._multiplicities(comps, entry)
-  shapes = {m.group(1): m.group(2) for ls in comps.values() for m in map(_DEF.match, ls) if m}
-  total = 0.0
-  for name, lines in comps.items():
-    for line in filter(_CUBLAS.search, lines):
-      lhs = re.search(r"custom-call\(%?([\w.\-]+)", line)
-      contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', line)
-      result = hlo._SHAPE.search(line.split("=", 1)[1])  # (result, workspace): the first
-      if not (lhs and contracting and result and lhs.group(1) in shapes):
-        continue
-      dims = [int(d) for d in hlo._SHAPE.search(shapes[lhs.group(1)]).group(2).split(",") if d]
-      k = math.prod(dims[int(i.strip('" '))] for i in contracting.group(1).split(",") if i)
-      n = math.prod(int(d) for d in result.group(2).split(",") if d)
-      total += 2.0 * n * k * times.get(name, 0)
-  return total
 
 
 def estimate(
@@ -251,7 +226,9 @@ def step_report(
         f"(HBM x XLA_PYTHON_CLIENT_MEM_FRACTION)"
       )
   flops, bytes_accessed = _cost(compiled)
-  colls = hlo.collectives(compiled.as_text(), gpu_topology.host_mesh(mesh) if topo.is_gpu else mesh)
+  # GPUs: a collective whose groups span hosts goes over InfiniBand (reported as "dcn")
+  hosts = [d.process_index for d in mesh.devices.flat] if topo.is_gpu else None
+  colls = hlo.collectives(compiled.as_text(), mesh, domains=hosts)
   est = estimate(flops, bytes_accessed, colls, topo, model_flops, tokens)
   return StepReport(name, fits, seconds, memory, flops, bytes_accessed, colls, est, error, compiled)
 
