@@ -143,8 +143,44 @@ class Projection(nn.Module):
     return y + bias.astype(c.dtype)
 
 
+def masked_softmax_as(s_f32: Array, mask: Array, dtype) -> Array:
+  """``softmax(where(mask, s_f32, min), -1).astype(dtype)``, computed in float32.
+
+  For a low-precision ``dtype`` the backward pass keeps only the ``dtype`` output: not the
+  float32 probabilities ``jax.nn.softmax`` keeps, nor the float32 masked scores and the
+  broadcast mask ``jnp.where`` keeps (in bfloat16 that is 2 bytes per element of B x H x L x L
+  per layer instead of 9). The gradient, ``p * (g - sum(g * p))`` (zero where masked, as
+  p is), is computed in float32 from it. For float32 it is exactly the plain expression.
+  """
+  if jnp.dtype(dtype) == jnp.float32:
+    return jax.nn.softmax(jnp.where(mask, s_f32, jnp.finfo(jnp.float32).min), axis=-1)
+  return _low_precision_masked_softmax(s_f32, mask, jnp.dtype(dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _low_precision_masked_softmax(s_f32: Array, mask: Array, dtype) -> Array:
+  s_f32 = jnp.where(mask, s_f32, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(s_f32, axis=-1).astype(dtype)
+
+
+def _low_precision_masked_softmax_fwd(s_f32, mask, dtype):
+  p = _low_precision_masked_softmax(s_f32, mask, dtype)
+  return p, p
+
+
+def _low_precision_masked_softmax_bwd(dtype, p, g):
+  del dtype
+  p32, g32 = p.astype(jnp.float32), g.astype(jnp.float32)
+  return p32 * (g32 - jnp.sum(g32 * p32, axis=-1, keepdims=True)), None
+
+
+_low_precision_masked_softmax.defvjp(
+  _low_precision_masked_softmax_fwd, _low_precision_masked_softmax_bwd
+)
+
+
 class SelfAttention(nn.Module):
-  """Multi-head self-attention under a padding mask; softmax in float32.
+  """Multi-head self-attention under a padding mask; softmax in float32 (``masked_softmax_as``).
 
   Queries come from ``xq_BxQxD`` and keys/values from ``x_BxLxD``: the same array in a normal
   layer, or only the rows at a few positions (Q < L) when only those rows' outputs are needed.
@@ -168,10 +204,16 @@ class SelfAttention(nn.Module):
     s_BxHxQxL = jnp.einsum(
       "bqhk,bshk->bhqs", q_BxQxHxK, k_BxLxHxK, preferred_element_type=jnp.float32
     )
-    s_BxHxQxL = jnp.where(mask_Bx1xMxL, s_BxHxQxL, jnp.finfo(jnp.float32).min)
-    p_BxHxQxL = jax.nn.softmax(s_BxHxQxL, axis=-1).astype(c.dtype)
-    p_BxHxQxL = Dropout(c.attention_probs_dropout_prob)(p_BxHxQxL, deterministic=deterministic)
-    ctx_BxQxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxQxL, v_BxLxHxK)
+    p_BxHxQxL = masked_softmax_as(s_BxHxQxL, mask_Bx1xMxL, c.dtype)
+    # In low precision (accelerators, where memory per chip decides the batch) the backward pass
+    # keeps only p: the dropout mask is redrawn and p·v's dropped input recomputed.
+    low_precision = jnp.dtype(c.dtype) != jnp.float32
+    ctx_BxQxHxK = Dropout(c.attention_probs_dropout_prob, recompute=low_precision)(
+      p_BxHxQxL,
+      deterministic=deterministic,
+      then=lambda p_BxHxQxL, v_BxLxHxK: jnp.einsum("bhqs,bshk->bqhk", p_BxHxQxL, v_BxLxHxK),
+      operands=(v_BxLxHxK,),
+    )
     ctx_BxQxHxK = nn.with_logical_constraint(ctx_BxQxHxK, ("batch", "length", "heads", "kv"))
     return Projection(
       c, "blhk,hkd->bld", (h, k, c.hidden_size), ("heads", "kv", "embed"), 1, name="output"

@@ -38,19 +38,35 @@ def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
 
 
 class Dropout(nn.Module):
-  """Inverted dropout (``rate`` is the probability of zeroing an element)."""
+  """Inverted dropout (``rate`` is the probability of zeroing an element).
+
+  ``then(dropped, *operands)``, when given, is applied to the result, and with ``recompute`` the
+  two run under ``jax.checkpoint``: the backward pass redraws the keep mask from its key and
+  recomputes ``dropped`` instead of keeping both (for the attention probabilities, B x H x L x L
+  per layer, that is 1 byte of mask and 2-4 bytes of dropped values per element) at the cost of
+  drawing the random bits twice. The mask, and so every value, is the same either way.
+  """
 
   rate: float
+  recompute: bool = False
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, deterministic: bool, then=None, operands=()) -> jax.Array:
+    then = then or (lambda y: y)
     if deterministic or self.rate == 0.0:
-      return x
+      return then(x, *operands)
     if not 0.0 <= self.rate < 1.0:
       raise ValueError(f"dropout rate must be in [0, 1), got {self.rate}")
     threshold = keep_threshold(self.rate)
     if threshold == _ONE:  # a rate below 2^-17 rounds to keeping everything
-      return x
-    keep = keep_mask(self.make_rng("dropout"), x.shape, self.rate)
-    scale = jnp.asarray(_ONE / threshold, x.dtype)
-    return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+      return then(x, *operands)
+    rate = self.rate
+
+    def apply(x, key, *operands):
+      keep = keep_mask(key, x.shape, rate)
+      scale = jnp.asarray(_ONE / threshold, x.dtype)
+      return then(jnp.where(keep, x * scale, jnp.zeros((), x.dtype)), *operands)
+
+    if self.recompute:
+      apply = jax.checkpoint(apply)
+    return apply(x, self.make_rng("dropout"), *operands)
