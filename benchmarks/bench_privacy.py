@@ -10,10 +10,13 @@ reported on the GLUE dev split) and report the main task's dev metric, the attac
 the baselines.
 
   python benchmarks/bench_privacy.py --out_dir /tmp/privacy                 # fine-tune + probe
-  python benchmarks/bench_privacy.py --out_dir /tmp/privacy --report        # the Markdown table
+  python benchmarks/bench_privacy.py --report                               # the Markdown table
 
-Every run is a subprocess writing into ``--out_dir``; a finished run (metrics.json / probe.json
-present) is not redone, so the script can be stopped and rerun. The direct baseline (the encoder
+Every run is a subprocess writing into ``--out_dir``; its results (metrics.json / probe.json,
+a few KB) are copied into ``--results_dir`` (default benchmarks/results/privacy, committed with
+the repository), and a run whose results are there, or finished in ``--out_dir``, is not redone:
+the script can be stopped and rerun, in this checkout or a later one, and ``--report`` reads
+the results directory. Delete a run's results there to redo it. The direct baseline (the encoder
 fine-tuned on z itself) does not depend on the defence: it is computed once per attribute set, by
 the probe of the pre-trained encoder (stage ``pretrained``), which also shows what the encoder
 reveals before any fine-tuning.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,6 +35,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+RESULTS = os.path.join(REPO, "benchmarks", "results", "privacy")
 
 # attribute set: (GLUE task, K, the main metric reported, fine-tuning learning rate, epochs).
 # CoLA at lr 5e-5 for 2 epochs of the 1,600-row sample stays at the majority class (dev MCC 0.0,
@@ -78,9 +83,25 @@ def run_dir(args, attrs: str, defence: str, seed: int) -> str:
   return os.path.join(args.out_dir, attrs, defence, f"seed{seed}")
 
 
+def _result(args, attrs: str, run: str, name: str) -> str:
+  """Where a run's result file is kept: ``run`` is "<defence>/seed<k>" or "pretrained"."""
+  return os.path.join(args.results_dir, attrs, run, name)
+
+
+def _done(args, src: str, dst: str) -> bool:
+  """True when the result is recorded; a run finished in out_dir is recorded first."""
+  if not os.path.isfile(dst) and os.path.isfile(src):
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.copyfile(src, dst + ".tmp")
+    os.replace(dst + ".tmp", dst)
+  return os.path.isfile(dst)
+
+
 def finetune(args, attrs: str, defence: str, seed: int) -> None:
   workdir = run_dir(args, attrs, defence, seed)
-  if os.path.isfile(os.path.join(workdir, "metrics.json")):
+  src = os.path.join(workdir, "metrics.json")
+  dst = _result(args, attrs, f"{defence}/seed{seed}", "metrics.json")
+  if _done(args, src, dst):
     return
   os.makedirs(workdir, exist_ok=True)
   task = SETS[attrs][0]
@@ -99,13 +120,23 @@ def finetune(args, attrs: str, defence: str, seed: int) -> None:
     *_glue_flags(attrs, args),
   ]
   _run(cmd, os.path.join(workdir, "finetune.log"))
+  _done(args, src, dst)
 
 
 def probe(args, attrs: str, defence: str, seed: int) -> None:
   workdir = run_dir(args, attrs, defence, seed)
   out = os.path.join(workdir, "probe")
-  if os.path.isfile(os.path.join(out, "probe.json")):
+  src, dst = (
+    os.path.join(out, "probe.json"),
+    _result(args, attrs, f"{defence}/seed{seed}", "probe.json"),
+  )
+  if _done(args, src, dst):
     return
+  if not os.path.isfile(os.path.join(workdir, "metrics.json")):
+    raise SystemExit(
+      f"{attrs} {defence} seed {seed}: its results are recorded but the fine-tuned encoder the "
+      f"probe needs is not in {workdir}; delete {os.path.dirname(dst)} to redo the run"
+    )
   os.makedirs(out, exist_ok=True)
   cmd = [
     sys.executable,
@@ -122,13 +153,15 @@ def probe(args, attrs: str, defence: str, seed: int) -> None:
     f"--config.max_train_examples={args.probe_train_examples}",
   ]
   _run(cmd, os.path.join(out, "probe.log"))
+  _done(args, src, dst)
 
 
 def pretrained_probe(args, attrs: str) -> None:
   """The attacker on the pre-trained (not fine-tuned) encoder, and the direct baseline: the
   encoder fine-tuned on z itself for ``--direct_epochs`` over the attacker's training rows."""
   out = os.path.join(args.out_dir, attrs, "pretrained", "probe")
-  if os.path.isfile(os.path.join(out, "probe.json")):
+  src, dst = os.path.join(out, "probe.json"), _result(args, attrs, "pretrained", "probe.json")
+  if _done(args, src, dst):
     return
   os.makedirs(out, exist_ok=True)
   cmd = [
@@ -145,6 +178,19 @@ def pretrained_probe(args, attrs: str) -> None:
     f"--config.max_train_examples={args.probe_train_examples}",
   ]
   _run(cmd, os.path.join(out, "probe.log"))
+  _done(args, src, dst)
+
+
+def collect(args) -> None:
+  """Records every run finished in out_dir whose results are not in the results directory."""
+  for a in args.sets.split(","):
+    pre = os.path.join(args.out_dir, a, "pretrained", "probe", "probe.json")
+    _done(args, pre, _result(args, a, "pretrained", "probe.json"))
+    for d in args.defences.split(","):
+      for seed in args.seeds:
+        w, run = run_dir(args, a, d, seed), f"{d}/seed{seed}"
+        _done(args, os.path.join(w, "metrics.json"), _result(args, a, run, "metrics.json"))
+        _done(args, os.path.join(w, "probe", "probe.json"), _result(args, a, run, "probe.json"))
 
 
 def _read(path: str):
@@ -169,7 +215,7 @@ def report(args) -> str:
     "|---|---|---|---|---|---|",
   ]
   for attrs, (_, _, metric, _, _) in SETS.items():
-    p = _read(os.path.join(args.out_dir, attrs, "pretrained", "probe", "probe.json"))
+    p = _read(_result(args, attrs, "pretrained", "probe.json"))
     direct = None
     if p:
       d = p["baselines"].get("direct")
@@ -182,9 +228,8 @@ def report(args) -> str:
     for defence in DEFENCES:
       main, privacy, majority = [], [], []
       for seed in args.seeds:
-        d = run_dir(args, attrs, defence, seed)
-        m = _read(os.path.join(d, "metrics.json"))
-        p = _read(os.path.join(d, "probe", "probe.json"))
+        m = _read(_result(args, attrs, f"{defence}/seed{seed}", "metrics.json"))
+        p = _read(_result(args, attrs, f"{defence}/seed{seed}", "probe.json"))
         if m:
           main.append(m["dev"].get(metric))
         if p:
@@ -199,7 +244,8 @@ def report(args) -> str:
 
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("--out_dir", required=True)
+  p.add_argument("--out_dir", default="", help="the runs' work directories (not for --report)")
+  p.add_argument("--results_dir", default=RESULTS, help="each run's metrics.json / probe.json")
   p.add_argument("--data_dir", default=SHARED)
   p.add_argument("--sets", default=",".join(SETS))
   p.add_argument("--defences", default=",".join(DEFENCES))
@@ -212,7 +258,9 @@ def main():
   p.add_argument("--direct_baseline", type=int, default=1)
   p.add_argument("--direct_epochs", type=float, default=1.0)
   p.add_argument(
-    "--stages", default="finetune,probe,pretrained", help="finetune, probe, pretrained (in order)"
+    "--stages",
+    default="finetune,probe,pretrained",
+    help="finetune, probe, pretrained (in order); 'none' only records what out_dir holds",
   )
   p.add_argument("--report", action="store_true")
   args = p.parse_args()
@@ -220,6 +268,9 @@ def main():
   if args.report:
     print(report(args))
     return
+  if not args.out_dir:
+    p.error("--out_dir is required to run (only --report reads the results alone)")
+  collect(args)
   stages = args.stages.split(",")
   # Seed-major, each run fine-tuned then probed: a stopped benchmark leaves whole rows for every
   # defence rather than fine-tuned encoders nobody probed. The pre-trained encoder's probe (with
