@@ -26,9 +26,9 @@ import time
 
 import jax
 import jax.numpy as jnp
-import optax
 from absl import app, flags
 
+from benchmarks import peers
 from bert_jax import parallel
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.tasks.pretraining_loss import make_pretraining_loss
@@ -49,6 +49,11 @@ _TOKENS = flags.DEFINE_integer(
   4096,
   "batch = tokens_per_step / seq (the same for both implementations); "
   "4096 is 32 sequences at 128 (the paper's 256 over 8 devices) and 8 at 512",
+)
+_PEERS = flags.DEFINE_list(
+  "peers",
+  ["hf_flax", "hf_flax_masked", "torch_masked"],
+  "peers run beside bert_jax (benchmarks/peers.py): hf_flax, hf_flax_masked, torch_masked",
 )
 _PREDICTIONS = {128: 20, 512: 80}
 
@@ -90,60 +95,11 @@ def _ours(bert: BertConfig, batch_size: int, seq: int, preds: int):
   return run
 
 
-def _hf(bert: BertConfig, batch_size: int, seq: int, preds: int):
-  from transformers import BertConfig as HFConfig
-  from transformers import FlaxBertForPreTraining
-
-  hf_config = HFConfig(
-    vocab_size=bert.vocab_size,
-    hidden_size=bert.hidden_size,
-    num_hidden_layers=bert.num_hidden_layers,
-    num_attention_heads=bert.num_attention_heads,
-    intermediate_size=bert.intermediate_size,
-    hidden_act="gelu",
-    max_position_embeddings=bert.max_position_embeddings,
-  )
-  model = FlaxBertForPreTraining(hf_config, seed=0)
+def _hf(variant: str, bert: BertConfig):
+  model = peers.hf_model(bert)
   tx = optimizers.create_optimizer(common.optimizer_config(), 1e-4)
-  params = model.params
-  opt_state = tx.init(params)
-
-  def loss_fn(params, batch, rng):
-    out = model(
-      batch["input_ids"],
-      attention_mask=batch["input_mask"],
-      token_type_ids=batch["segment_ids"],
-      params=params,
-      dropout_rng=rng,
-      train=True,
-    )
-    logits_BxLxV = out.prediction_logits.astype(jnp.float32)
-    b = batch["input_ids"].shape[0]
-    # Labels at every position, -100-style: only masked positions (with weight 1) count.
-    w_BxL = (
-      jnp.zeros(batch["input_ids"].shape, jnp.float32)
-      .at[jnp.arange(b)[:, None], batch["masked_lm_positions"]]
-      .add(batch["masked_lm_weights"])
-    )
-    labels_BxL = (
-      jnp.zeros(batch["input_ids"].shape, jnp.int32)
-      .at[jnp.arange(b)[:, None], batch["masked_lm_positions"]]
-      .set(batch["masked_lm_ids"])
-    )
-    xent = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, labels_BxL)
-    mlm = jnp.sum(xent * w_BxL) / (jnp.sum(w_BxL) + 1e-5)
-    nsp = optax.softmax_cross_entropy_with_integer_labels(
-      out.seq_relationship_logits.astype(jnp.float32), batch["next_sentence_labels"]
-    ).mean()
-    return mlm + nsp
-
-  def train_step(params, opt_state, batch, rng):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch, rng)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  step = jax.jit(train_step, donate_argnums=(0, 1))
-  holder = {"params": params, "opt_state": opt_state, "i": 0}
+  step = jax.jit(peers.hf_train_step(model, variant, tx), donate_argnums=(0, 1))
+  holder = {"params": model.params, "opt_state": tx.init(model.params), "i": 0}
 
   def run(batch):
     holder["i"] += 1
@@ -155,6 +111,11 @@ def _hf(bert: BertConfig, batch_size: int, seq: int, preds: int):
   return run
 
 
+def _torch(bert: BertConfig):
+  run = peers.torch_step(bert)
+  return lambda host_batch: float(run(host_batch))
+
+
 def _time(run, batches, steps) -> float:
   loss = None
   t = time.perf_counter()
@@ -164,6 +125,15 @@ def _time(run, batches, steps) -> float:
   return (time.perf_counter() - t) / steps
 
 
+def _runner(name: str, bert: BertConfig, batch_size: int, seq: int, preds: int):
+  """``(run, wants_host_batch)``: torch takes numpy batches, the JAX steps device arrays."""
+  if name == "bert_jax":
+    return _ours(bert, batch_size, seq, preds), False
+  if name == "torch_masked":
+    return _torch(bert), True
+  return _hf(name, bert), False
+
+
 def main(argv):
   del argv
   peak = _PEAK.value or measure_peak_flops()
@@ -171,6 +141,7 @@ def main(argv):
     f"device: {jax.devices()[0].device_kind} x1, jax {jax.__version__}; "
     f"peak (measured f32 matmul): {peak / 1e9:.1f} GFLOP/s"
   )
+  names = ["bert_jax", *_PEERS.value]
   rows = []
   for size in _SIZES.value:
     for seq in map(int, _SEQ_LENS.value):
@@ -178,42 +149,38 @@ def main(argv):
       bert = BertConfig.from_preset(size, vocab_size=30522)
       data = SyntheticPretrainInput(batch_size, seq, preds, bert.vocab_size, seed=0)
       host = [next(data) for _ in range(2)]
-      batches = [{k: jnp.asarray(v) for k, v in b.items()} for b in host]
-      runners = {
-        "bert_jax": _ours(bert, batch_size, seq, preds),
-        "hf_flax": _hf(bert, batch_size, seq, preds),
-      }
-      for run in runners.values():  # compile + warm up
-        jax.block_until_ready(run(batches[0]))
-        jax.block_until_ready(run(batches[1]))
+      device = [{k: jnp.asarray(v) for k, v in b.items()} for b in host]
+      runners = {n: _runner(n, bert, batch_size, seq, preds) for n in names}
+      for run, wants_host in runners.values():  # compile + warm up
+        for b in host if wants_host else device:
+          jax.block_until_ready(run(b))
       times = {name: [] for name in runners}
       for _ in range(_REPEATS.value):  # interleaved
-        for name, run in runners.items():
-          times[name].append(_time(run, batches, _STEPS.value))
+        for name, (run, wants_host) in runners.items():
+          times[name].append(_time(run, host if wants_host else device, _STEPS.value))
       flops = flops_lib.train_flops_per_example(bert, seq, preds) * batch_size
       result = {}
       for name, ts in times.items():
         t = statistics.median(ts)
         result[name] = (batch_size * seq / t, flops / t / peak)
-      speedup = result["bert_jax"][0] / result["hf_flax"][0]
-      rows.append((size, seq, batch_size, result, speedup))
+      best_peer = max((result[n][0] for n in _PEERS.value), default=float("nan"))
+      rows.append((size, seq, batch_size, result, result["bert_jax"][0] / best_peer))
       print(
-        f"{size:6s} seq {seq:3d} batch {batch_size:2d}: bert_jax "
-        f"{result['bert_jax'][0]:9,.0f} tok/s (MFU {100 * result['bert_jax'][1]:5.1f}%)  "
-        f"HF {result['hf_flax'][0]:9,.0f} tok/s (MFU {100 * result['hf_flax'][1]:5.1f}%)  "
-        f"x{speedup:.2f}",
+        f"{size:6s} seq {seq:3d} batch {batch_size:2d}: "
+        + "  ".join(f"{n} {result[n][0]:,.0f} tok/s ({100 * result[n][1]:.1f}%)" for n in names)
+        + f"  bert_jax / best peer x{rows[-1][-1]:.2f}",
         flush=True,
       )
       del runners
   print(
-    "\n| model | seq | batch | bert_jax tokens/s | bert_jax MFU | HF Flax tokens/s | HF MFU "
-    "| speed-up |\n|---|---|---|---|---|---|---|---|"
+    "\n| model | seq | batch | "
+    + " | ".join(f"{n} tokens/s (MFU)" for n in names)
+    + " | bert_jax / best peer |\n|"
+    + "---|" * (len(names) + 4)
   )
   for size, seq, b, r, s in rows:
-    print(
-      f"| {size} | {seq} | {b} | {r['bert_jax'][0]:,.0f} | {100 * r['bert_jax'][1]:.1f}% | "
-      f"{r['hf_flax'][0]:,.0f} | {100 * r['hf_flax'][1]:.1f}% | {s:.2f}x |"
-    )
+    cells = " | ".join(f"{r[n][0]:,.0f} ({100 * r[n][1]:.1f}%)" for n in names)
+    print(f"| {size} | {seq} | {b} | {cells} | {s:.2f}x |")
 
 
 if __name__ == "__main__":

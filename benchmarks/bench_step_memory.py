@@ -1,0 +1,146 @@
+r"""Per-chip memory of the compiled pre-training step on a TPU: bert_jax vs Hugging Face Flax BERT.
+
+  python -m benchmarks.bench_step_memory                       # BERT-large, seq 512, v5e:2x2
+  python -m benchmarks.bench_step_memory --size=base --seq=128 --per_chip_batch=64
+  python -m benchmarks.bench_step_memory --topology=v4:2x2x1 --dtype=float32
+
+Compiles each step with the XLA TPU compiler for the named topology (libtpu, no TPU: the
+``tpu`` extra) and prints ``memory_analysis()`` per chip: arguments (params + optimizer state +
+batch), temporaries (activations kept for the backward pass, gradients, workspace) and the total.
+Data parallel over every chip, the same global batch of random pre-training inputs, params in
+float32 and compute in ``--dtype``, AdamW (bert_jax's optimizer for all). bert_jax's step is
+the one ``python -m bert_jax.pretrain`` runs (``bert_jax.plan.compiler``, configs/pretrain.py);
+the peers are benchmarks/peers.py: Hugging Face's ``FlaxBertForPreTraining`` as shipped (MLM
+logits at every position) and with the MLM head at the masked positions only. One semantic
+difference is HF's, and it saves memory: its attention-probability dropout is
+``broadcast_dropout=True``, one mask shared by every sequence and head of the batch, where BERT
+(and bert_jax) drop each probability independently.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from benchmarks import peers
+from bert_jax.model import BertConfig
+from bert_jax.parallel.topology import parse_topology, topology_devices
+from bert_jax.plan.compiler import compile_for_topology
+from bert_jax.train import optimizers
+from configs import common, pretrain
+
+_SIZE = flags.DEFINE_string("size", "large", "pre-training preset (configs/pretrain.py)")
+_SEQ = flags.DEFINE_integer("seq", 512, "sequence length")
+_PREDS = flags.DEFINE_integer("predictions", 0, "masked positions per sequence; 0: 20 / 80")
+_PER_CHIP = flags.DEFINE_integer("per_chip_batch", 16, "sequences per chip")
+_TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "TPU topology (bert_jax.compile's names)")
+_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "compute dtype (params stay float32)")
+_WHICH = flags.DEFINE_list("which", ["bert_jax", *peers.VARIANTS], "steps to compile")
+_GB = 1e9
+
+
+def _bert_jax(batch: int, seq: int, preds: int, num_chips: int) -> dict:
+  """The run's own step (vocab 30,522 when compiling without data)."""
+  c = pretrain.get_config(_SIZE.value)
+  c.unlock()
+  c.dtype = _DTYPE.value
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = num_chips, 1, 1
+  c.phase2.fraction = 0.0
+  c.train_batch_size = batch
+  c.max_seq_length = seq
+  c.max_predictions_per_seq = preds
+  result = compile_for_topology(c, parse_topology(_TOPOLOGY.value), with_eval=False)
+  return result["steps"][0]["memory"]
+
+
+def _hf(variant: str, batch: int, seq: int, preds: int, devices) -> dict:
+  bert = BertConfig.from_preset(_SIZE.value, vocab_size=30522)
+  model = peers.hf_model(bert, dtype=jnp.dtype(_DTYPE.value), do_init=False)
+  tx = optimizers.create_optimizer(common.optimizer_config(), 1e-4)
+  mesh = Mesh(np.asarray(devices), ("data",))
+  rep, by_row = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+  def abstract(tree, sharding):
+    return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+    )
+
+  params = abstract(
+    jax.eval_shape(lambda r: model.init_weights(r, (1, seq)), jax.random.key(0)), rep
+  )
+  opt_state = abstract(jax.eval_shape(tx.init, params), rep)
+  i32, f32 = jnp.int32, jnp.float32
+  shapes = dict(
+    input_ids=((batch, seq), i32),
+    input_mask=((batch, seq), i32),
+    segment_ids=((batch, seq), i32),
+    masked_lm_positions=((batch, preds), i32),
+    masked_lm_ids=((batch, preds), i32),
+    masked_lm_weights=((batch, preds), f32),
+    next_sentence_labels=((batch,), i32),
+  )
+  data = {k: jax.ShapeDtypeStruct(s, d, sharding=by_row) for k, (s, d) in shapes.items()}
+  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)
+  step = jax.jit(
+    peers.hf_train_step(model, variant, tx),
+    out_shardings=(rep, rep, rep),
+    donate_argnums=(0, 1),
+  )
+  m = step.lower(params, opt_state, data, rng).compile().memory_analysis()
+  return dict(
+    argument_bytes=m.argument_size_in_bytes,
+    temp_bytes=m.temp_size_in_bytes,
+    total_bytes=m.argument_size_in_bytes
+    + m.output_size_in_bytes
+    - m.alias_size_in_bytes
+    + m.temp_size_in_bytes
+    + m.generated_code_size_in_bytes,
+  )
+
+
+def main(argv):
+  del argv
+  topo = parse_topology(_TOPOLOGY.value)
+  devices = topology_devices(topo)
+  seq = _SEQ.value
+  preds = _PREDS.value or (20 if seq <= 128 else 80)
+  batch = _PER_CHIP.value * len(devices)
+  print(
+    f"{_SIZE.value}, seq {seq}, {preds} predictions, {_DTYPE.value} compute, "
+    f"{_PER_CHIP.value} sequences per chip on {topo.describe()} (data parallel), jax {jax.__version__}"
+  )
+  rows = []
+  for name in _WHICH.value:
+    t = time.perf_counter()
+    try:
+      if name == "bert_jax":
+        mem = _bert_jax(batch, seq, preds, len(devices))
+      else:
+        mem = _hf(name, batch, seq, preds, devices)
+    except Exception as e:
+      print(f"{name}: does not compile: {str(e).splitlines()[0][:300]}")
+      continue
+    secs = time.perf_counter() - t
+    rows.append((name, mem))
+    print(
+      f"{name:15s} arguments {mem['argument_bytes'] / _GB:6.2f} GB  temporaries "
+      f"{mem['temp_bytes'] / _GB:6.2f} GB  total {mem['total_bytes'] / _GB:6.2f} GB  "
+      f"({secs:.0f} s to compile)",
+      flush=True,
+    )
+  print("\n| step | arguments (GB) | temporaries (GB) | total (GB) |\n|---|---|---|---|")
+  for name, mem in rows:
+    print(
+      f"| {name} | {mem['argument_bytes'] / _GB:.2f} | {mem['temp_bytes'] / _GB:.2f} | "
+      f"{mem['total_bytes'] / _GB:.2f} |"
+    )
+
+
+if __name__ == "__main__":
+  app.run(main)
