@@ -22,12 +22,11 @@ import optax
 VARIANTS = ("hf_flax", "hf_flax_masked")  # the Flax peers; torch_step is the PyTorch one
 
 
-def hf_model(bert, dtype=jnp.float32, do_init: bool = True):
-  """``FlaxBertForPreTraining`` with ``bert``'s (a bert_jax BertConfig) architecture."""
+def _hf_config(bert, **extra):
+  """transformers' BertConfig with ``bert``'s (a bert_jax BertConfig) architecture."""
   from transformers import BertConfig as HFConfig
-  from transformers import FlaxBertForPreTraining
 
-  hf_config = HFConfig(
+  return HFConfig(
     vocab_size=bert.vocab_size,
     hidden_size=bert.hidden_size,
     num_hidden_layers=bert.num_hidden_layers,
@@ -35,8 +34,15 @@ def hf_model(bert, dtype=jnp.float32, do_init: bool = True):
     intermediate_size=bert.intermediate_size,
     hidden_act="gelu",
     max_position_embeddings=bert.max_position_embeddings,
+    **extra,
   )
-  return FlaxBertForPreTraining(hf_config, seed=0, dtype=dtype, _do_init=do_init)
+
+
+def hf_model(bert, dtype=jnp.float32, do_init: bool = True):
+  """``FlaxBertForPreTraining`` with ``bert``'s (a bert_jax BertConfig) architecture."""
+  from transformers import FlaxBertForPreTraining
+
+  return FlaxBertForPreTraining(_hf_config(bert), seed=0, dtype=dtype, _do_init=do_init)
 
 
 def _masked_forward(module, input_ids, attention_mask, token_type_ids, positions_BxP, train):
@@ -129,20 +135,10 @@ def torch_step(bert, seed: int = 0):
   head at the masked positions, AdamW (lr 1e-4, wd 0.01 without LayerNorm/bias, eps 1e-6) and
   gradient clipping at 1.0 as bert_jax: ``run(batch of numpy arrays) -> loss``."""
   import torch
-  from transformers import BertConfig as HFConfig
   from transformers import BertForPreTraining
 
   torch.manual_seed(seed)
-  cfg = HFConfig(
-    vocab_size=bert.vocab_size,
-    hidden_size=bert.hidden_size,
-    num_hidden_layers=bert.num_hidden_layers,
-    num_attention_heads=bert.num_attention_heads,
-    intermediate_size=bert.intermediate_size,
-    hidden_act="gelu",
-    max_position_embeddings=bert.max_position_embeddings,
-    attn_implementation="sdpa",
-  )
+  cfg = _hf_config(bert, attn_implementation="sdpa")
   model = BertForPreTraining(cfg).train()
   no_decay = [p for n, p in model.named_parameters() if "LayerNorm" in n or n.endswith("bias")]
   decay = [p for n, p in model.named_parameters() if not ("LayerNorm" in n or n.endswith("bias"))]
