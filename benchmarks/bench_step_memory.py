@@ -32,6 +32,7 @@ from benchmarks import peers
 from bert_jax.model import BertConfig
 from bert_jax.parallel.topology import parse_topology, topology_devices
 from bert_jax.plan.compiler import compile_for_topology
+from bert_jax.plan.report import compiled_memory
 from bert_jax.train import optimizers
 from configs import common, pretrain
 
@@ -59,7 +60,7 @@ def _bert_jax(batch: int, seq: int, preds: int, num_chips: int) -> dict:
   return result["steps"][0]["memory"]
 
 
-def _hf(variant: str, batch: int, seq: int, preds: int, devices) -> dict:
+def _hf(variant: str, batch: int, seq: int, preds: int, devices, hbm_bytes: int) -> dict:
   bert = BertConfig.from_preset(_SIZE.value, vocab_size=30522)
   model = peers.hf_model(bert, dtype=jnp.dtype(_DTYPE.value), do_init=False)
   tx = optimizers.create_optimizer(common.optimizer_config(), 1e-4)
@@ -92,16 +93,8 @@ def _hf(variant: str, batch: int, seq: int, preds: int, devices) -> dict:
     out_shardings=(rep, rep, rep),
     donate_argnums=(0, 1),
   )
-  m = step.lower(params, opt_state, data, rng).compile().memory_analysis()
-  return dict(
-    argument_bytes=m.argument_size_in_bytes,
-    temp_bytes=m.temp_size_in_bytes,
-    total_bytes=m.argument_size_in_bytes
-    + m.output_size_in_bytes
-    - m.alias_size_in_bytes
-    + m.temp_size_in_bytes
-    + m.generated_code_size_in_bytes,
-  )
+  compiled = step.lower(params, opt_state, data, rng).compile()
+  return compiled_memory(compiled, hbm_bytes)
 
 
 def main(argv):
@@ -122,7 +115,7 @@ def main(argv):
       if name == "bert_jax":
         mem = _bert_jax(batch, seq, preds, len(devices))
       else:
-        mem = _hf(name, batch, seq, preds, devices)
+        mem = _hf(name, batch, seq, preds, devices, topo.chip.hbm_bytes)
     except Exception as e:
       print(f"{name}: does not compile: {str(e).splitlines()[0][:300]}")
       continue

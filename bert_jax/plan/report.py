@@ -107,7 +107,9 @@ def sharded_bytes(tree: Any) -> float:
   return total
 
 
-def _memory(compiled, hbm_bytes: int) -> dict[str, float]:
+def compiled_memory(compiled, hbm_bytes: int) -> dict[str, float]:
+  """Per-chip bytes of a compiled step (memory_analysis()): arguments, outputs, aliased,
+  temporaries, code, their total and what is left of ``hbm_bytes``."""
   m = compiled.memory_analysis()
   arg, out, alias = m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes
   temp, code = m.temp_size_in_bytes, m.generated_code_size_in_bytes
@@ -213,7 +215,7 @@ def step_report(
     return StepReport(name, False, time.perf_counter() - start, memory, error=first[:500])
   seconds = time.perf_counter() - start
   memory = dict(params_bytes=params_bytes, opt_state_bytes=opt_state_bytes)
-  memory.update(_memory(compiled, topo.chip.hbm_bytes))
+  memory.update(compiled_memory(compiled, topo.chip.hbm_bytes))
   fits, error = True, ""
   if topo.is_gpu:  # XLA:GPU compiles whatever the size: compare with what JAX may allocate
     available = gpu_topology.available_bytes(topo.chip)
