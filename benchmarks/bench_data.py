@@ -1,6 +1,7 @@
 """Throughput of pre-training data generation and of the tf.data reader at seq 128.
 
   python benchmarks/bench_data.py --workdir=/tmp/bench_data
+  taskset -c 0 python benchmarks/bench_data.py --workdir=/tmp/bench_data --skip_generation  # 1 core
 
   python benchmarks/bench_data.py --workdir=/tmp/bench_data --skip_reader \
     --gen_input='../shared/data/pretrain/shakespeare/*_gut.txt' --gen_format=text
@@ -35,6 +36,7 @@ flags.DEFINE_string(
   "'../shared/data/pretrain/shakespeare/*_gut.txt'.",
 )
 flags.DEFINE_boolean("skip_reader", False, "Only time generation.")
+flags.DEFINE_boolean("skip_generation", False, "Only time the reader.")
 flags.DEFINE_string("gen_format", "original", "--input_format of --gen_input.")
 flags.DEFINE_integer("batches", 40, "Reader batches timed.")
 
@@ -90,7 +92,13 @@ def bench_reader(data, name, **kw):
   start = time.time()
   for _ in range(FLAGS.batches):
     next(inp)
-  _report(name, FLAGS.batches * FLAGS.batch_size, time.time() - start, batch_size=FLAGS.batch_size)
+  _report(
+    name,
+    FLAGS.batches * FLAGS.batch_size,
+    time.time() - start,
+    batch_size=FLAGS.batch_size,
+    cores=len(os.sched_getaffinity(0)),
+  )
 
 
 def main(argv):
@@ -107,8 +115,9 @@ def main(argv):
     ),
     flush=True,
   )
-  bench_generation(data, 1)
-  bench_generation(data, FLAGS.num_workers or os.cpu_count())
+  if not FLAGS.skip_generation:
+    bench_generation(data, 1)
+    bench_generation(data, FLAGS.num_workers or os.cpu_count())
   if FLAGS.skip_reader:
     return
   from bert_jax.tokenize import load_tokenizer

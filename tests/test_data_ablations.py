@@ -3,8 +3,9 @@ single-segment data without NSP pairs (Table 5: "No NSP", "LTR & No NSP"), the p
 and unmasked reading for the left-to-right LM.
 
 Statistics are checked against the rates the procedure implies with binomial bounds of 4.5
-standard deviations (exactly where a rate is 0 or 1); the default rates against a verbatim copy
-of the previous (80/10/10-only) code.
+standard deviations (exactly where a rate is 0 or 1); the default static rates against a
+verbatim copy of the previous (80/10/10-only) code; dynamic masks, given their random numbers,
+against google-research/bert's procedure written out here.
 """
 
 import json
@@ -226,53 +227,6 @@ def test_static_mask_rates(sequences, spec, rates, ww):
 # -- dynamic masking --------------------------------------------------------------------------------
 
 
-class OldDynamicMasker(dynamic_masking.DynamicMasker):
-  """Verbatim copy of DynamicMasker.__call__ before MaskRates (80/10/10 only)."""
-
-  def __call__(self, features: dict, seed) -> dict:
-    spec = self.spec
-    ids_L = features["input_ids"]
-    mask_weight_P = features["masked_lm_weights"] > 0
-    restore_positions = tf.boolean_mask(features["masked_lm_positions"], mask_weight_P)
-    restore_ids = tf.boolean_mask(features["masked_lm_ids"], mask_weight_P)
-    ids_L = tf.tensor_scatter_nd_update(ids_L, restore_positions[:, None], restore_ids)
-
-    length = tf.shape(ids_L)[0]
-    in_seq_L = features["input_mask"] > 0
-    valid_L = in_seq_L & (ids_L != spec.cls_id) & (ids_L != spec.sep_id)
-    num_tokens = tf.reduce_sum(tf.cast(in_seq_L, tf.float64))
-    budget = tf.cast(tf.round(num_tokens * self.masked_lm_prob), tf.int32)  # Half to even.
-    budget = tf.minimum(self.max_predictions_per_seq, tf.maximum(1, budget))
-
-    seeds = [tf.random.experimental.stateless_fold_in(seed, k) for k in range(4)]
-    selected_L = self._select_tokens(ids_L, valid_L, budget, seeds[0])
-    r1_L = tf.random.stateless_uniform([length], seeds[1])
-    r2_L = tf.random.stateless_uniform([length], seeds[2])
-    random_L = tf.gather(
-      self._replacement_R,
-      tf.random.stateless_uniform(
-        [length], seeds[3], minval=0, maxval=tf.shape(self._replacement_R)[0], dtype=tf.int32
-      ),
-    )
-    masked_L = tf.where(
-      selected_L & (r1_L < 0.8),
-      spec.mask_id,
-      tf.where(selected_L & (r1_L >= 0.8) & (r2_L >= 0.5), random_L, ids_L),
-    )
-
-    positions = tf.cast(tf.where(selected_L)[:, 0], tf.int32)[: self.max_predictions_per_seq]
-    labels = tf.gather(ids_L, positions)
-    pad = self.max_predictions_per_seq - tf.shape(positions)[0]
-    out = dict(features)
-    out["input_ids"] = masked_L
-    out["masked_lm_positions"] = tf.pad(positions, [[0, pad]])
-    out["masked_lm_ids"] = tf.pad(labels, [[0, pad]])
-    out["masked_lm_weights"] = tf.pad(tf.ones_like(positions, tf.float32), [[0, pad]])
-    for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
-      out[key] = tf.ensure_shape(out[key], [self.max_predictions_per_seq])
-    return out
-
-
 @pytest.fixture(scope="module")
 def features(sequences):
   """The sequences as parsed, unmasked, padded features (int32 numpy, [N, L])."""
@@ -291,20 +245,72 @@ def features(sequences):
   }
 
 
+def as_tensors(features: dict) -> dict:
+  return {k: tf.constant(v) for k, v in features.items()}
+
+
 def run_masker(masker, features) -> dict:
-  ds = tf.data.Dataset.from_tensor_slices(features).enumerate()
-  ds = ds.map(lambda i, f: masker(f, tf.stack([tf.constant(17, tf.int64), i])))
-  out = [b for b in ds.batch(len(features["input_ids"])).as_numpy_iterator()]
-  assert len(out) == 1
-  return out[0]
+  """The whole set as one batch (the masker works on batches)."""
+  out = masker(as_tensors(features), tf.constant([17, 0], tf.int64))
+  return {k: v.numpy() for k, v in out.items()}
 
 
-def test_default_dynamic_masks_are_the_previous_ones(features, spec, ww):
-  new = run_masker(dynamic_masking.DynamicMasker(spec, 0.15, P, ww), features)
-  old = run_masker(OldDynamicMasker(spec, 0.15, P, ww), features)
-  assert new.keys() == old.keys()
-  for k in new:
-    np.testing.assert_array_equal(new[k], old[k], err_msg=k)
+def reference_dynamic_mask(ids, spec, randoms, i, rates, whole_word):
+  """google-research/bert's create_masked_lm_predictions for row i, with its shuffle replaced by
+  the order of the drawn scores (a word by its first piece) and its rng by the drawn r1, r2 and
+  replacement tokens."""
+  if whole_word:
+    groups = words_of(ids, spec)
+  else:
+    groups = [[j] for j, t in enumerate(ids) if t not in (spec.cls_id, spec.sep_id, spec.pad_id)]
+  groups.sort(key=lambda g: randoms["score"][i][g[0]])
+  k = budget(len(ids))
+  output, chosen = list(ids), []
+  for group in groups:
+    if len(chosen) >= k:
+      break
+    if len(chosen) + len(group) > k:
+      continue
+    for j in group:
+      if randoms["r1"][i][j] < np.float32(rates.mask):
+        output[j] = spec.mask_id
+      elif randoms["r2"][i][j] >= np.float32(rates.same_share):
+        output[j] = int(randoms["replacement"][i][j])
+      chosen.append(j)
+  chosen.sort()
+  return output, chosen, [ids[j] for j in chosen]
+
+
+@pytest.mark.parametrize("rates", [RATES[0], RATES[4]])
+def test_dynamic_masks_follow_the_reference_procedure(features, sequences, spec, rates, ww):
+  rates = masking.MaskRates(*rates)
+  masker = dynamic_masking.DynamicMasker(spec, 0.15, P, ww, rates)
+  randoms = masker.draw(tf.shape(features["input_ids"]), tf.constant([23, 5], tf.int64))
+  out = masker.apply(as_tensors(features), randoms)
+  out = {k: v.numpy() for k, v in out.items()}
+  randoms = {k: v.numpy() for k, v in randoms.items()}
+  for i, ids in enumerate(sequences):
+    masked, positions, labels = reference_dynamic_mask(ids, spec, randoms, i, rates, ww)
+    k = len(positions)
+    assert out["input_ids"][i][: len(ids)].tolist() == masked
+    assert (out["input_ids"][i][len(ids) :] == 0).all()
+    assert out["masked_lm_positions"][i].tolist() == positions + [0] * (P - k)
+    assert out["masked_lm_ids"][i].tolist() == labels + [0] * (P - k)
+    assert out["masked_lm_weights"][i].tolist() == [1.0] * k + [0.0] * (P - k)
+  # Statically masked input is restored first: the same batch masked by the generator's
+  # procedure gives exactly the same output.
+  static = {k: v.copy() for k, v in features.items()}
+  rng = random.Random(3)
+  for i, ids in enumerate(sequences):
+    masked, positions, labels = masking.mask_tokens(ids, spec, 0.15, P, ww, rng)
+    static["input_ids"][i][: len(ids)] = masked
+    static["masked_lm_positions"][i][: len(positions)] = positions
+    static["masked_lm_ids"][i][: len(positions)] = labels
+    static["masked_lm_weights"][i][: len(positions)] = 1.0
+  assert (static["input_ids"] != features["input_ids"]).any()
+  again = masker.apply(as_tensors(static), {k: tf.constant(v) for k, v in randoms.items()})
+  for key in out:
+    np.testing.assert_array_equal(again[key].numpy(), out[key], err_msg=key)
 
 
 @pytest.mark.parametrize("rates", RATES)

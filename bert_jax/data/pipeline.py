@@ -3,8 +3,9 @@
 Training order, per epoch e (a pure function of seed, host, e):
   this host's files, shuffled by (seed, e) -> interleaved records (deterministic) ->
   [record-level host split when files < hosts] -> shuffle buffer seeded by (seed, e) ->
-  numbered 0, 1, ... -> parse (+ dynamic masking seeded by (seed, host, e, number)).
-Epochs are chained without a gap, then batched (drop_remainder: every batch is full) and
+  numbered 0, 1, ... . Epochs are chained without a gap, then batched (drop_remainder: every
+batch is full); each batch is parsed (+ dynamically masked, seeded by seed, host, and the epoch
+and number of its first record) with vector ops, batches in parallel and in order; then
 prefetched. The state is {"epoch", "position"}: the epoch and the number of records of it already
 delivered; `set_state` rebuilds the stream and skips `position` serialized records of that epoch
 before any parsing, so a resumed run sees exactly the batches it would have seen.
@@ -179,21 +180,23 @@ class PretrainInput:
     ds = ds.enumerate().skip(skip)
     return ds.map(lambda position, record: (epoch, position, record))
 
-  def _parse(self, epoch, position, record):
-    features = tf.io.parse_single_example(
-      record, tfrecord.feature_spec(self.max_seq_length, self.max_predictions_per_seq)
-    )
-    features = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in features.items()}
-    features["next_sentence_labels"] = tf.reshape(features["next_sentence_labels"], [])
+  def _parse_batch(self, epoch_B, position_B, records_B):
+    """A batch of serialized records -> parsed (+ masked) features and the meta keys."""
+    features = tfrecord.parse_batch(records_B, self.max_seq_length, self.max_predictions_per_seq)
     if self.masker is not None:
+      # One seed pair per batch, from its first example (a resumed run restarts at a batch
+      # boundary, so it draws the same masks).
       seed = tf.stack(
-        [tf.cast(self.seed * 4099 + self.process_index, tf.int64) * 7919 + epoch, position]
+        [
+          tf.cast(self.seed * 4099 + self.process_index, tf.int64) * 7919 + epoch_B[0],
+          position_B[0],
+        ]
       )
       features = self.masker(features, seed)
     if self.unmask:
       features = dynamic_masking_lib.unmask(features)
-    features["_epoch"] = epoch
-    features["_position"] = position
+    features["_epoch"] = epoch_B
+    features["_position"] = position_B
     return features
 
   def _build(self):
@@ -202,8 +205,11 @@ class PretrainInput:
     ds = tf.data.Dataset.counter(start=self._state["epoch"]).flat_map(
       lambda e: self._epoch_records(e, tf.where(e == start_epoch, start_position, 0))
     )
-    ds = ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.batch(self.batch_size, drop_remainder=True).prefetch(self.prefetch)
+    # Batch the serialized records, then parse and mask whole batches (vector ops per batch,
+    # batches in parallel over the host's cores, in order).
+    ds = ds.batch(self.batch_size, drop_remainder=True)
+    ds = ds.map(self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.prefetch(self.prefetch)
     options = tf.data.Options()
     options.deterministic = True
     return iter(ds.with_options(options))
