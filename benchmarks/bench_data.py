@@ -1,4 +1,4 @@
-"""Throughput of pre-training data generation and of the tf.data reader at seq 128.
+"""Throughput of pre-training data generation (seq 128) and of the tf.data reader (128, 512).
 
   python benchmarks/bench_data.py --workdir=/tmp/bench_data
   taskset -c 0 python benchmarks/bench_data.py --workdir=/tmp/bench_data --skip_generation  # 1 core
@@ -10,8 +10,9 @@ Uses the built-in corpus (CPython's documentation, bert_jax.data.default_corpus)
 once under --workdir, then times
   * generation (examples/s, seq 128 + 20 predictions, dupe_factor 1) with 1 worker and with
     --num_workers (default: all cores), wall clock including worker start-up;
-  * the reader (PretrainInput, batch --batch_size) with static masks, dynamic masking, and
-    dynamic whole-word masking, after --warmup batches.
+  * the reader (PretrainInput, batch --batch_size at 128 and the same tokens at 512) with static
+    masks, dynamic masking, and dynamic whole-word masking, after --warmup batches, on the cores
+    this process may use (reported; `taskset -c 0` for one).
 Prints one JSON line per measurement.
 """
 
@@ -39,6 +40,9 @@ flags.DEFINE_boolean("skip_reader", False, "Only time generation.")
 flags.DEFINE_boolean("skip_generation", False, "Only time the reader.")
 flags.DEFINE_string("gen_format", "original", "--input_format of --gen_input.")
 flags.DEFINE_integer("batches", 40, "Reader batches timed.")
+flags.DEFINE_list(
+  "reader_seq_lens", ["128", "512"], "Reader sequence lengths (20 / 80 predictions)."
+)
 
 
 def _report(name, examples, seconds, **extra):
@@ -83,9 +87,11 @@ def bench_generation(data, workers):
   )
 
 
-def bench_reader(data, name, **kw):
+def bench_reader(data, name, seq, **kw):
+  preds = {128: 20, 512: 80}[seq]
+  batch = FLAGS.batch_size * 128 // seq  # The same tokens per batch at every length.
   inp = pipeline.PretrainInput(
-    data.train_files[128], FLAGS.batch_size, 128, 20, seed=0, process_index=0, process_count=1, **kw
+    data.train_files[seq], batch, seq, preds, seed=0, process_index=0, process_count=1, **kw
   )
   for _ in range(FLAGS.warmup):
     next(inp)
@@ -93,10 +99,10 @@ def bench_reader(data, name, **kw):
   for _ in range(FLAGS.batches):
     next(inp)
   _report(
-    name,
-    FLAGS.batches * FLAGS.batch_size,
+    f"reader_seq{seq}_{name}",
+    FLAGS.batches * batch,
     time.time() - start,
-    batch_size=FLAGS.batch_size,
+    batch_size=batch,
     cores=len(os.sched_getaffinity(0)),
   )
 
@@ -123,15 +129,12 @@ def main(argv):
   from bert_jax.tokenize import load_tokenizer
 
   tokenizer = load_tokenizer(data.tokenizer_dir)
-  bench_reader(data, "reader_seq128_static")
-  bench_reader(data, "reader_seq128_dynamic", dynamic_masking=True, tokenizer=tokenizer)
-  bench_reader(
-    data,
-    "reader_seq128_dynamic_wwm",
-    dynamic_masking=True,
-    tokenizer=tokenizer,
-    whole_word_mask=True,
-  )
+  for seq in map(int, FLAGS.reader_seq_lens):
+    bench_reader(data, "static", seq)
+    bench_reader(data, "dynamic", seq, dynamic_masking=True, tokenizer=tokenizer)
+    bench_reader(
+      data, "dynamic_wwm", seq, dynamic_masking=True, tokenizer=tokenizer, whole_word_mask=True
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from bert_jax import parallel
 from bert_jax.parallel import topology as topo_lib
 from bert_jax.plan import hlo
 from bert_jax.plan.compiler import compile_for_topology
-from bert_jax.plan.planner import mesh_candidates
+from bert_jax.plan.planner import input_demand, mesh_candidates
 from bert_jax.plan.report import CompileError, parse_hbm_shortfall, step_report
 from bert_jax.tasks import build_job
 from bert_jax.train import trainer
@@ -278,6 +278,19 @@ def test_unknown_topology_lists_the_known_ones():
   t = topo_lib.parse_topology("v4-128")
   assert (t.name, t.num_devices, t.accelerator_type) == ("v4:4x4x4", 64, "v4-128")
   assert topo_lib.parse_topology("v5litepod-256").name == "v5e:16x16"
+
+
+def test_hosts_and_the_input_each_must_read():
+  # Cloud TPU docs: v4-128 is 16 VMs of 4 chips; v5litepod-256 64 VMs of 4 chips; v5litepod-8
+  # one 8-chip VM; v5p-128 (64 chips) 16 VMs; two v4-8 slices two VMs.
+  hosts = {
+    name: topo_lib.parse_topology(name).num_hosts
+    for name in ("v4-128", "v5litepod-256", "v5litepod-8", "v5p-128", "v4-8")
+  }
+  assert hosts == {"v4-128": 16, "v5litepod-256": 64, "v5litepod-8": 1, "v5p-128": 16, "v4-8": 1}
+  assert topo_lib.parse_topology("v4-8", num_slices=2).num_hosts == 2
+  demand = input_demand(256, 0.05, topo_lib.parse_topology("v5litepod-256"))
+  assert demand == {"hosts": 64, "examples_per_second_per_host": 256 / 0.05 / 64}
 
 
 def test_mesh_product_not_the_chip_count_is_one_clear_error():

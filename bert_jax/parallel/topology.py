@@ -105,6 +105,11 @@ _SHAPES_3D = (
   "2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16",
   "16x16x16",
 )  # fmt: skip
+# Chips per host VM (Cloud TPU docs' machine types): 4 on every multi-host slice (v4, v5p:
+# 4 chips per VM; v5e, v6e: the 4-chip machine type), and one host for a single-host slice of
+# up to SINGLE_HOST_CHIPS chips (v5e / v6e offer an 8-chip VM).
+CHIPS_PER_HOST = 4
+SINGLE_HOST_CHIPS = {"v4": 4, "v5e": 8, "v5p": 4, "v6e": 8}
 KNOWN_SHAPES: dict[str, tuple[str, ...]] = {
   "v4": _SHAPES_3D,
   "v5e": _SHAPES_2D,
@@ -129,6 +134,15 @@ class Topology:
   @property
   def num_devices(self) -> int:
     return self.chips_per_slice * self.num_slices
+
+  @property
+  def num_hosts(self) -> int:
+    """Host VMs (each runs one JAX process and its input pipeline): see CHIPS_PER_HOST."""
+    if self.is_gpu:
+      return self.shape[0] * self.num_slices
+    chips = self.chips_per_slice
+    per_slice = 1 if chips <= SINGLE_HOST_CHIPS[self.chip.generation] else chips // CHIPS_PER_HOST
+    return per_slice * self.num_slices
 
   @property
   def libtpu_name(self) -> str:
@@ -160,6 +174,7 @@ class Topology:
       "accelerator_type": self.accelerator_type,
       "num_slices": self.num_slices,
       "num_chips": self.num_devices,
+      "num_hosts": self.num_hosts,
       "chip": dataclasses.asdict(self.chip),
     }
     if self.is_gpu:

@@ -139,14 +139,23 @@ def make_plan(
         break  # remat would only recompute
   fitting = sorted((r for r in rows if r["fits"]), key=lambda r: r["estimate"]["step_seconds"])
   rest = [r for r in rows if not r["fits"]]
+  best = fitting[0] if fitting else None
   return dict(
     topology=topo.to_dict(),
     phase=phase,
     global_batch_size=batch,
     candidates=fitting + rest,
-    best=fitting[0] if fitting else None,
+    best=best,
+    input=input_demand(batch, best["estimate"]["step_seconds"], topo) if best else None,
     versions=_versions(),
   )
+
+
+def input_demand(global_batch: int, step_seconds: float, topo: Topology) -> dict[str, Any]:
+  """What each host's input pipeline must deliver to keep up with the estimated step: the
+  global batch over the step time, split over the hosts (each reads its own share)."""
+  per_host = global_batch / step_seconds / topo.num_hosts if step_seconds > 0 else 0.0
+  return dict(hosts=topo.num_hosts, examples_per_second_per_host=per_host)
 
 
 def format_plan(plan: dict[str, Any]) -> str:
@@ -174,6 +183,13 @@ def format_plan(plan: dict[str, Any]) -> str:
     )
   if plan["best"] is None:
     lines.append("  No candidate fits.")
+  elif plan.get("input"):  # Plans cached before the input side have none.
+    i = plan["input"]
+    lines.append(
+      f"  input: {i['examples_per_second_per_host']:,.0f} examples/s per host at the best "
+      f"layout's estimated step ({i['hosts']} hosts; the tf.data reader's rate per core: "
+      "benchmarks/bench_data.py)"
+    )
   lines.append("  (total: per chip, compiler's; for a row that does not fit, what it needed)")
   return "\n".join(lines)
 
