@@ -9,7 +9,9 @@
 Uses the built-in corpus (CPython's documentation, bert_jax.data.default_corpus): prepares it
 once under --workdir, then times
   * generation (examples/s, seq 128 + 20 predictions, dupe_factor 1) with 1 worker and with
-    --num_workers (default: all cores), wall clock including worker start-up;
+    --num_workers (default: all cores), each in a fresh process, wall clock including start-up,
+    and its peak memory (the process, and its largest child process: a worker), on the corpus and on it copied
+    k times (--gen_scales): memory against corpus size;
   * the reader (PretrainInput, batch --batch_size at 128 and the same tokens at 512) with static
     masks, dynamic masking, and dynamic whole-word masking, after --warmup batches, on the cores
     this process may use (reported; `taskset -c 0` for one).
@@ -18,12 +20,15 @@ Prints one JSON line per measurement.
 
 import json
 import os
+import resource
 import shutil
+import subprocess
+import sys
 import time
 
 from absl import app, flags
 
-from bert_jax.data import default_corpus, generate, pipeline
+from bert_jax.data import corpus, default_corpus, generate, pipeline
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "/tmp/bench_data", "Scratch directory.")
@@ -40,6 +45,10 @@ flags.DEFINE_boolean("skip_reader", False, "Only time generation.")
 flags.DEFINE_boolean("skip_generation", False, "Only time the reader.")
 flags.DEFINE_string("gen_format", "original", "--input_format of --gen_input.")
 flags.DEFINE_integer("batches", 40, "Reader batches timed.")
+flags.DEFINE_list(
+  "gen_scales", ["1", "2"], "Generation corpus sizes: the input copied k times (memory vs size)."
+)
+flags.DEFINE_string("generate_child", "", "Internal: run one generation (JSON spec) and exit.")
 flags.DEFINE_list(
   "reader_seq_lens", ["128", "512"], "Reader sequence lengths (20 / 80 predictions)."
 )
@@ -60,8 +69,42 @@ def _report(name, examples, seconds, **extra):
   )
 
 
-def bench_generation(data, workers):
-  config = generate.GenerationConfig(
+def _scaled_inputs(inputs, scale):
+  """The input files copied `scale` times under --workdir (a corpus `scale` times as large)."""
+  files = sorted(corpus.expand_patterns(inputs))
+  if scale == 1:
+    return files
+  out = os.path.join(FLAGS.workdir, f"corpus_x{scale}")
+  shutil.rmtree(out, ignore_errors=True)
+  os.makedirs(out)
+  for k in range(scale):
+    for f in files:
+      shutil.copy(f, os.path.join(out, f"{k}_{os.path.basename(f)}"))
+  return sorted(corpus.expand_patterns(os.path.join(out, "*")))
+
+
+def _generate_child(spec: dict) -> None:
+  """One generation in this (fresh) process; prints its examples, time and peak memory."""
+  config = generate.GenerationConfig(**spec["config"])
+  start = time.time()
+  result = generate.generate(
+    spec["inputs"], spec["out"], config, num_workers=spec["workers"], overwrite=True, progress=False
+  )
+  seconds = time.time() - start
+  print(
+    json.dumps(
+      dict(
+        examples=result["stats"]["per_length"]["128"]["examples"],
+        seconds=seconds,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        peak_child_rss_mb=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+      )
+    )
+  )
+
+
+def bench_generation(data, workers, scale):
+  config = dict(
     tokenizer_path=data.vocab_file,
     do_lower_case=True,
     max_seq_lengths=(128,),
@@ -69,21 +112,30 @@ def bench_generation(data, workers):
     dupe_factor=1,
     input_format=FLAGS.gen_format if FLAGS.gen_input else "original",
   )
-  inputs = FLAGS.gen_input or list(data.corpus_files)
+  inputs = _scaled_inputs(FLAGS.gen_input or list(data.corpus_files), scale)
   out = os.path.join(FLAGS.workdir, f"gen_{workers}")
   shutil.rmtree(out, ignore_errors=True)
+  spec = dict(config=config, inputs=inputs, out=out, workers=workers)
   start = time.time()
-  result = generate.generate(
-    inputs, out, config, num_workers=workers, overwrite=True, progress=False
+  child = subprocess.run(
+    [sys.executable, os.path.abspath(__file__), "--generate_child", json.dumps(spec)],
+    check=True,
+    capture_output=True,
+    text=True,
   )
-  seconds = time.time() - start
+  wall = time.time() - start
+  got = json.loads(child.stdout.strip().splitlines()[-1])
   _report(
     "generate_seq128",
-    result["stats"]["per_length"]["128"]["examples"],
-    seconds,
+    got["examples"],
+    wall,
+    generate_seconds=round(got["seconds"], 2),
     workers=workers,
-    cores=os.cpu_count(),
+    cores=len(os.sched_getaffinity(0)),
     input=FLAGS.gen_input or "built-in corpus",
+    corpus_mb=round(sum(os.path.getsize(f) for f in inputs) / 1e6, 1),
+    peak_rss_mb=round(got["peak_rss_mb"]),
+    peak_child_rss_mb=round(got["peak_child_rss_mb"]),
   )
 
 
@@ -109,6 +161,9 @@ def bench_reader(data, name, seq, **kw):
 
 def main(argv):
   del argv
+  if FLAGS.generate_child:
+    _generate_child(json.loads(FLAGS.generate_child))
+    return
   start = time.time()
   data = default_corpus.prepare_default_data(os.path.join(FLAGS.workdir, "default"))
   print(
@@ -122,8 +177,9 @@ def main(argv):
     flush=True,
   )
   if not FLAGS.skip_generation:
-    bench_generation(data, 1)
-    bench_generation(data, FLAGS.num_workers or os.cpu_count())
+    for scale in map(int, FLAGS.gen_scales):
+      bench_generation(data, 1, scale)
+      bench_generation(data, FLAGS.num_workers or len(os.sched_getaffinity(0)), scale)
   if FLAGS.skip_reader:
     return
   from bert_jax.tokenize import load_tokenizer
