@@ -114,8 +114,16 @@ class DynamicMasker:
     score, each taken while it fits). A word's score is its first piece's."""
     length = tf.shape(ids_BxL)[1]
     if not self.whole_word_mask:
-      rank_BxL = tf.argsort(tf.argsort(tf.where(valid_BxL, score_BxL, 2.0), axis=1), axis=1)
-      return valid_BxL & (rank_BxL < budget_B[:, None])
+      # The `budget` lowest-scored positions (ties: the lower position first, as a stable sort).
+      k = min(self.max_predictions_per_seq, ids_BxL.shape[1])
+      _, lowest_BxK = tf.math.top_k(-tf.where(valid_BxL, score_BxL, 2.0), k=k)
+      take_BxK = tf.range(k)[None] < budget_B[:, None]
+      row_BxK = tf.broadcast_to(tf.range(tf.shape(ids_BxL)[0])[:, None], tf.shape(lowest_BxK))
+      index_Nx2 = tf.boolean_mask(tf.stack([row_BxK, lowest_BxK], axis=2), take_BxK)
+      chosen_BxL = tf.scatter_nd(
+        index_Nx2, tf.ones(tf.shape(index_Nx2)[:1], tf.bool), tf.shape(ids_BxL)
+      )
+      return valid_BxL & chosen_BxL
     prev_valid_BxL = tf.pad(valid_BxL[:, :-1], [[0, 0], [1, 0]])
     continuation_BxL = tf.gather(self._continuation_V, ids_BxL)
     word_start_BxL = valid_BxL & (~continuation_BxL | ~prev_valid_BxL)
@@ -139,7 +147,10 @@ class DynamicMasker:
     )
     order_BxW = tf.argsort(word_score_BxW, axis=1)  # Real words first, by score.
     take_sorted_BxW = _greedy_take(tf.gather(word_len_BxW, order_BxW, batch_dims=1), budget_B)
-    take_BxW = tf.gather(take_sorted_BxW, tf.argsort(order_BxW, axis=1), batch_dims=1)
+    row_BxW = tf.broadcast_to(tf.range(rows)[:, None], tf.shape(order_BxW))
+    take_BxW = tf.scatter_nd(  # Back from score order to word order (a permutation).
+      tf.stack([row_BxW, order_BxW], axis=2), take_sorted_BxW, tf.shape(order_BxW)
+    )
     take_BxW = take_BxW & (tf.range(length)[None] < num_words_B[:, None])
     take_BxW = tf.pad(take_BxW, [[0, 0], [0, 1]])  # The slot of positions outside words.
     return valid_BxL & tf.gather(take_BxW, word_BxL, batch_dims=1)
@@ -172,7 +183,7 @@ class DynamicMasker:
       candidates_BxL = tf.pad(
         candidates_BxL, [[0, 0], [0, predictions - length]], constant_values=tf.int32.max
       )
-    sorted_BxP = tf.sort(candidates_BxL, axis=1)[:, :predictions]
+    sorted_BxP = -tf.math.top_k(-candidates_BxL, k=predictions).values  # The P lowest, ascending.
     weight_BxP = sorted_BxP < tf.int32.max
     positions_BxP = tf.where(weight_BxP, sorted_BxP, 0)
     out = dict(features)
