@@ -4,6 +4,7 @@ time and time to train, each from the XLA TPU compiler (no TPU needed; libtpu mu
   python -m benchmarks.bench_plan --runs=large-512-256@v5e-256            # one run
   python -m benchmarks.bench_plan --runs=all --max_meshes=3 --out=/tmp/plan.json
   python -m benchmarks.bench_plan --list
+  python -m benchmarks.bench_plan --input_demand   # examples/s per host at 100% / 50% MFU
 
 A run is ``<size>-<seq>-<global batch>@<accelerator type>``: BERT-base/large (bf16 compute,
 fp32 params), one phase at ``seq`` with BERT's predictions per sequence (20 at 128, 80 at 512),
@@ -22,8 +23,10 @@ import time
 
 from absl import app, flags
 
-from bert_jax.parallel.topology import parse_topology
+from bert_jax.model import BertConfig
+from bert_jax.parallel.topology import CHIPS, CHIPS_PER_HOST, parse_topology
 from bert_jax.plan.planner import format_plan, make_plan
+from bert_jax.train import flops
 from configs import pretrain
 
 SLICES = ("v5e-256", "v4-128", "v5p-128", "v5e-32", "v4-64", "v5p-64")
@@ -40,6 +43,11 @@ flags.DEFINE_integer("max_meshes", 4, "mesh layouts tried per run")
 flags.DEFINE_string("cache", "~/.cache/bert_jax/plans", "the planner's compile cache")
 flags.DEFINE_string("out", "", "write every plan here (JSON)")
 flags.DEFINE_bool("list", False, "list the runs and exit")
+flags.DEFINE_bool(
+  "input_demand",
+  False,
+  "print the examples/s one host must read when its chips run at 100% / 50% MFU, and exit",
+)
 
 
 def run_config(size: str, seq: int, batch: int):
@@ -73,8 +81,30 @@ def time_to_train(plans: dict, size: str, acc: str) -> float | None:
   )
 
 
+def input_demand_table() -> str:
+  """Examples/s a host's input pipeline must deliver for its chips at 100% and 50% MFU (the
+  model FLOPs of bert_jax.train.flops; hosts of CHIPS_PER_HOST chips): no compile needed."""
+  lines = [
+    "| model | seq | GFLOP per example | "
+    + " | ".join(f"{g} host, 100% / 50% MFU" for g in CHIPS)
+    + " |",
+    "|---|---|---|" + "---|" * len(CHIPS),
+  ]
+  for size in ("base", "large"):
+    for seq in (128, 512):
+      bert = BertConfig.from_preset(size, vocab_size=30522)
+      f = flops.train_flops_per_example(bert, seq, 20 if seq == 128 else 80)
+      cells = [f"{CHIPS_PER_HOST * c.peak_flops / f:,.0f} / {CHIPS_PER_HOST * c.peak_flops / f / 2:,.0f}"
+               for c in CHIPS.values()]  # fmt: skip
+      lines.append(f"| {size} | {seq} | {f / 1e9:.0f} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def main(argv):
   del argv
+  if FLAGS.input_demand:
+    print(input_demand_table())
+    return
   if FLAGS.list:
     print("\n".join(RUNS))
     return
