@@ -29,6 +29,7 @@ from bert_jax.plan.planner import format_plan, make_plan
 from bert_jax.train import flops
 from configs import pretrain
 
+PREDICTIONS = {128: 20, 512: 80}  # BERT's masked positions per sequence at each length
 SLICES = ("v5e-256", "v4-128", "v5p-128", "v5e-32", "v4-64", "v5p-64")
 RUNS = tuple(
   f"{size}-{seq}-{batch}@{acc}"
@@ -56,7 +57,7 @@ def run_config(size: str, seq: int, batch: int):
   c.dtype = "bfloat16"
   c.phase2.fraction = 0.0
   c.max_seq_length = seq
-  c.max_predictions_per_seq = 20 if seq == 128 else 80
+  c.max_predictions_per_seq = PREDICTIONS[seq]
   c.train_batch_size = batch
   c.eval_batch_size = 64
   if batch > 256:
@@ -93,7 +94,7 @@ def input_demand_table() -> str:
   for size in ("base", "large"):
     for seq in (128, 512):
       bert = BertConfig.from_preset(size, vocab_size=30522)
-      f = flops.train_flops_per_example(bert, seq, 20 if seq == 128 else 80)
+      f = flops.train_flops_per_example(bert, seq, PREDICTIONS[seq])
       cells = [f"{CHIPS_PER_HOST * c.peak_flops / f:,.0f} / {CHIPS_PER_HOST * c.peak_flops / f / 2:,.0f}"
                for c in CHIPS.values()]  # fmt: skip
       lines.append(f"| {size} | {seq} | {f / 1e9:.0f} | " + " | ".join(cells) + " |")

@@ -147,9 +147,8 @@ class DynamicMasker:
     )
     order_BxW = tf.argsort(word_score_BxW, axis=1)  # Real words first, by score.
     take_sorted_BxW = _greedy_take(tf.gather(word_len_BxW, order_BxW, batch_dims=1), budget_B)
-    row_BxW = tf.broadcast_to(tf.range(rows)[:, None], tf.shape(order_BxW))
     take_BxW = tf.scatter_nd(  # Back from score order to word order (a permutation).
-      tf.stack([row_BxW, order_BxW], axis=2), take_sorted_BxW, tf.shape(order_BxW)
+      tf.stack([row_BxL, order_BxW], axis=2), take_sorted_BxW, tf.shape(order_BxW)
     )
     take_BxW = take_BxW & (tf.range(length)[None] < num_words_B[:, None])
     take_BxW = tf.pad(take_BxW, [[0, 0], [0, 1]])  # The slot of positions outside words.

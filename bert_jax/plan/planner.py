@@ -154,8 +154,8 @@ def make_plan(
 def input_demand(global_batch: int, step_seconds: float, topo: Topology) -> dict[str, Any]:
   """What each host's input pipeline must deliver to keep up with the estimated step: the
   global batch over the step time, split over the hosts (each reads its own share)."""
-  per_host = global_batch / step_seconds / topo.num_hosts if step_seconds > 0 else 0.0
-  return dict(hosts=topo.num_hosts, examples_per_second_per_host=per_host)
+  hosts = topo.num_hosts
+  return dict(hosts=hosts, examples_per_second_per_host=global_batch / step_seconds / hosts)
 
 
 def format_plan(plan: dict[str, Any]) -> str:
@@ -183,7 +183,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     )
   if plan["best"] is None:
     lines.append("  No candidate fits.")
-  elif plan.get("input"):  # Plans cached before the input side have none.
+  else:
     i = plan["input"]
     lines.append(
       f"  input: {i['examples_per_second_per_host']:,.0f} examples/s per host at the best "
