@@ -130,6 +130,25 @@ def test_cli_unknown_gpu_is_one_line_listing_the_known(subprocess_env):
   assert "h100, h200" in last
 
 
+def test_gpu_devices_without_a_cuda_runtime_or_platform_pin(subprocess_env):
+  # A user's host: no CUDA runtime and no JAX_PLATFORMS=cpu (which the test suite sets). The
+  # plugin's start-up check for a CUDA runtime must not keep it from registering.
+  _require_plugin()
+  env = subprocess_env(1)
+  for key in ("JAX_PLATFORMS", "JAX_SKIP_CUDA_CONSTRAINTS_CHECK"):
+    env.pop(key, None)
+  code = (
+    "from bert_jax.parallel import topology as t\n"
+    "d = t.topology_devices(t.parse_topology('h100:8'))\n"
+    "print(len(d), d[0].device_kind)"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split()[:2] == ["8", "NVIDIA"], out.stdout
+
+
 def test_cublas_flops_read_from_hlo_with_loop_trip_counts():
   hlo = """\
 HloModule m

@@ -200,6 +200,10 @@ def gpu_topology_devices(topo: Topology) -> list[Any]:
       f"cannot create GPU topology {topo.name}: jax-cuda12-plugin is not installed (compiling "
       "for NVIDIA GPUs without one needs the CUDA PJRT plugin: pip install 'bert-jax[gpu-aot]')"
     )
+  # The plugin registers itself only if a CUDA runtime passes its version check when JAX first
+  # starts its backends; compiling needs no runtime. (Too late if this process already started
+  # them without it: the error below then says so.)
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
   try:
     from jax.experimental import topologies  # noqa: PLC0415 (loads the plugin: only when asked)
 
@@ -208,10 +212,13 @@ def gpu_topology_devices(topo: Topology) -> list[Any]:
     )
   except Exception as e:  # plugin too old / refusing: one line, with the fix
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise TopologyError(
-      f"cannot create GPU topology {topo.name}: {first} (needs jax-cuda12-plugin matching "
-      "jax: pip install 'bert-jax[gpu-aot]')"
-    ) from e
+    fix = "needs jax-cuda12-plugin matching jax: pip install 'bert-jax[gpu-aot]'"
+    if "not implemented for cuda" in first:  # installed, but not registered at backend start
+      fix = (
+        "the CUDA plugin was not registered when JAX started its backends in this process: "
+        "set JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (or JAX_PLATFORMS=cpu) before JAX starts"
+      )
+    raise TopologyError(f"cannot create GPU topology {topo.name}: {first} ({fix})") from e
   devices = sorted(desc.devices, key=lambda d: d.id)
   if len(devices) != topo.num_devices:
     raise TopologyError(
