@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from benchmarks import peers
+from benchmarks.host_peak import measure_peak_flops
 from bert_jax import parallel
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.tasks.pretraining_loss import make_pretraining_loss
@@ -56,19 +57,6 @@ _PEERS = flags.DEFINE_list(
   "peers run beside bert_jax (benchmarks/peers.py): hf_flax, hf_flax_masked, torch_masked",
 )
 _PREDICTIONS = {128: 20, 512: 80}
-
-
-def measure_peak_flops() -> float:
-  n = 2048
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  best = float("inf")
-  for _ in range(5):
-    t = time.perf_counter()
-    f(a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n**3 / best
 
 
 def _ours(bert: BertConfig, batch_size: int, seq: int, preds: int):

@@ -100,6 +100,9 @@ def test_gpu_names_parse_and_unknown_ones_list_the_known():
   a100, h200 = topo_lib.parse_topology("a100-40gb:4").chip, topo_lib.parse_topology("h200:8").chip
   assert (a100.hbm_bytes, a100.peak_flops, a100.ici_bandwidth) == (40 * GiB, 312e12, 300e9)
   assert (h200.hbm_bytes, h200.peak_flops, h200.ici_bandwidth) == (141 * GiB, 989.5e12, 450e9)
+  # TF32 (float32 matmuls at XLA's default precision): datasheets' 156 dense, 989.5 sparse / 2
+  assert (a100.matmul_peak("float32"), h200.matmul_peak("float32")) == (156e12, 494.75e12)
+  assert a100.matmul_peak("bfloat16") == 312e12
   with pytest.raises(ValueError, match=r"unknown GPU topology 'b200:8'; known: .*a100-40gb, "):
     topo_lib.parse_topology("b200:8")
   with pytest.raises(ValueError, match=r"3 GPUs per host .*h100:2x8"):
@@ -208,7 +211,8 @@ def test_data_parallel_on_8_h100_replicates_state_and_all_reduces_the_gradients(
   assert est["dcn_seconds"] == 0
   # the compiler's FLOPs (HLO cost + cuBLAS GEMMs) near the model's: remat is off
   assert est["compiler_flops_per_chip"] == pytest.approx(est["model_flops"] / 8, rel=0.15)
-  assert est["compute_seconds"] == pytest.approx(est["compiler_flops_per_chip"] / 989.5e12)
+  # a float32 step: XLA runs its GEMMs as TF32, 494.75 TFLOP/s dense (datasheet: 989.5 sparse)
+  assert est["compute_seconds"] == pytest.approx(est["compiler_flops_per_chip"] / 494.75e12)
   text = format_report(result["reports"], topo)
   assert "all-reduce         over data             nvlink" in text
 

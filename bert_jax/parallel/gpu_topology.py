@@ -62,7 +62,9 @@ class GpuSpec:
 
 # Sources (read 2026-11; "GB" of memory taken as GiB, as the TPU table does: nvidia-smi shows
 # 40960 / 81920 MiB on A100s and 81559 MiB on an H100 80GB):
-#   A100: NVIDIA A100 Tensor Core GPU datasheet (SXM4): BF16 312 TFLOP/s dense; 40 GB HBM2 at
+#   A100: NVIDIA A100 Tensor Core GPU datasheet (SXM4): BF16 312 TFLOP/s dense, TF32 156 (XLA
+#     runs float32 matmuls as TF32 by default: peak_flops_f32 = half the bf16 figure, as on
+#     H100 / H200's datasheets, TF32 989.5 TFLOP/s sparse = 494.7 dense); 40 GB HBM2 at
 #     1,555 GB/s, 80 GB HBM2e at 2,039 GB/s; NVLink 600 GB/s (bidirectional, 12 links).
 #     NVIDIA Ampere GA100 whitepaper: 108 SMs, 64 FP32 cores per SM, 40 MB L2, 1,410 MHz boost.
 #     DGX A100 datasheet: 8 single-port 200 Gb/s HDR InfiniBand adapters for 8 GPUs.
@@ -90,7 +92,7 @@ _NOTE = "ici = NVLink within a host, dcn = InfiniBand between hosts (one adapter
 def _chip(name, kind, hbm_gib, flops, hbm_bw, nvlink_bidir, ib_gbit) -> ChipSpec:
   return ChipSpec(
     name, kind, hbm_gib * GiB, flops, hbm_bw, nvlink_bidir / 2, ib_gbit * 1e9 / 8, False, _NOTE,
-    "gpu",
+    "gpu", peak_flops_f32=flops / 2,
   )  # fmt: skip
 
 

@@ -54,6 +54,15 @@ class ChipSpec:
   megacore: bool
   notes: str = ""
   platform: str = "tpu"  # or "gpu" (bert_jax/parallel/gpu_topology.py)
+  # dense float32 matmuls at XLA's default precision; 0 = peak_flops (TPUs run them as bf16
+  # passes; NVIDIA GPUs since Ampere as TF32, at half the bf16 rate)
+  peak_flops_f32: float = 0.0
+
+  def matmul_peak(self, compute_dtype: str) -> float:
+    """The peak a step computing in ``compute_dtype`` ("float32", "bfloat16", ...) can reach."""
+    if compute_dtype == "float32" and self.peak_flops_f32:
+      return self.peak_flops_f32
+    return self.peak_flops
 
 
 # Sources: Google Cloud TPU system-architecture pages, cloud.google.com/tpu/docs/<v4|v5e|v5p|v6e>

@@ -59,7 +59,9 @@ def compile_for_topology(
   asm = trainer.assemble(job, config, mesh, rules)
   params_bytes = sharded_bytes(asm.abstract_state.params)
   opt_bytes = sharded_bytes(asm.abstract_state.opt_state)
-  common = dict(params_bytes=params_bytes, opt_state_bytes=opt_bytes)
+  common = dict(
+    params_bytes=params_bytes, opt_state_bytes=opt_bytes, compute_dtype=str(config.dtype)
+  )
   reports: list[StepReport] = []
   for i in range(len(job.phases)) if phases is None else phases:
     phase = job.phases[i]

@@ -10,8 +10,8 @@ off, then on; for each, gradient accumulation 1, 2, 4, ... (the per-chip micro-b
 until the compiler accepts the step, down to one sequence per chip. Remat on is compiled only
 when remat off does not fit at accumulation 1 (recomputing the forward pass only adds work).
 Every compile is cached on disk (JSON, one file per candidate, keyed by the config with the
-candidate's overrides, the topology, jax and libtpu versions), so a re-plan or a pre-flight of
-a planned config costs no compile. Rows: fits first, fastest estimated step first; then the
+candidate's overrides, the topology with its chip's numbers, ``ESTIMATE_VERSION``, jax and
+libtpu versions), so a re-plan or a pre-flight of a planned config costs no compile. Rows: fits first, fastest estimated step first; then the
 candidates that do not fit, with the compiler's numbers.
 """
 
@@ -27,6 +27,10 @@ import jax
 
 from bert_jax.parallel.topology import Topology, topology_devices
 from bert_jax.plan.compiler import compile_for_topology
+
+# Part of every cache key: bump it when bert_jax/plan/report.py's estimate changes its formula.
+# 2: the compute term uses the chip's float32 matmul rate for float32 steps (TF32 on GPUs).
+ESTIMATE_VERSION = 2
 
 
 def mesh_candidates(num_devices: int, global_batch: int, max_tensor: int = 8) -> list[tuple]:
@@ -66,7 +70,13 @@ def _candidate_config(config, mesh: tuple, remat: bool, accum: int, phase: int):
 
 def _key(config, topo: Topology, phase: int) -> str:
   text = json.dumps(
-    [json.loads(config.to_json_best_effort()), topo.name, topo.num_slices, phase, _versions()],
+    [
+      json.loads(config.to_json_best_effort()),
+      topo.to_dict(),  # the chip's numbers: a changed spec is a new estimate
+      phase,
+      ESTIMATE_VERSION,
+      _versions(),
+    ],
     sort_keys=True,
   )
   return hashlib.sha256(text.encode()).hexdigest()[:24]

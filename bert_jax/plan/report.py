@@ -16,13 +16,14 @@ compile-only client has none, so there they are XLA's generic HLO cost analysis 
 GPU module plus the FLOPs of its cuBLAS GEMM calls (read from the HLO: a custom call counts none).
 
 Time per step (per chip; every chip runs the same SPMD program):
-  compute  = max(compiler FLOPs, model FLOPs / chips) / peak bf16 FLOP/s
+  compute  = max(compiler FLOPs, model FLOPs / chips) / peak FLOP/s at the compute dtype
+             (bf16; float32 = the chip's f32 matmul rate: TF32 on NVIDIA GPUs, bf16 on TPUs)
   hbm      = compiler "bytes accessed" / HBM bandwidth
   ici, dcn = bytes each chip moves in collectives over that network / its bandwidth
              (GPUs: NVLink within a host, InfiniBand between hosts)
   step     = max(compute, hbm, ici + dcn)        (perfect overlap: the roofline bound)
   serial   = compute + ici + dcn                  (no overlap: an upper estimate)
-MFU = model FLOPs per step / (step x chips x peak); model FLOPs are the task's
+MFU = model FLOPs per step / (step x chips x that peak); model FLOPs are the task's
 ``flops_per_example`` (bert_jax/train/flops.py) x global batch, remat excluded.
 """
 
@@ -155,12 +156,14 @@ def estimate(
   topo: Topology,
   model_flops: float,
   tokens: int,
+  compute_dtype: str = "bfloat16",
 ) -> dict[str, Any]:
   """The roofline of the module docstring; ``model_flops`` and ``tokens`` per step, all chips."""
   chip, chips = topo.chip, topo.num_devices
+  peak = chip.matmul_peak(compute_dtype)
   compute_flops = max(flops, model_flops / chips)
   t = dict(
-    compute_seconds=compute_flops / chip.peak_flops,
+    compute_seconds=compute_flops / peak,
     hbm_seconds=bytes_accessed / chip.hbm_bandwidth,
     ici_seconds=sum(c["moved_bytes"] for c in collectives if c["network"] == "ici")
     / chip.ici_bandwidth,
@@ -178,7 +181,9 @@ def estimate(
     serial_seconds=t["compute_seconds"] + comm,
     bound=bound,
     tokens_per_second=tokens / step if step else 0.0,
-    mfu=model_flops / (step * chips * chip.peak_flops) if step else 0.0,
+    mfu=model_flops / (step * chips * peak) if step else 0.0,
+    peak_flops=peak,
+    compute_dtype=compute_dtype,
     model_flops=model_flops,
     compiler_flops_per_chip=flops,
   )
@@ -195,6 +200,7 @@ def step_report(
   opt_state_bytes: float,
   model_flops: float,
   tokens: int,
+  compute_dtype: str = "bfloat16",
 ) -> StepReport:
   """Compiles ``lowered`` for the topology and reports it; an out-of-memory refusal is a
   report with ``fits=False`` (other compile errors raise)."""
@@ -231,7 +237,7 @@ def step_report(
   # GPUs: a collective whose groups span hosts goes over InfiniBand (reported as "dcn")
   hosts = [d.process_index for d in mesh.devices.flat] if topo.is_gpu else None
   colls = hlo.collectives(compiled.as_text(), mesh, domains=hosts)
-  est = estimate(flops, bytes_accessed, colls, topo, model_flops, tokens)
+  est = estimate(flops, bytes_accessed, colls, topo, model_flops, tokens, compute_dtype)
   return StepReport(name, fits, seconds, memory, flops, bytes_accessed, colls, est, error, compiled)
 
 
@@ -254,6 +260,12 @@ def format_report(reports: list[StepReport], topo: Topology, header: str = "") -
     )
   if topo.chip.notes:
     lines.append(f"  note: {topo.chip.notes}")
+  est = next((r.estimate for r in reports if r.estimate), None)
+  if est:
+    lines.append(
+      f"  peak {est['peak_flops'] / 1e12:,.1f} TFLOP/s per chip at {est['compute_dtype']} "
+      "(the estimate's compute term and MFU)"
+    )
   cols = "step", "fits", "params", "opt", "temp", "total", "free", "compile", "est. step", "tok/s"
   lines.append(
     "{:<16} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>11}  MFU  bound".format(*cols)

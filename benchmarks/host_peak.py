@@ -1,0 +1,37 @@
+"""What this host's CPU can do at best: the peak and bandwidth the benchmarks divide by.
+
+peak_flops = measure_peak_flops()     # FLOP/s of a 2048 x 2048 float32 matmul (best of 5)
+bandwidth = measure_bandwidth()       # bytes read + written per second, elementwise, 256 MiB
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def _best_seconds(f, x, tries: int = 5, feed_back: bool = False) -> float:
+  y = f(x).block_until_ready()
+  best = float("inf")
+  for _ in range(tries):
+    t = time.perf_counter()
+    y = f(y if feed_back else x).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return best
+
+
+def measure_peak_flops() -> float:
+  n = 2048
+  a = jnp.ones((n, n), jnp.float32)
+  return 2 * n**3 / _best_seconds(jax.jit(lambda x: x @ x), a)
+
+
+def measure_bandwidth() -> float:
+  """In place (the input donated, the output fed back): a fresh 256 MiB output would time the
+  kernel's page faults (about 10x slower here), not the memory."""
+  x = jnp.ones((64 * 1024 * 1024,), jnp.float32)
+  nbytes = x.nbytes
+  f = jax.jit(lambda v: v * 1.0001 + 1.0, donate_argnums=0)
+  return 2 * nbytes / _best_seconds(f, x, feed_back=True)
