@@ -3,6 +3,8 @@ r"""Pre-training train-step throughput: bert_jax vs Hugging Face's FlaxBertForPr
   python -m benchmarks.bench_pretrain        # tiny..base, seq 128 and 512 (from the repo root)
   python -m benchmarks.bench_pretrain --sizes=tiny,mini --seq_lens=128 --repeats=3
   python -m benchmarks.bench_pretrain --sizes=base --tokens_per_step=1024   # a smaller batch
+  python -m benchmarks.bench_pretrain --sizes=base --seq_lens=128 --profile \
+      --peers=torch_masked --steps=2          # where each step's time goes, per op and kind
 
 Both sides train the same BERT (vocab 30,522, dropout 0.1) on the same batches (random tokens,
 15% masked, at most max_predictions_per_seq predictions) with the same optimizer (bert_jax's
@@ -16,11 +18,14 @@ probabilities (B x H x L x L) are large next to the matmuls (small models, seq 5
 interleaved (ours, HF, ours, HF, ...) and the median of ``--repeats`` timings of ``--steps``
 steps is reported. MFU uses bert_jax's model-FLOPs formula (bert_jax/train/flops.py, MLM head at the
 masked positions) for both, so it compares useful work; the peak is measured here with a large
-float32 matmul (or given with --peak_flops).
+float32 matmul (or given with --peak_flops). ``--profile``: instead of the table, each
+implementation's step profiled per op (benchmarks/step_profile.py: XLA:CPU's thunks, PyTorch's
+profiler) and grouped into matmul / reduce / elementwise / random bits / gather-scatter / copy.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -28,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from benchmarks import peers
+from benchmarks import peers, step_profile
 from benchmarks.host_peak import measure_peak_flops
 from bert_jax import parallel
 from bert_jax.model import BertConfig, BertForPreTraining
@@ -56,6 +61,7 @@ _PEERS = flags.DEFINE_list(
   ["hf_flax", "hf_flax_masked", "torch_masked"],
   "peers run beside bert_jax (benchmarks/peers.py): hf_flax, hf_flax_masked, torch_masked",
 )
+_PROFILE = flags.DEFINE_bool("profile", False, "profile each step per op instead of timing it")
 _PREDICTIONS = {128: 20, 512: 80}
 
 
@@ -80,6 +86,11 @@ def _ours(bert: BertConfig, batch_size: int, seq: int, preds: int):
     holder["state"], metrics = step(holder["state"], batch)
     return metrics["loss"]
 
+  def hlo(batch) -> str:
+    with parallel.mesh_context(mesh, rules):
+      return step.jitted.lower(holder["state"], batch).compile().as_text()
+
+  run.hlo = hlo
   return run
 
 
@@ -96,6 +107,11 @@ def _hf(variant: str, bert: BertConfig):
     )
     return loss
 
+  run.hlo = lambda batch: (
+    step.lower(holder["params"], holder["opt_state"], batch, jax.random.PRNGKey(0))
+    .compile()
+    .as_text()
+  )
   return run
 
 
@@ -122,8 +138,21 @@ def _runner(name: str, bert: BertConfig, batch_size: int, seq: int, preds: int):
   return _hf(name, bert), False
 
 
+def _profile(runners, host, device) -> None:
+  profiles = {}
+  for name, (run, wants_host) in runners.items():
+    if wants_host:
+      profiles[name] = step_profile.torch_profile(run, host, _STEPS.value)
+    else:
+      text = run.hlo(device[0])
+      profiles[name] = step_profile.jax_profile(run, device, _STEPS.value, text)
+  print(step_profile.format_profiles(profiles), flush=True)
+
+
 def main(argv):
   del argv
+  if _PROFILE.value:  # before JAX starts its CPU backend
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {step_profile.TRACEME_FLAG}"
   peak = _PEAK.value or measure_peak_flops()
   print(
     f"device: {jax.devices()[0].device_kind} x1, jax {jax.__version__}; "
@@ -142,6 +171,10 @@ def main(argv):
       for run, wants_host in runners.values():  # compile + warm up
         for b in host if wants_host else device:
           jax.block_until_ready(run(b))
+      if _PROFILE.value:
+        print(f"\n{size}, seq {seq}, batch {batch_size}:")
+        _profile(runners, host, device)
+        continue
       times = {name: [] for name in runners}
       for _ in range(_REPEATS.value):  # interleaved
         for name, (run, wants_host) in runners.items():
@@ -160,6 +193,8 @@ def main(argv):
         flush=True,
       )
       del runners
+  if _PROFILE.value:
+    return
   print(
     "\n| model | seq | batch | "
     + " | ".join(f"{n} tokens/s (MFU)" for n in names)
