@@ -37,7 +37,8 @@ _OP_NAME = re.compile(r'op_name="([^"]+)"')
 class Profile:
   wall_seconds: float  # per step
   by_kind: dict[str, float]  # seconds per step
-  top: list[tuple[str, str, float]]  # (op, kind, seconds per step), longest first
+  top: list[tuple[str, str, float]]  # (op, kind, seconds per step): longest, then non-matmul
+  by_source: list[tuple[str, float]]  # non-matmul time by source op (layers merged), longest first
 
 
 def _computations(hlo_text: str) -> dict[str, list[str]]:
@@ -182,9 +183,16 @@ def _summarise(wall: float, rows: dict[str, tuple[float, str, str]]) -> Profile:
   by_kind = dict.fromkeys(KINDS, 0.0)
   for seconds, kind, _ in rows.values():
     by_kind[kind] += seconds
-  top = sorted(((op, kind, s) for op, (s, kind, _) in rows.items()), key=lambda r: -r[2])
-  return Profile(wall, by_kind, [(f"{op} [{rows[op][2]}]" if rows[op][2] else op, k, s)
-                                 for op, k, s in top[:15]])  # fmt: skip
+  ranked = sorted(((op, kind, s) for op, (s, kind, _) in rows.items()), key=lambda r: -r[2])
+  # the longest ops, and the longest that are not matmuls (where a step's overhead hides)
+  top = ranked[:10] + [r for r in ranked if r[1] != "matmul"][:10]
+  named = [(f"{op} [{rows[op][2]}]" if rows[op][2] else op, k, s) for op, k, s in top]
+  sources: collections.Counter = collections.Counter()
+  for op, (seconds, kind, source) in rows.items():
+    if kind != "matmul":
+      first = (source or op).split("; ")[0]
+      sources[re.sub(r"layer_\d+", "layer_N", re.sub(r"[._]\d+$", "", first))] += seconds
+  return Profile(wall, by_kind, list(dict.fromkeys(named)), sources.most_common(15))
 
 
 def format_profiles(profiles: dict[str, Profile]) -> str:
@@ -206,7 +214,10 @@ def format_profiles(profiles: dict[str, Profile]) -> str:
     "| wall time | " + " | ".join(f"{profiles[n].wall_seconds:.2f}" for n in names) + " |"
   )
   for n in names:
-    lines.append(f"\n{n}: the longest ops (seconds per step)")
+    lines.append(f"\n{n}: the longest ops, then the longest other than matmuls (s per step)")
     for op, kind, s in profiles[n].top:
       lines.append(f"  {s:7.3f}  {kind:<16} {op[:150]}")
+    lines.append(f"{n}: time other than matmuls by source op, all layers together (s per step)")
+    for source, s in profiles[n].by_source:
+      lines.append(f"  {s:7.3f}  {source[:150]}")
   return "\n".join(lines)
