@@ -9,10 +9,9 @@ r"""The step-time estimator (bert_jax/plan/report.py) against step times measure
 ``bert_jax.compile`` estimates a TPU or GPU step from what the compiler reports (FLOPs, bytes
 accessed, the collectives in the HLO) and a chip's data-sheet peak and bandwidths; nothing here
 can check that against a TPU. What can be checked is the same estimator on the one machine we
-have: the pre-training job is assembled exactly as ``bert_jax.compile`` and a run assemble it
-(``build_job`` -> ``trainer.assemble`` -> ``lower_train_step`` over a mesh of this host's CPU
-devices, synthetic batches), compiled by XLA:CPU and reported by the same ``step_report``
-against a "chip" whose numbers are measured here instead of read from a data sheet:
+have: the pre-training job (synthetic batches) is compiled and reported by
+``bert_jax.plan.compile_for_topology``, what ``bert_jax.compile`` runs, for this host's CPU
+devices instead of a TPU's (XLA:CPU compiles it), against a "chip" whose numbers are measured here instead of read from a data sheet:
 
   peak      = a 2048 x 2048 float32 matmul's FLOP/s (the same probe as bench_pretrain);
   bandwidth = a jitted elementwise pass over 256 MiB (bytes read + written per second), used
@@ -20,7 +19,8 @@ against a "chip" whose numbers are measured here instead of read from a data she
               in the host's memory).
 
 With ``--devices=N`` (N fake devices sharing the host's cores) each device gets 1/N of the
-host's peak and bandwidth. Then the compiled step runs on real (randomly initialised) state:
+host's peak and bandwidth. Then that compiled step runs on the state a run initialises
+(``trainer.assemble(...).init_state()``) and the run's synthetic input:
 the median of ``--repeats`` timings of ``--steps`` steps is compared with the estimate (ratio
 measured / estimated; 1.0 = the roofline bound is met, > 1 = slower than the bound). The
 constants are not tuned to the ratios: the estimator is the one ``bert_jax.compile`` uses.
@@ -50,7 +50,6 @@ from benchmarks.host_peak import measure_bandwidth, measure_peak_flops
 from bert_jax import parallel
 from bert_jax.parallel.topology import ChipSpec, Topology, parse_topology
 from bert_jax.plan.compiler import compile_for_topology
-from bert_jax.plan.report import sharded_bytes, step_report
 from bert_jax.tasks import build_job
 from bert_jax.train import trainer
 from configs import pretrain
@@ -104,6 +103,12 @@ PUBLISHED = (
 )  # fmt: skip
 
 
+class _ThisHost(Topology):
+  @property
+  def num_hosts(self) -> int:
+    return 1  # every device is in this process (Topology's table knows TPU hosts only)
+
+
 def host_topology(devices: int, peak: float, bandwidth: float) -> Topology:
   """This host as a "topology" of ``devices`` CPU devices sharing its measured peak/bandwidth."""
   chip = ChipSpec(
@@ -118,7 +123,7 @@ def host_topology(devices: int, peak: float, bandwidth: float) -> Topology:
     notes="measured here: f32 matmul peak and elementwise bandwidth, shared by the devices",
     platform="cpu",
   )
-  return Topology(f"cpu:{devices}", chip, (devices,))
+  return _ThisHost(f"cpu:{devices}", chip, (devices,))
 
 
 def _config(size: str, seqs: list[int], batches: list[int]):
@@ -155,24 +160,12 @@ def calibrate(size: str, seqs: list[int], topo: Topology, devices) -> list[dict]
   mesh = parallel.create_mesh(config.mesh, devices=devices)
   rules = parallel.normalize_rules(config.logical_axis_rules)
   rows = []
+  # the report of each phase's step: the compile bert_jax.compile makes, here for the CPU devices
+  reports = compile_for_topology(config, topo, with_eval=False, devices=devices)["reports"]
   with tempfile.TemporaryDirectory() as workdir:
-    job = build_job(config, workdir, mesh)
-    asm = trainer.assemble(job, config, mesh, rules)
-    common = dict(
-      params_bytes=sharded_bytes(asm.abstract_state.params),
-      opt_state_bytes=sharded_bytes(asm.abstract_state.opt_state),
-    )
-    state = asm.init_state()
-    for i, phase in enumerate(job.phases):
-      rep = step_report(
-        f"{size} seq{phase.seq_len}",
-        trainer.lower_train_step(asm, i),
-        topo,
-        mesh,
-        model_flops=phase.flops_per_example * phase.global_batch_size,
-        tokens=phase.global_batch_size * phase.seq_len,
-        **common,
-      )
+    job = build_job(config, workdir, mesh)  # the same job with its (synthetic) input
+    state = trainer.assemble(job, config, mesh, rules).init_state()
+    for phase, rep in zip(job.phases, reports, strict=True):
       it = phase.make_input()
       batches = [parallel.make_global_batch(next(it), mesh, rules) for _ in range(2)]
       with parallel.mesh_context(mesh, rules):
