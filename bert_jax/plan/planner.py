@@ -11,8 +11,9 @@ until the compiler accepts the step, down to one sequence per chip. Remat on is 
 when remat off does not fit at accumulation 1 (recomputing the forward pass only adds work).
 Every compile is cached on disk (JSON, one file per candidate, keyed by the config with the
 candidate's overrides, the topology with its chip's numbers, ``ESTIMATE_VERSION``, jax and
-libtpu versions), so a re-plan or a pre-flight of a planned config costs no compile. Rows: fits first, fastest estimated step first; then the
-candidates that do not fit, with the compiler's numbers.
+libtpu versions), so a re-plan or a pre-flight of a planned config costs no compile. Rows: fits
+first, fastest estimated step first; then the candidates that do not fit, with the compiler's
+numbers.
 """
 
 from __future__ import annotations
