@@ -158,7 +158,6 @@ class DynamicMasker:
     """The batch masked with the given random numbers (see `draw`)."""
     spec = self.spec
     ids_BxL = restore_static_masks(features)
-    length = ids_BxL.shape[1]
     in_seq_BxL = features["input_mask"] > 0
     valid_BxL = in_seq_BxL & (ids_BxL != spec.cls_id) & (ids_BxL != spec.sep_id)
     num_tokens_B = tf.reduce_sum(tf.cast(in_seq_BxL, tf.float64), axis=1)
@@ -176,13 +175,12 @@ class DynamicMasker:
     )
 
     predictions = self.max_predictions_per_seq
-    # Chosen positions in increasing order, then `length` (the padding) for the rest.
-    candidates_BxL = tf.where(selected_BxL, tf.range(tf.shape(ids_BxL)[1])[None], tf.int32.max)
-    if length is not None and length < predictions:
-      candidates_BxL = tf.pad(
-        candidates_BxL, [[0, 0], [0, predictions - length]], constant_values=tf.int32.max
-      )
-    sorted_BxP = -tf.math.top_k(-candidates_BxL, k=predictions).values  # The P lowest, ascending.
+    # Chosen positions in increasing order (at most `predictions` per row: the budget), then
+    # int32.max. tf.where lists a row's positions in increasing order: no sort needed.
+    slot_Nx2 = tf.where(selected_BxL)
+    sorted_BxP = tf.RaggedTensor.from_value_rowids(
+      tf.cast(slot_Nx2[:, 1], tf.int32), slot_Nx2[:, 0], nrows=tf.shape(ids_BxL, tf.int64)[0]
+    ).to_tensor(default_value=tf.int32.max, shape=[None, predictions])
     weight_BxP = sorted_BxP < tf.int32.max
     positions_BxP = tf.where(weight_BxP, sorted_BxP, 0)
     out = dict(features)
