@@ -41,6 +41,7 @@ RUNS = tuple(
 FLAGS = flags.FLAGS
 flags.DEFINE_list("runs", [RUNS[0]], "runs to plan ('all' = every run, in priority order)")
 flags.DEFINE_integer("max_meshes", 4, "mesh layouts tried per run")
+flags.DEFINE_integer("workers", 0, "meshes compiled concurrently (0: as cores and memory allow)")
 flags.DEFINE_string("cache", "~/.cache/bert_jax/plans", "the planner's compile cache")
 flags.DEFINE_string("out", "", "write every plan here (JSON)")
 flags.DEFINE_bool("list", False, "list the runs and exit")
@@ -119,6 +120,7 @@ def main(argv):
       parse_topology(acc),
       max_meshes=FLAGS.max_meshes,
       cache_dir=FLAGS.cache,
+      workers=FLAGS.workers,
     )
     plan["wall_seconds"] = time.perf_counter() - start
     plans[run] = plan

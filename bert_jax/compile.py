@@ -42,6 +42,11 @@ _SLICES = flags.DEFINE_integer("num_slices", 1, "slices joined by the data-cente
 _PLAN = flags.DEFINE_bool("plan", False, "try the mesh layouts, remat, grad accumulation")
 _MAX_MESHES = flags.DEFINE_integer("plan_max_meshes", 6, "--plan: mesh layouts to compile")
 _PLAN_PHASE = flags.DEFINE_integer("plan_phase", 0, "--plan: which phase's train step")
+_WORKERS = flags.DEFINE_integer(
+  "plan_workers",
+  0,
+  "--plan: meshes compiled concurrently (0: as the host's cores and memory allow)",
+)
 _CACHE = flags.DEFINE_string("plan_cache", "~/.cache/bert_jax/plans", "--plan: cache ('' = off)")
 _OUTPUT = flags.DEFINE_string("output", "", "write the report / plan here as JSON")
 flags.mark_flags_as_required(["config", "topology"])
@@ -57,7 +62,12 @@ def main(argv):
   config = _CONFIG.value
   if _PLAN.value:
     result = make_plan(
-      config, topo, phase=_PLAN_PHASE.value, max_meshes=_MAX_MESHES.value, cache_dir=_CACHE.value
+      config,
+      topo,
+      phase=_PLAN_PHASE.value,
+      max_meshes=_MAX_MESHES.value,
+      cache_dir=_CACHE.value,
+      workers=_WORKERS.value,
     )
     print(format_plan(result))
     if result["best"] is not None:

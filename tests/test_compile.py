@@ -15,6 +15,7 @@ import io
 import math
 import pathlib
 import re
+import threading
 
 import flax.linen as nn
 import jax
@@ -25,7 +26,7 @@ from jax.sharding import PartitionSpec
 
 from bert_jax import parallel
 from bert_jax.parallel import topology as topo_lib
-from bert_jax.plan import hlo
+from bert_jax.plan import hlo, planner
 from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.plan.planner import input_demand, mesh_candidates
 from bert_jax.plan.report import CompileError, parse_hbm_shortfall, step_report
@@ -354,6 +355,72 @@ def test_planner_candidates_are_the_factorisations_that_divide_the_batch():
   assert got == [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1), (4, 1, 2), (2, 2, 2), (1, 4, 2)]
   assert all(d * f * t == 64 and 32 % (d * f) == 0 for d, f, t in mesh_candidates(64, 32))
   assert mesh_candidates(8, 4, max_tensor=1) == []  # a batch of 4 cannot be split 8 ways
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_planner_search_order_and_ranking_with_concurrent_meshes(monkeypatch, workers):
+  """The planner's search (its module docstring) against candidates listed by hand, with a
+  stand-in compiler: a step fits when its micro-batch is at most 4 sequences per chip (8 with
+  remat), and takes 1 ms per accumulation step (+0.5 with remat, +0.1 per tensor shard, +0.01 per
+  fsdp shard). The rows do not depend on how many meshes compile at once; with 3 workers the
+  first three meshes' first compiles must meet (so they ran at the same time)."""
+  meet = threading.Barrier(3, timeout=60) if workers == 3 else None
+  started = set()
+  lock = threading.Lock()
+
+  def fake_compile(cfg, topo, phase, cache_dir, devices):
+    mesh = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    with lock:
+      first = mesh not in started
+      started.add(mesh)
+    if meet is not None and first and mesh != (2, 1, 2):
+      meet.wait()
+    micro = cfg.train_batch_size / cfg.grad_accum_steps / (mesh[0] * mesh[1])
+    fits = micro <= (8 if cfg.remat else 4)
+    seconds = 1e-3 * cfg.grad_accum_steps + 5e-4 * cfg.remat + 1e-4 * mesh[2] + 1e-5 * mesh[1]
+    step = dict(
+      fits=fits,
+      memory=dict(total_bytes=1 << 30) if fits else dict(needed_bytes=2 << 30),
+      estimate=dict(step_seconds=seconds, tokens_per_second=1.0, mfu=0.5),
+      compile_seconds=0.0,
+      error=None,
+    )
+    return dict(steps=[step], cached=False)
+
+  monkeypatch.setattr(planner, "compile_cached", fake_compile)
+  monkeypatch.setattr(planner, "topology_devices", lambda topo: None)
+  config = _config(train_batch_size=32)
+  plan = planner.make_plan(
+    config, topo_lib.parse_topology("v5e:2x2"), max_meshes=4, workers=workers, log=lambda _: None
+  )
+  got = [
+    ((r["mesh"]["data"], r["mesh"]["fsdp"], r["mesh"]["tensor"]), r["remat"], r["grad_accum_steps"], r["fits"])
+    for r in plan["candidates"]
+  ]  # fmt: skip
+  # By hand: meshes (4,1,1), (2,2,1), (1,4,1) (4-way batch split: 8 per chip) and (2,1,2) (2-way:
+  # 16 per chip). Remat off fits at accumulation 2 (4 on the last mesh); remat on is tried
+  # because off did not fit at 1, and fits at 1 (2 on the last mesh).
+  assert got == [
+    ((4, 1, 1), True, 1, True), ((2, 2, 1), True, 1, True), ((1, 4, 1), True, 1, True),
+    ((4, 1, 1), False, 2, True), ((2, 2, 1), False, 2, True), ((1, 4, 1), False, 2, True),
+    ((2, 1, 2), True, 2, True), ((2, 1, 2), False, 4, True),
+    ((4, 1, 1), False, 1, False), ((2, 2, 1), False, 1, False), ((1, 4, 1), False, 1, False),
+    ((2, 1, 2), False, 1, False), ((2, 1, 2), False, 2, False), ((2, 1, 2), True, 1, False),
+  ]  # fmt: skip
+  assert plan["best"] is plan["candidates"][0] and plan["workers"] == workers
+  assert planner.best_overrides(plan)[-2:] == ["--config.remat=True", "--config.grad_accum_steps=1"]
+  assert plan["input"]["examples_per_second_per_host"] == pytest.approx(
+    32 / 1.61e-3
+  )  # 1 + 0.5 + 0.1 + 0.01 ms
+  assert len(planner.format_plan(plan).splitlines()) == 2 + 14 + 2
+
+
+def test_plan_workers_follow_cores_and_memory(monkeypatch):
+  monkeypatch.setattr(planner.os, "cpu_count", lambda: 16)
+  assert 1 <= planner.default_workers(6) <= 6
+  assert planner.default_workers(1) == 1
+  monkeypatch.setattr(planner.os, "cpu_count", lambda: 2)
+  assert planner.default_workers(6) == 1
 
 
 def test_a_compile_failure_other_than_memory_is_one_line_naming_the_step():

@@ -11,17 +11,21 @@ until the compiler accepts the step, down to one sequence per chip. Remat on is 
 when remat off does not fit at accumulation 1 (recomputing the forward pass only adds work).
 Every compile is cached on disk (JSON, one file per candidate, keyed by the config with the
 candidate's overrides, the topology with its chip's numbers, ``ESTIMATE_VERSION``, jax and
-libtpu versions), so a re-plan or a pre-flight of a planned config costs no compile. Rows: fits
+libtpu versions), so a re-plan or a pre-flight of a planned config costs no compile. The meshes
+are searched concurrently (``workers`` threads; by default as the host's cores and memory allow,
+see ``default_workers``): XLA's compiler releases Python's lock while it compiles. Rows: fits
 first, fastest estimated step first; then the candidates that do not fit, with the compiler's
 numbers.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import importlib.metadata
 import json
 import os
+import threading
 from typing import Any
 
 import jax
@@ -94,11 +98,24 @@ def compile_cached(config, topo: Topology, phase: int, cache_dir: str, devices=N
   result.pop("reports")
   if cache_dir:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w") as f:
       json.dump(result, f)
     os.replace(tmp, path)
   return dict(result, cached=False)
+
+
+def default_workers(num_meshes: int) -> int:
+  """Concurrent compiles when not given: one per two cores (XLA's compiler runs some of its own
+  passes in parallel) and per 8 GiB of available memory (compiling BERT-base for 256 chips
+  peaked at 7 GB here), at most one per mesh, at least one."""
+  try:
+    with open("/proc/meminfo") as f:
+      available = next(int(x.split()[1]) * 1024 for x in f if x.startswith("MemAvailable:"))
+  except (OSError, StopIteration, ValueError, IndexError):
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  by_memory = available // (8 * 1024**3)
+  return max(1, min(num_meshes, (os.cpu_count() or 1) // 2, by_memory))
 
 
 def make_plan(
@@ -108,9 +125,12 @@ def make_plan(
   phase: int = 0,
   max_meshes: int = 6,
   cache_dir: str = "~/.cache/bert_jax/plans",
+  workers: int = 0,
   log=print,
 ) -> dict[str, Any]:
-  """Compiles the candidates (module docstring); ``log`` gets a line per compile."""
+  """Compiles the candidates (module docstring); ``log`` gets a line per compile. The meshes
+  are searched concurrently by ``workers`` threads (0: ``default_workers``); each mesh's
+  remat / accumulation search is sequential, and the result does not depend on ``workers``."""
   batch = config.train_batch_size if phase == 0 else config.phase2.train_batch_size
   meshes = mesh_candidates(topo.num_devices, batch)[:max_meshes]
   if not meshes:
@@ -118,8 +138,10 @@ def make_plan(
       f"no data x fsdp x tensor layout of {topo.num_devices} chips divides the global batch {batch}"
     )
   devices = topology_devices(topo)
-  rows = []
-  for mesh in meshes:
+
+  def search(mesh: tuple) -> list[dict]:
+    """One mesh's rows: remat off, then on; accumulation doubling until the step fits."""
+    rows = []
     dp = mesh[0] * mesh[1]
     for remat in (False, True):
       accum = 1
@@ -148,6 +170,15 @@ def make_plan(
         accum *= 2
       if remat is False and rows[-1]["fits"] and accum == 1:
         break  # remat would only recompute
+    return rows
+
+  workers = workers or default_workers(len(meshes))
+  if workers > 1:
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="plan") as pool:
+      per_mesh = list(pool.map(search, meshes))
+  else:
+    per_mesh = [search(mesh) for mesh in meshes]
+  rows = [row for mesh_rows in per_mesh for row in mesh_rows]
   fitting = sorted((r for r in rows if r["fits"]), key=lambda r: r["estimate"]["step_seconds"])
   rest = [r for r in rows if not r["fits"]]
   best = fitting[0] if fitting else None
@@ -159,6 +190,7 @@ def make_plan(
     best=best,
     input=input_demand(batch, best["estimate"]["step_seconds"], topo) if best else None,
     versions=_versions(),
+    workers=workers,
   )
 
 
