@@ -10,10 +10,10 @@ A run is ``<size>-<seq>-<global batch>@<accelerator type>``: BERT-base/large (bf
 fp32 params), one phase at ``seq`` with BERT's predictions per sequence (20 at 128, 80 at 512),
 AdamW at the paper's batch (256) and LAMB at the LAMB-scale batches (You et al. 2020: 65,536 at
 128, 32,768 at 512). Each run goes through ``bert_jax.plan.planner.make_plan`` (cached on disk,
-so a re-run prints at once). Time to train is the paper's schedule (Devlin et al. 2019, A.2:
-1,000,000 steps of 256 sequences, 90% at 128 and 10% at 512) and needs both of a size's
-batch-256 runs on the same slice. Compiling BERT-large for 256 chips takes minutes per
-candidate on a 2-core host.
+so a re-run prints at once). Time to train is printed for the paper's schedule (Devlin et al.
+2019, A.2: 1,000,000 steps of 256 sequences, 90% at 128 and 10% at 512) and for the LAMB-scale
+one (``SCHEDULES``) when both of a schedule's runs of a size on a slice are planned together.
+Compiling BERT-large for 256 chips takes minutes per candidate on a 2-core host.
 """
 
 from __future__ import annotations
@@ -72,14 +72,27 @@ def parse_run(run: str):
   return size, int(seq), int(batch), acc
 
 
-def time_to_train(plans: dict, size: str, acc: str) -> float | None:
-  """Seconds for the paper's schedule from the batch-256 plans at 128 and 512, or None."""
-  a, b = plans.get(f"{size}-128-256@{acc}"), plans.get(f"{size}-512-256@{acc}")
+# (global batch at 128, steps at 128, global batch at 512, steps at 512) of each schedule:
+# the paper's (Devlin et al. 2019, A.2), and the LAMB-scale one as NVIDIA's DeepLearningExamples
+# run it (PaddlePaddle/LanguageModeling/BERT/scripts/run_pretraining_p2.sh: phase 2 resumes from
+# phase 1's step 7,038 and runs 1,563 steps of 32 x 8 GPUs x 128 accumulated = 32,768).
+SCHEDULES = {
+  "paper schedule (1M steps x 256)": (256, 900_000, 256, 100_000),
+  "LAMB schedule (7,038 x 65,536 at 128 + 1,563 x 32,768 at 512)": (65_536, 7_038, 32_768, 1_563),
+}
+
+
+def time_to_train(
+  plans: dict, size: str, acc: str, schedule: tuple = SCHEDULES["paper schedule (1M steps x 256)"]
+) -> float | None:
+  """Seconds for ``schedule`` from the plans of its two runs (at 128 and 512), or None."""
+  batch_128, steps_128, batch_512, steps_512 = schedule
+  a, b = plans.get(f"{size}-128-{batch_128}@{acc}"), plans.get(f"{size}-512-{batch_512}@{acc}")
   if not (a and b and a["best"] and b["best"]):
     return None
   return (
-    900_000 * a["best"]["estimate"]["step_seconds"]
-    + 100_000 * b["best"]["estimate"]["step_seconds"]
+    steps_128 * a["best"]["estimate"]["step_seconds"]
+    + steps_512 * b["best"]["estimate"]["step_seconds"]
   )
 
 
@@ -131,9 +144,10 @@ def main(argv):
         json.dump(plans, f, indent=1)
   for size in ("base", "large"):
     for acc in SLICES:
-      t = time_to_train(plans, size, acc)
-      if t is not None:
-        print(f"BERT-{size} on {acc}: paper schedule (1M steps x 256) ~ {t / 86400:.2f} days")
+      for name, schedule in SCHEDULES.items():
+        t = time_to_train(plans, size, acc, schedule)
+        if t is not None:
+          print(f"BERT-{size} on {acc}: {name} ~ {t / 3600:.2f} hours")
 
 
 if __name__ == "__main__":
