@@ -1,13 +1,17 @@
-"""Pre-flight: compile the job for its TPU slice before anything is created or shipped.
+"""Pre-flight: compile the job for its TPU slice or GPU hosts before anything is created,
+shipped or submitted.
 
   record = preflight(job, config, "v4-128")     # LaunchError when a step does not fit
+  record = preflight(job, config, gpu_topology_name("h100", hosts=2, gpus_per_host=8))
 
-The job's train and eval steps are compiled by the XLA TPU compiler for the slice's topology
-(``bert_jax.plan.compiler``: the steps the entry point will run, from the resolved config), on
-this machine, without a TPU. A step that does not fit in a chip's HBM refuses the launch with the
-compiler's numbers; ``--skip_preflight`` launches anyway. The result (memory per chip, estimated
-step time, collectives) goes into launch.json under ``preflight``. Needs libtpu here
-(``pip install 'bert-jax[tpu]'``).
+The job's train and eval steps are compiled by the XLA TPU compiler for the slice's topology,
+or by XLA:GPU for the GPU hosts (``bert_jax.plan.compiler``: the steps the entry point will run,
+from the resolved config), on this machine, without a TPU or GPU. A step that does not fit in a
+chip's memory refuses the launch with the compiler's numbers; ``--skip_preflight`` launches
+anyway. The result (memory per chip, estimated step time, collectives) goes into launch.json
+under ``preflight``. Needs libtpu here (``pip install 'bert-jax[tpu]'``) for TPU targets, the
+CUDA PJRT plugin (``pip install 'bert-jax[gpu-aot]'``) for GPU ones (SLURM, Kubernetes with
+``gpu_type`` set).
 """
 
 from __future__ import annotations
@@ -40,12 +44,18 @@ def _summary(result: dict[str, Any]) -> list[str]:
   return lines
 
 
+def gpu_topology_name(gpu_type: str, hosts: int, gpus_per_host: int) -> str:
+  """The ``--topology`` name of ``hosts`` x ``gpus_per_host`` GPUs, e.g. "h100:2x8", "h100:8"."""
+  return f"{gpu_type}:{hosts}x{gpus_per_host}" if hosts > 1 else f"{gpu_type}:{gpus_per_host}"
+
+
 def preflight(job: Job, config, accelerator_type: str, num_slices: int = 1) -> dict[str, Any]:
-  """Compiles ``job`` (its resolved ``config``) for ``accelerator_type``; the JSON-safe result.
-  LaunchError naming the numbers when a step does not fit, or when it cannot be checked."""
+  """Compiles ``job`` (its resolved ``config``) for ``accelerator_type`` (a TPU accelerator
+  type or topology, or a GPU topology name); the JSON-safe result. LaunchError naming the
+  numbers when a step does not fit, or when it cannot be checked."""
   if job.module not in COMPILABLE:
     return {"skipped": f"{job.module} is not a training entry point"}
-  # bert_jax (JAX, libtpu) only when a TPU launch is checked: the launcher itself stays light.
+  # bert_jax (JAX, libtpu) only when a launch is checked: the launcher itself stays light.
   from bert_jax.parallel.topology import TopologyError, parse_topology  # noqa: PLC0415 (heavy)
   from bert_jax.plan.compiler import compile_for_topology  # noqa: PLC0415 (heavy)
 

@@ -32,6 +32,9 @@ from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.plan.hlo import cublas_flops
 from bert_jax.plan.report import format_report
 from bert_jax.tasks import build_job
+from launch.job import Job, LaunchError
+from launch.launch import launch
+from launch.targets import kubernetes, slurm
 
 GiB = 1024**3
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -253,3 +256,53 @@ def test_a_batch_too_large_for_an_a100_40gb_is_refused_with_the_numbers(monkeypa
   text = format_report(result["reports"], topo)
   need = mem["needed_bytes"] / GiB
   assert f"needs {need:.2f} GiB of 30.00 GiB available" in text
+
+
+def _pretrain_job(workdir: str, *extra: str):
+  return Job("pretrain", f"{REPO / 'configs' / 'pretrain.py'}:tiny", workdir, extra_args=extra)
+
+
+def test_slurm_and_kubernetes_preflight_compile_for_their_gpus(monkeypatch, tmp_path):
+  """The GPU targets hand the pre-flight the topology of what they allocate; an unknown GPU is
+  refused with the known ones listed, before anything is written (no plugin needed)."""
+  asked = []
+  for module in (slurm, kubernetes):
+    monkeypatch.setattr(module, "preflight", lambda job, config, name: asked.append(name) or {})
+  job = _pretrain_job(str(tmp_path / "run"))
+  slurm.SlurmTarget(partition="p", nodes=2, gpus_per_node=8, gpu_type="h100").preflight(job, {})
+  slurm.SlurmTarget(partition="p", gpus_per_node=4, gpu_type="a100-80gb").preflight(job, {})
+  kubernetes.KubernetesTarget(image="i", num_hosts=3, gpus_per_host=8, gpu_type="h200").preflight(
+    job, {}
+  )
+  assert slurm.SlurmTarget(partition="p", gpu_type="h100", skip_preflight=True).preflight(
+    job, {}
+  ) is None  # fmt: skip
+  assert slurm.SlurmTarget(partition="p").preflight(job, {}) is None
+  assert asked == ["h100:2x8", "a100-80gb:4", "h200:3x8"]
+  monkeypatch.undo()
+
+  with pytest.raises(LaunchError, match=r"pre-flight for h999:8: unknown GPU topology .*h100"):
+    launch(job, slurm.SlurmTarget(partition="p", gpu_type="h999"))
+  assert not (tmp_path / "run").exists()
+  with pytest.raises(LaunchError, match=r"gpu_type 'h100' needs gpus_per_host >= 1"):
+    kubernetes.KubernetesTarget(image="i", gpu_type="h100").validate(_pretrain_job("gs://b/r"))
+
+
+def test_slurm_preflight_refuses_a_job_too_large_for_its_gpus(monkeypatch, tmp_path):
+  """Compiled for one A100-40GB, a batch its memory cannot hold: refused with the numbers,
+  no sbatch script, no launch.json, nothing submitted."""
+  _require_plugin()
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  submitted = []
+  monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: submitted.append(a))
+  job = _pretrain_job(
+    str(tmp_path / "run"),
+    "--config.train_batch_size=4096",
+    "--config.max_seq_length=512",
+    "--config.max_predictions_per_seq=80",
+    "--config.phase2.fraction=0.0",
+  )
+  target = slurm.SlurmTarget(partition="p", gpus_per_node=1, gpu_type="a100-40gb")
+  with pytest.raises(LaunchError, match=r"does not fit on .*needs [\d.]+ GiB per chip, 30.00 GiB"):
+    launch(job, target)
+  assert not (tmp_path / "run").exists() and not submitted

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 import yaml
 
 from ..job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
+from ..preflight import gpu_topology_name, preflight
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
@@ -54,6 +55,10 @@ class KubernetesTarget:
     coordinator_port: the jax.distributed coordinator's port on pod 0.
     service_account: the pod's service account (e.g. with bucket access), if any.
     volume_claim, volume_mount: a PersistentVolumeClaim to mount (for a non-gs:// workdir).
+    gpu_type: the NVIDIA GPUs ("h100", "h200", "a100-80gb", "a100-40gb"): when set, the job is
+      first compiled for num_hosts x gpus_per_host of them (the pre-flight,
+      launch/preflight.py) and refused before anything is applied if a step does not fit.
+    skip_preflight: apply without that check.
   """
 
   image: str = ""
@@ -69,14 +74,31 @@ class KubernetesTarget:
   service_account: str = ""
   volume_claim: str = ""
   volume_mount: str = "/mnt/workdir"
+  gpu_type: str = ""
+  skip_preflight: bool = False
 
   name = "kubernetes"
+
+  def preflight(self, job: Job, config) -> dict | None:
+    """Compiles the job for the pods' GPUs (LaunchError when it does not fit); None when skipped
+    or when no gpu_type is given."""
+    if self.skip_preflight or not self.gpu_type or config is None:
+      return None
+    return preflight(
+      job, config, gpu_topology_name(self.gpu_type, self.num_hosts, self.gpus_per_host)
+    )
 
   def validate(self, job: Job) -> None:
     if not self.image:
       raise LaunchError("kubernetes target: missing required setting: image (flag --image)")
     if self.num_hosts < 1:
       raise LaunchError(f"kubernetes target: num_hosts must be >= 1, got {self.num_hosts}")
+    if self.gpu_type and (self.gpus_per_host < 1 or self.accelerator_resource != "nvidia.com/gpu"):
+      raise LaunchError(
+        f"kubernetes target: gpu_type {self.gpu_type!r} needs gpus_per_host >= 1 and "
+        f"accelerator_resource 'nvidia.com/gpu' (got {self.gpus_per_host}, "
+        f"{self.accelerator_resource!r})"
+      )
     if self.job_name and not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", self.job_name):
       raise LaunchError(
         f"kubernetes target: job_name {self.job_name!r} is not a DNS label "

@@ -27,6 +27,7 @@ from ..job import (
   Job,
   LaunchError,
 )
+from ..preflight import gpu_topology_name, preflight
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,10 @@ class SlurmTarget:
       .venv/bin/activate".
     coordinator_port: the jax.distributed coordinator's port on the first node.
     sbatch_args: further ``#SBATCH`` options, e.g. ("--exclusive", "--mem=0").
+    gpu_type: the GPUs ("h100", "h200", "a100-80gb", "a100-40gb"): when set, the job is first
+      compiled for nodes x gpus_per_node of them (the pre-flight, launch/preflight.py) and
+      refused before anything is written or submitted if a step does not fit.
+    skip_preflight: submit without that check.
   """
 
   partition: str = ""
@@ -60,8 +65,17 @@ class SlurmTarget:
   setup: str = ""
   coordinator_port: int = 12321
   sbatch_args: tuple[str, ...] = ()
+  gpu_type: str = ""
+  skip_preflight: bool = False
 
   name = "slurm"
+
+  def preflight(self, job: Job, config) -> dict | None:
+    """Compiles the job for the allocation's GPUs (LaunchError when it does not fit); None when
+    skipped or when no gpu_type is given."""
+    if self.skip_preflight or not self.gpu_type or config is None:
+      return None
+    return preflight(job, config, gpu_topology_name(self.gpu_type, self.nodes, self.gpus_per_node))
 
   def validate(self, job: Job) -> None:
     if not self.partition:
