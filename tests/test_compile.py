@@ -271,6 +271,41 @@ def test_combined_collectives_count_every_array_they_carry():
   assert got[("reduce-scatter", "fsdp")]["bytes"] == 2 * (4 * 128 * 4 + 2 * 4)  # the input
 
 
+_HLO_FUSED_REDUCE_SCATTER = """\
+HloModule m
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%all-reduce-scatter.3 (input: f32[1024,512]) -> f32[512,512] {
+  %input = f32[1024,512]{1,0} parameter(0)
+  %all-reduce.2 = f32[1024,512]{1,0} all-reduce(%input), channel_id=3, replica_groups={{0,1},{2,3}}, use_global_device_ids=true, to_apply=%add
+  %offset = u32[] parameter(1)
+  %zero = u32[] constant(0)
+  ROOT %slice = f32[512,512]{1,0} dynamic-slice(%all-reduce.2, %offset, %zero), dynamic_slice_sizes={512,512}
+}
+
+ENTRY %main (g: f32[1024,512]) -> f32[512,512] {
+  %g = f32[1024,512]{1,0} parameter(0)
+  ROOT %fusion = f32[512,512]{1,0} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.3
+}
+"""
+
+
+def test_a_reduce_scatter_written_as_an_all_reduce_fusion_counts_as_one():
+  # The TPU compiler's form of a reduce-scatter (seen in the compiled FSDP step): an all-reduce
+  # of the whole gradient, then this chip's slice, in a fusion calling an "all-reduce-scatter"
+  # computation. A ring reduce-scatter over 2 chips sends half its input (not an all-reduce's
+  # twice that).
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2, 1), ("data", "fsdp", "tensor"))
+  (got,) = hlo.collectives(_HLO_FUSED_REDUCE_SCATTER, mesh)
+  assert (got["kind"], got["axes"], got["count"]) == ("reduce-scatter", "fsdp", 1)
+  assert got["bytes"] == 1024 * 512 * 4 and got["moved_bytes"] == 1024 * 512 * 4 / 2
+
+
 def test_unknown_topology_lists_the_known_ones():
   with pytest.raises(ValueError, match=r"unknown TPU topology 'v9:2x2'; known: v4: 2x2x1"):
     topo_lib.parse_topology("v9:2x2")

@@ -13,7 +13,9 @@ over the network for it in a ring algorithm (all-gather and all-to-all (n-1)/n o
 array, reduce-scatter (n-1)/n of its input, all-reduce twice that, collective-permute the
 array). The axes come from the replica groups (explicit ``{{0,1},...}``, iota ``[2,2]<=[4]``
 or the ``mesh[...]`` form), matched against the groups each combination of mesh axes makes;
-``network`` is "dcn" when a group spans TPU slices.
+``network`` is "dcn" when a group spans TPU slices. The TPU compiler writes a reduce-scatter as
+a fusion calling an ``all-reduce-scatter`` computation (an all-reduce, then each chip's slice of
+the sum): such an all-reduce is counted as the reduce-scatter it is.
 """
 
 from __future__ import annotations
@@ -187,6 +189,7 @@ def collectives(hlo: str, mesh, domains: list[int] | None = None) -> list[dict[s
     times = mult.get(name, 0)
     if not times:
       continue
+    fused_reduce_scatter = name.startswith("all-reduce-scatter")
     for line in lines:
       m = _INSTR.match(line)
       op = _OP.search(line) if m else None
@@ -200,6 +203,8 @@ def collectives(hlo: str, mesh, domains: list[int] | None = None) -> list[dict[s
       key = (kind, channel.group(1)) if channel else (kind, name, m.group(1))
       groups = _replica_groups(attrs, n)
       size = len(groups[0]) if groups else n
+      if fused_reduce_scatter and kind == "all-reduce":
+        kind, nbytes = "reduce-scatter", nbytes / size  # the result: this chip's slice
       if kind == "collective-permute":
         pairs = re.findall(r"\{(\d+),(\d+)\}", attrs.split("source_target_pairs=")[-1][:2000])
         axes = "permute"
