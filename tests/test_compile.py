@@ -15,6 +15,7 @@ import io
 import math
 import pathlib
 import re
+import sys
 import threading
 
 import flax.linen as nn
@@ -426,7 +427,12 @@ def test_planner_search_order_and_ranking_with_concurrent_meshes(monkeypatch, wo
   monkeypatch.setattr(planner, "topology_devices", lambda topo: None)
   config = _config(train_batch_size=32)
   plan = planner.make_plan(
-    config, topo_lib.parse_topology("v5e:2x2"), max_meshes=4, workers=workers, log=lambda _: None
+    config,
+    topo_lib.parse_topology("v5e:2x2"),
+    max_meshes=4,
+    workers=workers,
+    isolate=False,
+    log=lambda _: None,
   )
   got = [
     ((r["mesh"]["data"], r["mesh"]["fsdp"], r["mesh"]["tensor"]), r["remat"], r["grad_accum_steps"], r["fits"])
@@ -448,6 +454,54 @@ def test_planner_search_order_and_ranking_with_concurrent_meshes(monkeypatch, wo
     32 / 1.61e-3
   )  # 1 + 0.5 + 0.1 + 0.01 ms
   assert len(planner.format_plan(plan).splitlines()) == 2 + 14 + 2
+
+
+def test_a_compiler_crash_is_one_failed_candidate_and_the_plan_goes_on(monkeypatch, tmp_path):
+  """libtpu once segfaulted here mid-plan, ending it. Compiles run in a child process: a child
+  that crashes (here one that segfaults on purpose, for the accumulation-1 candidates) becomes a
+  failed row naming the signal; the search goes on to accumulation 2, which (stand-in compiler)
+  fits."""
+  crash = (sys.executable, "-c", "import ctypes; ctypes.string_at(0)")
+  isolated = planner.compile_isolated
+
+  def compile_isolated(cfg, topo, phase, cache_dir):
+    if cfg.grad_accum_steps == 1:
+      return isolated(cfg, topo, phase, str(tmp_path), command=crash)
+    step = dict(
+      fits=True,
+      memory=dict(total_bytes=1 << 30),
+      estimate=dict(step_seconds=1e-3 * cfg.grad_accum_steps, tokens_per_second=1.0, mfu=0.5),
+      compile_seconds=0.0,
+      error=None,
+    )
+    return dict(steps=[step], cached=False)
+
+  monkeypatch.setattr(planner, "compile_isolated", compile_isolated)
+  monkeypatch.setattr(planner, "topology_devices", lambda topo: None)
+  plan = planner.make_plan(
+    _config(train_batch_size=32), topo_lib.parse_topology("v5e:2x2"), max_meshes=1,
+    log=lambda _: None,
+  )  # fmt: skip
+  rows = [(r["remat"], r["grad_accum_steps"], r["fits"]) for r in plan["candidates"]]
+  assert rows == [(False, 2, True), (True, 2, True), (False, 1, False), (True, 1, False)]
+  failed = plan["candidates"][2]
+  assert failed["error"].startswith("the compiler process died (signal SIGSEGV)")
+  assert "failed: the compiler process died (signal SIGSEGV)" in planner.format_plan(plan)
+  assert not list(tmp_path.iterdir())  # nothing cached for a crash
+
+
+def test_an_isolated_compile_fills_the_cache_as_in_process(tmp_path):
+  """The child process compiles the same step (the same compiler numbers as in this process)
+  and leaves the cache entry a re-plan reads without compiling."""
+  devices = _devices("v5e:2x2")
+  topo = topo_lib.parse_topology("v5e:2x2")
+  config = _config((4, 1, 1))
+  child = planner.compile_isolated(config, topo, 0, str(tmp_path))
+  here = planner.compile_cached(config, topo, 0, "", devices)
+  assert not child["cached"] and child["fits"]
+  assert child["steps"][0]["memory"] == here["steps"][0]["memory"]
+  assert len(list(tmp_path.glob("*.json"))) == 1
+  assert planner.compile_isolated(config, topo, 0, str(tmp_path))["cached"]
 
 
 def test_plan_workers_follow_cores_and_memory(monkeypatch):

@@ -13,9 +13,10 @@ Every compile is cached on disk (JSON, one file per candidate, keyed by the conf
 candidate's overrides, the topology with its chip's numbers, ``ESTIMATE_VERSION``, jax and
 libtpu versions), so a re-plan or a pre-flight of a planned config costs no compile. The meshes
 are searched concurrently (``workers`` threads; by default as the host's cores and memory allow,
-see ``default_workers``): XLA's compiler releases Python's lock while it compiles. Rows: fits
-first, fastest estimated step first; then the candidates that do not fit, with the compiler's
-numbers.
+see ``default_workers``), and each compile runs in a child process (``compile_isolated``): a
+crash of the compiler is one failed candidate, not the end of the plan. Rows: fits first,
+fastest estimated step first; then the candidates that do not fit, with the compiler's numbers
+(or, for a compile that failed otherwise, its error).
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 from typing import Any
 
 import jax
@@ -106,6 +113,40 @@ def compile_cached(config, topo: Topology, phase: int, cache_dir: str, devices=N
   return dict(result, cached=False)
 
 
+def compile_isolated(
+  config, topo: Topology, phase: int, cache_dir: str, command: tuple[str, ...] | None = None
+) -> dict:
+  """``compile_cached`` in a child process (``bert_jax.plan.compile_worker``, or ``command``):
+  a crash of the compiler (libtpu segfaulted here on a BERT-base candidate of 1,024 sequences
+  per chip with remat) becomes a failed candidate whose error names the signal, not the end of
+  the plan. Cache hits are read here without a child."""
+  path = os.path.join(os.path.expanduser(cache_dir), f"{_key(config, topo, phase)}.json")
+  if cache_dir and os.path.exists(path):
+    with open(path) as f:
+      return dict(json.load(f), cached=True)
+  command = command or (sys.executable, "-m", "bert_jax.plan.compile_worker")
+  start = time.perf_counter()
+  with tempfile.TemporaryDirectory(prefix="bert_jax_plan") as tmp:
+    out = os.path.join(tmp, "result.json")
+    proc = subprocess.run(
+      [*command, out],
+      input=pickle.dumps((config, topo, phase, cache_dir)),
+      capture_output=True,
+      check=False,
+    )
+    if proc.returncode == 0 and os.path.exists(out):
+      with open(out) as f:
+        return json.load(f)
+  code = proc.returncode
+  how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+  tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+  error = f"the compiler process died ({how}) {tail[0][:300]}".strip()
+  step = dict(
+    fits=False, memory={}, estimate=None, compile_seconds=time.perf_counter() - start, error=error
+  )
+  return dict(steps=[step], fits=False, cached=False)
+
+
 def default_workers(num_meshes: int) -> int:
   """Concurrent compiles when not given: one per two cores (XLA's compiler runs some of its own
   passes in parallel) and per 8 GiB of available memory (compiling BERT-base for 256 chips
@@ -127,18 +168,21 @@ def make_plan(
   max_meshes: int = 6,
   cache_dir: str = "~/.cache/bert_jax/plans",
   workers: int = 0,
+  isolate: bool = True,
   log=print,
 ) -> dict[str, Any]:
   """Compiles the candidates (module docstring); ``log`` gets a line per compile. The meshes
   are searched concurrently by ``workers`` threads (0: ``default_workers``); each mesh's
-  remat / accumulation search is sequential, and the result does not depend on ``workers``."""
+  remat / accumulation search is sequential, and the result does not depend on ``workers``.
+  With ``isolate`` each compile runs in a child process (``compile_isolated``); without it in
+  this one."""
   batch = config.train_batch_size if phase == 0 else config.phase2.train_batch_size
   meshes = mesh_candidates(topo.num_devices, batch)[:max_meshes]
   if not meshes:
     raise ValueError(
       f"no data x fsdp x tensor layout of {topo.num_devices} chips divides the global batch {batch}"
     )
-  devices = topology_devices(topo)
+  devices = topology_devices(topo)  # here too: a missing compiler is one clear error up front
 
   def search(mesh: tuple) -> list[dict]:
     """One mesh's rows: remat off, then on; accumulation doubling until the step fits."""
@@ -150,7 +194,10 @@ def make_plan(
         cfg = _candidate_config(config, mesh, remat, accum, phase)
         log(f"compiling data={mesh[0]} fsdp={mesh[1]} tensor={mesh[2]} remat={remat} "
             f"grad_accum={accum} ...")  # fmt: skip
-        res = compile_cached(cfg, topo, phase, cache_dir, devices)
+        if isolate:
+          res = compile_isolated(cfg, topo, phase, cache_dir)
+        else:
+          res = compile_cached(cfg, topo, phase, cache_dir, devices)
         step = res["steps"][0]
         rows.append(
           dict(
@@ -225,6 +272,8 @@ def format_plan(plan: dict[str, Any]) -> str:
       f" {r['grad_accum_steps']:>5} {r['micro_batch_per_chip']:>8g}  {'yes' if r['fits'] else 'NO':>4}"
       f" {mem / 1024**3:>10.2f} {timing}  {src}"
     )
+    if not r["fits"] and not mem and r["error"]:
+      lines.append(f"        failed: {r['error']}")
   if plan["best"] is None:
     lines.append("  No candidate fits.")
   else:
