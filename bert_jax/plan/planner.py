@@ -95,16 +95,23 @@ def _key(config, topo: Topology, phase: int) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def _cache_path(config, topo: Topology, phase: int, cache_dir: str) -> str:
+  """The candidate's cache file; "" when caching is off."""
+  if not cache_dir:
+    return ""
+  return os.path.join(os.path.expanduser(cache_dir), f"{_key(config, topo, phase)}.json")
+
+
 def compile_cached(config, topo: Topology, phase: int, cache_dir: str, devices=None) -> dict:
   """One candidate's train-step report (``compile_for_topology`` of one phase, no eval),
   read from ``cache_dir`` when this exact config was compiled before."""
-  path = os.path.join(os.path.expanduser(cache_dir), f"{_key(config, topo, phase)}.json")
-  if cache_dir and os.path.exists(path):
+  path = _cache_path(config, topo, phase, cache_dir)
+  if path and os.path.exists(path):
     with open(path) as f:
       return dict(json.load(f), cached=True)
   result = compile_for_topology(config, topo, phases=[phase], with_eval=False, devices=devices)
   result.pop("reports")
-  if cache_dir:
+  if path:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w") as f:
@@ -120,8 +127,8 @@ def compile_isolated(
   a crash of the compiler (libtpu segfaulted here on a BERT-base candidate of 1,024 sequences
   per chip with remat) becomes a failed candidate whose error names the signal, not the end of
   the plan. Cache hits are read here without a child."""
-  path = os.path.join(os.path.expanduser(cache_dir), f"{_key(config, topo, phase)}.json")
-  if cache_dir and os.path.exists(path):
+  path = _cache_path(config, topo, phase, cache_dir)
+  if path and os.path.exists(path):
     with open(path) as f:
       return dict(json.load(f), cached=True)
   command = command or (sys.executable, "-m", "bert_jax.plan.compile_worker")
