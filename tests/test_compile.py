@@ -485,9 +485,10 @@ def test_a_compiler_crash_is_one_failed_candidate_and_the_plan_goes_on(monkeypat
   rows = [(r["remat"], r["grad_accum_steps"], r["fits"]) for r in plan["candidates"]]
   assert rows == [(False, 2, True), (True, 2, True), (False, 1, False), (True, 1, False)]
   failed = plan["candidates"][2]
-  assert failed["error"].startswith("the compiler process died (signal SIGSEGV)")
-  assert "failed: the compiler process died (signal SIGSEGV)" in planner.format_plan(plan)
-  assert not list(tmp_path.iterdir())  # nothing cached for a crash
+  assert failed["error"].startswith("the compiler process died (signal SIGSEGV; its output: ")
+  assert "failed: the compiler process died (signal SIGSEGV" in planner.format_plan(plan)
+  # nothing cached for a crash, only the child's output kept
+  assert [p.suffixes for p in tmp_path.iterdir()] == [[".failed", ".log"]] * 2
 
 
 def test_an_isolated_compile_fills_the_cache_as_in_process(tmp_path):

@@ -146,8 +146,14 @@ def compile_isolated(
         return json.load(f)
   code = proc.returncode
   how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-  tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-  error = f"the compiler process died ({how}) {tail[0][:300]}".strip()
+  stderr = proc.stderr.decode(errors="replace")
+  where = ""
+  if path:  # keep the child's output beside the cache for a bug report
+    with open(f"{path[: -len('.json')]}.failed.log", "w") as f:
+      f.write(stderr)
+    where = f"; its output: {f.name}"
+  tail = stderr.strip().splitlines()[-1:] or [""]
+  error = f"the compiler process died ({how}{where}) {tail[0][:300]}".strip()
   step = dict(
     fits=False, memory={}, estimate=None, compile_seconds=time.perf_counter() - start, error=error
   )
