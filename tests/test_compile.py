@@ -457,19 +457,22 @@ def test_planner_search_order_and_ranking_with_concurrent_meshes(monkeypatch, wo
 
 
 def test_a_compiler_crash_is_one_failed_candidate_and_the_plan_goes_on(monkeypatch, tmp_path):
-  """libtpu once segfaulted here mid-plan, ending it. Compiles run in a child process: a child
-  that crashes (here one that segfaults on purpose, for the accumulation-1 candidates) becomes a
-  failed row naming the signal; the search goes on to accumulation 2, which (stand-in compiler)
+  """libtpu segfaults here on BERT-base with remat (a stack overflow in its convolution
+  emitter), which ended a plan. Compiles run in a child process: a child that crashes (here one
+  that segfaults on purpose, for every remat candidate) becomes a failed row naming the signal,
+  its branch is not searched further (more accumulation is no remedy for a crash), and the
+  plan goes on: without remat, accumulation 1 is refused for memory (stand-in numbers) and 2
   fits."""
   crash = (sys.executable, "-c", "import ctypes; ctypes.string_at(0)")
   isolated = planner.compile_isolated
 
   def compile_isolated(cfg, topo, phase, cache_dir):
-    if cfg.grad_accum_steps == 1:
+    if cfg.remat:
       return isolated(cfg, topo, phase, str(tmp_path), command=crash)
+    fits = cfg.grad_accum_steps >= 2
     step = dict(
-      fits=True,
-      memory=dict(total_bytes=1 << 30),
+      fits=fits,
+      memory=dict(total_bytes=1 << 30) if fits else dict(needed_bytes=2 << 30),
       estimate=dict(step_seconds=1e-3 * cfg.grad_accum_steps, tokens_per_second=1.0, mfu=0.5),
       compile_seconds=0.0,
       error=None,
@@ -483,12 +486,12 @@ def test_a_compiler_crash_is_one_failed_candidate_and_the_plan_goes_on(monkeypat
     log=lambda _: None,
   )  # fmt: skip
   rows = [(r["remat"], r["grad_accum_steps"], r["fits"]) for r in plan["candidates"]]
-  assert rows == [(False, 2, True), (True, 2, True), (False, 1, False), (True, 1, False)]
+  assert rows == [(False, 2, True), (False, 1, False), (True, 1, False)]
   failed = plan["candidates"][2]
   assert failed["error"].startswith("the compiler process died (signal SIGSEGV; its output: ")
   assert "failed: the compiler process died (signal SIGSEGV" in planner.format_plan(plan)
   # nothing cached for a crash, only the child's output kept
-  assert [p.suffixes for p in tmp_path.iterdir()] == [[".failed", ".log"]] * 2
+  assert [p.suffixes for p in tmp_path.iterdir()] == [[".failed", ".log"]]
 
 
 def test_an_isolated_compile_fills_the_cache_as_in_process(tmp_path):

@@ -7,8 +7,10 @@ Candidates: every factorisation of the chip count into data x fsdp x tensor (ten
 fsdp must divide the phase's global batch), in the order tensor, then fsdp, ascending (the
 layouts that communicate least first), at most ``max_meshes`` of them. For each mesh: remat
 off, then on; for each, gradient accumulation 1, 2, 4, ... (the per-chip micro-batch halving)
-until the compiler accepts the step, down to one sequence per chip. Remat on is compiled only
-when remat off does not fit at accumulation 1 (recomputing the forward pass only adds work).
+until the compiler accepts the step, down to one sequence per chip, or until a compile fails
+for a reason other than memory (a compiler crash: more accumulation is no remedy). Remat on is
+compiled only when remat off does not fit at accumulation 1 (recomputing the forward pass only
+adds work).
 Every compile is cached on disk (JSON, one file per candidate, keyed by the config with the
 candidate's overrides, the topology with its chip's numbers, ``ESTIMATE_VERSION``, jax and
 libtpu versions), so a re-plan or a pre-flight of a planned config costs no compile. The meshes
@@ -228,6 +230,8 @@ def make_plan(
         )
         if step["fits"] or batch // (2 * accum) < dp or (batch // accum) % 2:
           break
+        if not step["memory"]:
+          break  # failed, not refused for memory: a smaller micro-batch is no remedy
         accum *= 2
       if remat is False and rows[-1]["fits"] and accum == 1:
         break  # remat would only recompute
