@@ -11,7 +11,8 @@ accessed, the collectives in the HLO) and a chip's data-sheet peak and bandwidth
 can check that against a TPU. What can be checked is the same estimator on the one machine we
 have: the pre-training job (synthetic batches) is compiled and reported by
 ``bert_jax.plan.compile_for_topology``, what ``bert_jax.compile`` runs, for this host's CPU
-devices instead of a TPU's (XLA:CPU compiles it), against a "chip" whose numbers are measured here instead of read from a data sheet:
+devices instead of a TPU's (XLA:CPU compiles it), against a "chip" whose numbers are measured
+here instead of read from a data sheet:
 
   peak      = a 2048 x 2048 float32 matmul's FLOP/s (the same probe as bench_pretrain);
   bandwidth = a jitted elementwise pass over 256 MiB (bytes read + written per second), used

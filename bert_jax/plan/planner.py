@@ -104,13 +104,17 @@ def _cache_path(config, topo: Topology, phase: int, cache_dir: str) -> str:
   return os.path.join(os.path.expanduser(cache_dir), f"{_key(config, topo, phase)}.json")
 
 
+def _read_cached(path: str) -> dict:
+  with open(path) as f:
+    return dict(json.load(f), cached=True)
+
+
 def compile_cached(config, topo: Topology, phase: int, cache_dir: str, devices=None) -> dict:
   """One candidate's train-step report (``compile_for_topology`` of one phase, no eval),
   read from ``cache_dir`` when this exact config was compiled before."""
   path = _cache_path(config, topo, phase, cache_dir)
   if path and os.path.exists(path):
-    with open(path) as f:
-      return dict(json.load(f), cached=True)
+    return _read_cached(path)
   result = compile_for_topology(config, topo, phases=[phase], with_eval=False, devices=devices)
   result.pop("reports")
   if path:
@@ -131,8 +135,7 @@ def compile_isolated(
   the plan. Cache hits are read here without a child."""
   path = _cache_path(config, topo, phase, cache_dir)
   if path and os.path.exists(path):
-    with open(path) as f:
-      return dict(json.load(f), cached=True)
+    return _read_cached(path)
   command = command or (sys.executable, "-m", "bert_jax.plan.compile_worker")
   start = time.perf_counter()
   with tempfile.TemporaryDirectory(prefix="bert_jax_plan") as tmp:
@@ -238,11 +241,8 @@ def make_plan(
     return rows
 
   workers = workers or default_workers(len(meshes))
-  if workers > 1:
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="plan") as pool:
-      per_mesh = list(pool.map(search, meshes))
-  else:
-    per_mesh = [search(mesh) for mesh in meshes]
+  with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="plan") as pool:
+    per_mesh = list(pool.map(search, meshes))
   rows = [row for mesh_rows in per_mesh for row in mesh_rows]
   fitting = sorted((r for r in rows if r["fits"]), key=lambda r: r["estimate"]["step_seconds"])
   rest = [r for r in rows if not r["fits"]]
