@@ -13,7 +13,8 @@ compiled are the ones those entry points run (bert_jax.plan.compiler). Needs lib
 (``pip install 'bert-jax[gpu-aot]'``), not a GPU. Exit status 0 when every step fits, 3 when the
 compiler refuses one for memory (the numbers are printed), 1 (one line) for bad input: an
 unknown topology, a mesh whose product is not the chip count, a step that does not compile for
-another reason. See docs/compile.md.
+another reason, a compiler that crashes (the compile runs in a child process; the message names
+the signal and the file its output was kept in). See docs/compile.md.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ml_collections import config_flags
 
 from bert_jax import cli
 from bert_jax.parallel.topology import TopologyError, parse_topology
-from bert_jax.plan.compiler import compile_for_topology
+from bert_jax.plan.isolation import compile_for_topology_isolated
 from bert_jax.plan.planner import best_overrides, format_plan, make_plan
 from bert_jax.plan.report import format_report
 from bert_jax.train.metrics import quiet_library_logs
@@ -74,7 +75,7 @@ def main(argv):
       print("best: " + " ".join(best_overrides(result)))
     ok = result["best"] is not None
   else:
-    result = compile_for_topology(config, topo)
+    result = compile_for_topology_isolated(config, topo)
     print(format_report(result.pop("reports"), topo, f"mesh {result['mesh']}"))
     ok = result["fits"]
   if _OUTPUT.value:

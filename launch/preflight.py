@@ -6,7 +6,9 @@ shipped or submitted.
 
 The job's train and eval steps are compiled by the XLA TPU compiler for the slice's topology,
 or by XLA:GPU for the GPU hosts (``bert_jax.plan.compiler``: the steps the entry point will run,
-from the resolved config), on this machine, without a TPU or GPU. A step that does not fit in a
+from the resolved config), on this machine, without a TPU or GPU, in a child process: a crash of
+the compiler refuses the launch with the signal and the compiler's output file, it does not end
+the launcher. A step that does not fit in a
 chip's memory refuses the launch with the compiler's numbers; ``--skip_preflight`` launches
 anyway. The result (memory per chip, estimated step time, collectives) goes into launch.json
 under ``preflight``. Needs libtpu here (``pip install 'bert-jax[tpu]'``) for TPU targets, the
@@ -57,11 +59,11 @@ def preflight(job: Job, config, accelerator_type: str, num_slices: int = 1) -> d
     return {"skipped": f"{job.module} is not a training entry point"}
   # bert_jax (JAX, libtpu) only when a launch is checked: the launcher itself stays light.
   from bert_jax.parallel.topology import TopologyError, parse_topology  # noqa: PLC0415 (heavy)
-  from bert_jax.plan.compiler import compile_for_topology  # noqa: PLC0415 (heavy)
+  from bert_jax.plan.isolation import compile_for_topology_isolated  # noqa: PLC0415 (heavy)
 
   try:
     topo = parse_topology(accelerator_type, num_slices)
-    result = compile_for_topology(config, topo)
+    result = compile_for_topology_isolated(config, topo)  # a compiler crash: an error
   except (ValueError, TopologyError) as e:
     raise LaunchError(
       f"pre-flight for {accelerator_type}: {e} (--skip_preflight to launch anyway)"

@@ -16,6 +16,7 @@ import math
 import pathlib
 import re
 import sys
+import tempfile
 import threading
 
 import flax.linen as nn
@@ -27,7 +28,7 @@ from jax.sharding import PartitionSpec
 
 from bert_jax import parallel
 from bert_jax.parallel import topology as topo_lib
-from bert_jax.plan import hlo, planner
+from bert_jax.plan import hlo, isolation, planner
 from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.plan.planner import input_demand, mesh_candidates
 from bert_jax.plan.report import CompileError, parse_hbm_shortfall, step_report
@@ -506,6 +507,45 @@ def test_an_isolated_compile_fills_the_cache_as_in_process(tmp_path):
   assert child["steps"][0]["memory"] == here["steps"][0]["memory"]
   assert len(list(tmp_path.glob("*.json"))) == 1
   assert planner.compile_isolated(config, topo, 0, str(tmp_path))["cached"]
+
+
+_CRASH = (
+  sys.executable,
+  "-c",
+  "import ctypes, sys; print('dying', file=sys.stderr, flush=True); ctypes.string_at(0)",
+)
+
+
+def test_a_compiler_crash_in_compile_or_preflight_is_an_error_naming_the_signal(
+  monkeypatch, tmp_path
+):
+  """``bert_jax.compile`` and a launch's pre-flight compile in a child process: a compiler
+  that crashes (here a child that segfaults on purpose) is one error naming the signal and the
+  file that keeps the child's output, not the end of the process; the launcher creates
+  nothing."""
+  monkeypatch.setattr(isolation, "WORKER", _CRASH)
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  topo = topo_lib.parse_topology("v5e:2x2")
+  died = r"the compiler process died \(signal SIGSEGV; its output: (\S+)\) dying"
+  with pytest.raises(isolation.CompilerDied, match=died) as e:
+    isolation.compile_for_topology_isolated(_config((4, 1, 1)), topo)
+  log = pathlib.Path(re.search(died, str(e.value)).group(1))
+  assert log.parent == tmp_path and log.read_text() == "dying\n"
+
+  config = pathlib.Path(__file__).resolve().parent.parent / "configs" / "pretrain.py"
+  job = Job("pretrain", f"{config}:tiny", "gs://bucket/run")
+  target = TpuTarget(tpu_name="pod", zone="z", project="p", create=True, accelerator_type="v5litepod-4")
+  out = io.StringIO()
+  with pytest.raises(LaunchError, match=r"pre-flight for v5litepod-4: the compiler process died "
+                     r"\(signal SIGSEGV.*--skip_preflight to launch anyway"):  # fmt: skip
+    launch(job, target, out=out)
+  assert "gcloud" not in out.getvalue()
+
+
+def test_an_input_error_in_the_compiling_child_is_the_same_error_here():
+  _devices("v5e:2x2")
+  with pytest.raises(ValueError, match=r"v5e:2x2 .*has 3 devices but 4 are available"):
+    isolation.compile_for_topology_isolated(_config((3, 1, 1)), topo_lib.parse_topology("v5e:2x2"))
 
 
 def test_plan_workers_follow_cores_and_memory(monkeypatch):

@@ -20,6 +20,7 @@ import math
 import pathlib
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -294,7 +295,9 @@ def test_slurm_preflight_refuses_a_job_too_large_for_its_gpus(monkeypatch, tmp_p
   _require_plugin()
   monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
   submitted = []
-  monkeypatch.setattr(slurm.subprocess, "run", lambda *a, **k: submitted.append(a))
+  # sbatch only (the pre-flight compiles in a child process: subprocess itself stays real)
+  sbatch = types.SimpleNamespace(run=lambda *a, **k: submitted.append(a))
+  monkeypatch.setattr(slurm, "subprocess", sbatch)
   job = _pretrain_job(
     str(tmp_path / "run"),
     "--config.train_batch_size=4096",

@@ -1,10 +1,12 @@
-"""One planner candidate compiled in its own process (``planner.compile_isolated``).
+"""A compile run in its own process (``bert_jax.plan.isolation.run_in_child``).
 
-  python -m bert_jax.plan.compile_worker RESULT.json  < pickled (config, topology, phase, cache_dir)
+  python -m bert_jax.plan.compile_worker RESULT.json  < pickled (target, args)
 
-Compiles the candidate with ``planner.compile_cached`` (so the on-disk cache is filled as
-in-process) and writes its JSON result to RESULT.json. A crash of the compiler ends this process
-only; the planner records the candidate as failed and goes on.
+``target`` names one of ``TARGETS``: ``compile_cached`` (a planner candidate; args: config,
+topology, phase, cache_dir: the on-disk cache is filled as in-process) or
+``compile_for_topology`` (args: config, topology, keyword arguments). The JSON result goes to
+RESULT.json; a ValueError (bad input, a step that does not compile) is written there as
+``{"raised": <type name>, "message": ...}``. A crash of the compiler ends this process only.
 """
 
 from __future__ import annotations
@@ -13,15 +15,33 @@ import json
 import pickle
 import sys
 
-from bert_jax.plan.planner import compile_cached
+
+def _compile_cached(config, topo, phase, cache_dir):
+  from bert_jax.plan.planner import compile_cached  # noqa: PLC0415 (planner imports isolation)
+
+  return compile_cached(config, topo, phase, cache_dir)
+
+
+def _compile_for_topology(config, topo, kwargs):
+  from bert_jax.plan.compiler import compile_for_topology  # noqa: PLC0415
+
+  result = compile_for_topology(config, topo, **kwargs)
+  result.pop("reports")  # the compiled executables; the steps hold their numbers
+  return result
+
+
+TARGETS = {"compile_cached": _compile_cached, "compile_for_topology": _compile_for_topology}
 
 
 def main(argv: list[str]) -> int:
   if len(argv) != 2:
     print(__doc__, file=sys.stderr)
     return 2
-  config, topo, phase, cache_dir = pickle.load(sys.stdin.buffer)
-  result = compile_cached(config, topo, phase, cache_dir)
+  target, args = pickle.load(sys.stdin.buffer)
+  try:
+    result = TARGETS[target](*args)
+  except ValueError as e:
+    result = dict(raised=type(e).__name__, message=str(e))
   with open(argv[1], "w") as f:
     json.dump(result, f)
   return 0

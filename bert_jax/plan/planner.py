@@ -28,11 +28,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import pickle
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from typing import Any
@@ -40,6 +35,7 @@ from typing import Any
 import jax
 
 from bert_jax.parallel.topology import Topology, topology_devices
+from bert_jax.plan import isolation
 from bert_jax.plan.compiler import compile_for_topology
 
 # Part of every cache key: bump it when bert_jax/plan/report.py's estimate changes its formula.
@@ -129,36 +125,22 @@ def compile_cached(config, topo: Topology, phase: int, cache_dir: str, devices=N
 def compile_isolated(
   config, topo: Topology, phase: int, cache_dir: str, command: tuple[str, ...] | None = None
 ) -> dict:
-  """``compile_cached`` in a child process (``bert_jax.plan.compile_worker``, or ``command``):
-  a crash of the compiler (libtpu segfaulted here on a BERT-base candidate of 1,024 sequences
-  per chip with remat) becomes a failed candidate whose error names the signal, not the end of
-  the plan. Cache hits are read here without a child."""
+  """``compile_cached`` in a child process (``isolation.run_in_child``; ``command`` replaces
+  the worker in tests): a crash of the compiler (libtpu segfaulted here on a BERT-base candidate
+  of 1,024 sequences per chip with remat) or a step that does not compile becomes a failed
+  candidate whose error says why, not the end of the plan. A crashed child's output is kept
+  beside the cache entry (``<key>.failed.log``). Cache hits are read here without a child."""
   path = _cache_path(config, topo, phase, cache_dir)
   if path and os.path.exists(path):
     return _read_cached(path)
-  command = command or (sys.executable, "-m", "bert_jax.plan.compile_worker")
   start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="bert_jax_plan") as tmp:
-    out = os.path.join(tmp, "result.json")
-    proc = subprocess.run(
-      [*command, out],
-      input=pickle.dumps((config, topo, phase, cache_dir)),
-      capture_output=True,
-      check=False,
+  log_path = f"{path[: -len('.json')]}.failed.log" if path else ""
+  try:
+    return isolation.run_in_child(
+      "compile_cached", (config, topo, phase, cache_dir), log_path, command
     )
-    if proc.returncode == 0 and os.path.exists(out):
-      with open(out) as f:
-        return json.load(f)
-  code = proc.returncode
-  how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-  stderr = proc.stderr.decode(errors="replace")
-  where = ""
-  if path:  # keep the child's output beside the cache for a bug report
-    with open(f"{path[: -len('.json')]}.failed.log", "w") as f:
-      f.write(stderr)
-    where = f"; its output: {f.name}"
-  tail = stderr.strip().splitlines()[-1:] or [""]
-  error = f"the compiler process died ({how}{where}) {tail[0][:300]}".strip()
+  except ValueError as e:
+    error = str(e)
   step = dict(
     fits=False, memory={}, estimate=None, compile_seconds=time.perf_counter() - start, error=error
   )
