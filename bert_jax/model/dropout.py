@@ -9,8 +9,11 @@ low and high halves): a third of the time of flax's dropout in a micro-benchmark
 The keep decision is ``bits16 < round((1 - rate) * 65536)`` and the kept values are scaled by
 ``65536 / threshold``, so ``E[y] = x`` exactly and the realised rate is within 2^-17 of
 ``rate`` (0.1 becomes 0.1000061). The random bits are drawn with ``x``'s shape except for the last
-axis (halved), so the draw is sharded like ``x`` and is the same on 1 or N devices. Same
-interface as ``nn.Dropout`` (a "dropout" rng stream, ``deterministic``).
+axis (halved), so the draw is sharded like ``x`` and is the same on 1 or N devices. The halves
+are spread over the row by broadcasting against the two shifts rather than by concatenating
+them (the same mask bit for bit): the concatenation kept the TPU compiler from fusing the draw
+into its consumers, and was slower on CPU too (docs/pretraining.md). Same interface as
+``nn.Dropout`` (a "dropout" rng stream, ``deterministic``).
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ def keep_threshold(rate: float) -> int:
 def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
   """Boolean keep mask of ``shape``: each element kept with probability threshold / 65536."""
   shape_1 = tuple(shape) or (1,)
-  last = shape_1[-1]
-  words = jax.random.bits(key, shape_1[:-1] + ((last + 1) // 2,), jnp.uint32)
-  halves = jnp.concatenate([words & jnp.uint32(0xFFFF), words >> jnp.uint32(16)], axis=-1)
-  halves = halves[..., :last]
+  last, half = shape_1[-1], (shape_1[-1] + 1) // 2
+  words_Nx1xW = jax.random.bits(key, shape_1[:-1] + (1, half), jnp.uint32)
+  # Element j of a row takes the low 16 bits of word j (j < half), the high 16 bits of word
+  # j - half otherwise: a broadcast against the two shifts (fusible), not a concatenation.
+  shifts_2x1 = jnp.array([[0], [16]], jnp.uint32)
+  halves_Nx2xW = (words_Nx1xW >> shifts_2x1) & jnp.uint32(0xFFFF)
+  halves = halves_Nx2xW.reshape(shape_1[:-1] + (2 * half,))[..., :last]
   return (halves < jnp.uint32(keep_threshold(rate))).reshape(shape)
 
 
