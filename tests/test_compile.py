@@ -534,7 +534,9 @@ def test_a_compiler_crash_in_compile_or_preflight_is_an_error_naming_the_signal(
 
   config = pathlib.Path(__file__).resolve().parent.parent / "configs" / "pretrain.py"
   job = Job("pretrain", f"{config}:tiny", "gs://bucket/run")
-  target = TpuTarget(tpu_name="pod", zone="z", project="p", create=True, accelerator_type="v5litepod-4")
+  target = TpuTarget(
+    tpu_name="pod", zone="z", project="p", create=True, accelerator_type="v5litepod-4"
+  )
   out = io.StringIO()
   with pytest.raises(LaunchError, match=r"pre-flight for v5litepod-4: the compiler process died "
                      r"\(signal SIGSEGV.*--skip_preflight to launch anyway"):  # fmt: skip
@@ -546,6 +548,27 @@ def test_an_input_error_in_the_compiling_child_is_the_same_error_here():
   _devices("v5e:2x2")
   with pytest.raises(ValueError, match=r"v5e:2x2 .*has 3 devices but 4 are available"):
     isolation.compile_for_topology_isolated(_config((3, 1, 1)), topo_lib.parse_topology("v5e:2x2"))
+
+
+def test_a_cached_compile_is_reused_only_for_the_same_code(monkeypatch, tmp_path):
+  """The cache key covers bert_jax's sources: after an edit to the model (here a digest of
+  other sources), the same config and topology compile afresh instead of reading numbers of
+  the old code."""
+  topo = topo_lib.parse_topology("v5e:2x2")
+  config = _config((4, 1, 1))
+  path = planner._cache_path(config, topo, 0, str(tmp_path))
+  assert path == planner._cache_path(config, topo, 0, str(tmp_path))
+  bert_py = pathlib.Path(planner.__file__).resolve().parent.parent / "model" / "bert.py"
+  edited = {bert_py: bert_py.read_bytes() + b"\n# edited\n"}
+  read_bytes = pathlib.Path.read_bytes
+  monkeypatch.setattr(pathlib.Path, "read_bytes", lambda p: edited.get(p) or read_bytes(p))
+  planner._code_digest.cache_clear()
+  try:
+    assert planner._cache_path(config, topo, 0, str(tmp_path)) != path
+  finally:
+    monkeypatch.undo()
+    planner._code_digest.cache_clear()
+  assert planner._cache_path(config, topo, 0, str(tmp_path)) == path
 
 
 def test_plan_workers_follow_cores_and_memory(monkeypatch):

@@ -13,7 +13,7 @@ compiled only when remat off does not fit at accumulation 1 (recomputing the for
 adds work).
 Every compile is cached on disk (JSON, one file per candidate, keyed by the config with the
 candidate's overrides, the topology with its chip's numbers, ``ESTIMATE_VERSION``, jax and
-libtpu versions), so a re-plan or a pre-flight of a planned config costs no compile. The meshes
+libtpu versions, a digest of bert_jax's sources), so a re-plan costs no compile. The meshes
 are searched concurrently (``workers`` threads; by default as the host's cores and memory allow,
 see ``default_workers``), and each compile runs in a child process (``compile_isolated``): a
 crash of the compiler is one failed candidate, not the end of the plan. Rows: fits first,
@@ -24,10 +24,12 @@ fastest estimated step first; then the candidates that do not fit, with the comp
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import importlib.metadata
 import json
 import os
+import pathlib
 import threading
 import time
 from typing import Any
@@ -67,6 +69,17 @@ def _versions() -> str:
   return f"jax {jax.__version__} libtpu {libtpu}"
 
 
+@functools.cache
+def _code_digest() -> str:
+  """A digest of bert_jax's own sources: a cached compile is of the code that made it (a change
+  to the model or the step changes what the compiler is given, the config being the same)."""
+  package = pathlib.Path(__file__).resolve().parent.parent
+  h = hashlib.sha256()
+  for path in sorted(package.rglob("*.py")):
+    h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+  return h.hexdigest()[:16]
+
+
 def _candidate_config(config, mesh: tuple, remat: bool, accum: int, phase: int):
   c = config.copy_and_resolve_references()
   c.unlock()
@@ -87,6 +100,7 @@ def _key(config, topo: Topology, phase: int) -> str:
       phase,
       ESTIMATE_VERSION,
       _versions(),
+      _code_digest(),
     ],
     sort_keys=True,
   )
