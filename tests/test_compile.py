@@ -457,6 +457,13 @@ def test_planner_search_order_and_ranking_with_concurrent_meshes(monkeypatch, wo
   assert len(planner.format_plan(plan).splitlines()) == 2 + 14 + 2
 
 
+_CRASH = (
+  sys.executable,
+  "-c",
+  "import ctypes, sys; print('dying', file=sys.stderr, flush=True); ctypes.string_at(0)",
+)
+
+
 def test_a_compiler_crash_is_one_failed_candidate_and_the_plan_goes_on(monkeypatch, tmp_path):
   """libtpu segfaults here on BERT-base with remat (a stack overflow in its convolution
   emitter), which ended a plan. Compiles run in a child process: a child that crashes (here one
@@ -464,12 +471,11 @@ def test_a_compiler_crash_is_one_failed_candidate_and_the_plan_goes_on(monkeypat
   its branch is not searched further (more accumulation is no remedy for a crash), and the
   plan goes on: without remat, accumulation 1 is refused for memory (stand-in numbers) and 2
   fits."""
-  crash = (sys.executable, "-c", "import ctypes; ctypes.string_at(0)")
   isolated = planner.compile_isolated
 
   def compile_isolated(cfg, topo, phase, cache_dir):
     if cfg.remat:
-      return isolated(cfg, topo, phase, str(tmp_path), command=crash)
+      return isolated(cfg, topo, phase, str(tmp_path), command=_CRASH)
     fits = cfg.grad_accum_steps >= 2
     step = dict(
       fits=fits,
@@ -507,13 +513,6 @@ def test_an_isolated_compile_fills_the_cache_as_in_process(tmp_path):
   assert child["steps"][0]["memory"] == here["steps"][0]["memory"]
   assert len(list(tmp_path.glob("*.json"))) == 1
   assert planner.compile_isolated(config, topo, 0, str(tmp_path))["cached"]
-
-
-_CRASH = (
-  sys.executable,
-  "-c",
-  "import ctypes, sys; print('dying', file=sys.stderr, flush=True); ctypes.string_at(0)",
-)
 
 
 def test_a_compiler_crash_in_compile_or_preflight_is_an_error_naming_the_signal(

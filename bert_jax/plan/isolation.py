@@ -40,7 +40,8 @@ def run_in_child(
 
   CompilerDied when the child dies: the message names the signal or exit status, the child's
   output file (``log_path``; a new temporary file when empty) and its last line. A ValueError
-  raised in the child is raised here (CompileError as CompileError) with its message."""
+  raised in the child is raised here with its message (a CompileError as a CompileError, any
+  other as a ValueError)."""
   with tempfile.TemporaryDirectory(prefix="bert_jax_compile") as tmp:
     out = os.path.join(tmp, "result.json")
     proc = subprocess.run(
