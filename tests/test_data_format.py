@@ -96,9 +96,10 @@ def _config(minilm_dir, **kw):
   return generate.GenerationConfig(**base)
 
 
-def test_our_records_parse_with_the_original_spec(tmp_path, small_corpus, minilm_dir):
+@pytest.mark.parametrize("engine", generate.ENGINES)
+def test_our_records_parse_with_the_original_spec(engine, tmp_path, small_corpus, minilm_dir):
   result = generate.generate(
-    small_corpus, str(tmp_path), _config(minilm_dir), num_workers=1, progress=False
+    small_corpus, str(tmp_path), _config(minilm_dir, engine=engine), num_workers=1, progress=False
   )
   for seq, preds in ((128, 20), (512, 80)):
     files = sorted(glob.glob(result["files"][seq]["train"]))
@@ -185,7 +186,8 @@ def test_same_bytes_for_one_and_two_workers(tmp_path, shared_data, minilm_dir):
     assert json.load(f)["random_seed"] == 7
 
 
-def test_entry_point_makes_both_lengths(tmp_path, small_corpus, minilm_dir):
+@pytest.mark.parametrize("engine", generate.ENGINES)
+def test_entry_point_makes_both_lengths(engine, tmp_path, small_corpus, minilm_dir):
   import subprocess
   import sys
 
@@ -202,6 +204,7 @@ def test_entry_point_makes_both_lengths(tmp_path, small_corpus, minilm_dir):
       "--max_predictions_per_seq=20,80",
       "--dupe_factor=1",
       "--num_workers=1",
+      f"--engine={engine}",
     ],
     capture_output=True,
     text=True,
@@ -211,6 +214,8 @@ def test_entry_point_makes_both_lengths(tmp_path, small_corpus, minilm_dir):
   assert "seq 128: examples" in proc.stdout and "seq 512: examples" in proc.stdout
   assert glob.glob(str(out / "seq_128" / "train-00000-of-00001.tfrecord"))
   assert glob.glob(str(out / "seq_512" / "train-00000-of-00001.tfrecord"))
+  with open(out / "generation_config.json") as f:
+    assert json.load(f).get("engine", "original") == engine
 
 
 def test_tensorflow_free_serialization_matches_tensorflow():
@@ -246,3 +251,80 @@ def test_tensorflow_free_serialization_matches_tensorflow():
     assert ours == reference.SerializeToString(deterministic=True)
   with pytest.raises(ValueError, match="exceeds max_seq_length"):
     example_proto.serialize_example([1] * (L + 1), [0] * (L + 1), [], [], False, L, P)
+
+
+def test_bulk_serialization_matches_tensorflow():
+  """serialize_arrays (every row at once) against TensorFlow's own Example, row by row: lengths
+  and mask counts from 1 to full, values up to the widest (4-byte) varint."""
+  from bert_jax.data import example_proto
+
+  rng = np.random.default_rng(2)
+  n = 300
+  lengths = rng.integers(1, L + 1, n)
+  lengths[:2] = (1, L)
+  num_masked = rng.integers(0, P + 1, n)
+  num_masked[:2] = (0, P)
+  top = np.array([1 << 7, 1 << 14, 1 << 21, 1 << 28])[rng.integers(0, 4, (n, 1))]
+  ids = (rng.random((n, L)) * top).astype(np.int64)
+  segments = rng.integers(0, 2, (n, L)).astype(np.int8)
+  positions = rng.integers(0, L, (n, P))
+  labels = (rng.random((n, P)) * top).astype(np.int64)
+  random_next = rng.integers(0, 2, n).astype(bool)
+  outside = np.arange(L)[None] >= lengths[:, None]
+  segments[outside] = 0
+  unused = np.arange(P)[None] >= num_masked[:, None]
+  positions[unused], labels[unused] = 0, 0
+  ours = example_proto.serialize_arrays(
+    ids, lengths, segments, positions, labels, num_masked, random_next
+  )
+  feat = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in v]))
+  for i in range(n):
+    k = int(num_masked[i])
+    reference = tf.train.Example(
+      features=tf.train.Features(
+        feature={
+          "input_ids": feat(ids[i]),
+          "input_mask": feat(np.arange(L) < lengths[i]),
+          "segment_ids": feat(segments[i]),
+          "masked_lm_positions": feat(positions[i]),
+          "masked_lm_ids": feat(labels[i]),
+          "masked_lm_weights": tf.train.Feature(
+            float_list=tf.train.FloatList(value=[1.0] * k + [0.0] * (P - k))
+          ),
+          "next_sentence_labels": feat([int(random_next[i])]),
+        }
+      )
+    )
+    assert ours[i] == reference.SerializeToString(deterministic=True), i
+  with pytest.raises(ValueError, match=r"\[0, 2\*\*28\)"):
+    example_proto.serialize_arrays(
+      ids - 1, lengths, segments, positions, labels, num_masked, random_next
+    )
+
+
+def test_fast_engine_is_deterministic_and_recorded(tmp_path, shared_data, minilm_dir):
+  """The fast engine: the same bytes for one and two workers; its name in
+  generation_config.json, so a rerun with the other engine is refused; pairs only."""
+  plays = sorted(glob.glob(str(shared_data / "pretrain" / "shakespeare" / "[a-c]*_gut.txt")))[:2]
+  kw = dict(
+    input_format="text", dupe_factor=1, max_seq_lengths=(128,), max_predictions_per_seq=(20,)
+  )
+  config = _config(minilm_dir, engine="fast", **kw)
+  one = generate.generate(plays, str(tmp_path / "one"), config, num_workers=1, progress=False)
+  generate.generate(plays, str(tmp_path / "two"), config, num_workers=2, progress=False)
+  names = [os.path.join("seq_128", f"train-0000{i}-of-00002.tfrecord") for i in range(2)]
+  match, mismatch, errors = filecmp.cmpfiles(
+    tmp_path / "one", tmp_path / "two", names, shallow=False
+  )
+  assert match == names
+  assert one["stats"]["per_length"]["128"]["train_examples"] > 1000
+  with open(tmp_path / "one" / "generation_config.json") as f:
+    assert json.load(f)["engine"] == "fast"
+  with pytest.raises(ValueError, match="different settings.*engine"):
+    generate.generate(
+      plays, str(tmp_path / "one"), _config(minilm_dir, **kw), num_workers=1, progress=False
+    )
+  with pytest.raises(ValueError, match="engine 'fast' makes NSP sentence pairs only"):
+    _config(minilm_dir, engine="fast", sentence_pairs=False)
+  with pytest.raises(ValueError, match="engine must be one of original, fast"):
+    _config(minilm_dir, engine="numpy")

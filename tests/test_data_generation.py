@@ -1,5 +1,6 @@
 """Example generation against the paper's procedure (appendix A.1/A.2 and google-research/bert's
-create_pretraining_data.py), on the shared pre-training texts.
+create_pretraining_data.py), on the shared pre-training texts, for both engines: "original"
+(`examples`, the original's random stream) and "fast" (`batch_instances`, in bulk).
 
 Each statistic is checked against the value the procedure implies, with binomial bounds of
 5 standard deviations (false-failure rate ~1e-6 per check), or exactly where it is exact.
@@ -11,9 +12,22 @@ import random
 import numpy as np
 import pytest
 
-from bert_jax.data import corpus, examples, masking
+from bert_jax.data import batch_instances, corpus, examples, masking
 
 SIGMAS = 5.0
+ENGINES = ("original", "fast")
+
+
+def make_instances(engine, documents, length, dupe, max_predictions, spec, whole_word, seed):
+  """Instances of `documents` by either engine (short_seq_prob 0.1, masked_lm_prob 0.15)."""
+  if engine == "original":
+    return examples.instances_from_documents(
+      documents, length, dupe, 0.1, 0.15, max_predictions, spec, whole_word, random.Random(seed)
+    )
+  arrays = batch_instances.pair_instances(
+    documents, length, dupe, 0.1, 0.15, max_predictions, spec, whole_word, seed
+  )
+  return arrays.instances()
 
 
 def within_binomial(successes: int, trials: int, p: float) -> bool:
@@ -53,10 +67,9 @@ def expected_num_masks(length, max_predictions):
   return min(max_predictions, max(1, int(round(length * 0.15))))
 
 
-@pytest.fixture(scope="module")
-def instances_128(documents, spec):
-  rng = random.Random(1)
-  return examples.instances_from_documents(documents, 128, 2, 0.1, 0.15, 20, spec, False, rng)
+@pytest.fixture(scope="module", params=ENGINES)
+def instances_128(request, documents, spec):
+  return make_instances(request.param, documents, 128, 2, 20, spec, False, seed=1)
 
 
 def test_structure_and_lengths(instances_128, spec):
@@ -122,6 +135,16 @@ def test_next_sentence_balance(instances_128):
   assert all(i.is_random_next for i in single)
 
 
+def test_short_target_share_fast(documents, spec):
+  arrays = batch_instances.pair_instances(documents, 128, 8, 0.1, 0.15, 20, spec, False, 7)
+  passes = {}
+  for p, d, short in zip(arrays.pass_N, arrays.document_N, arrays.short_target_N):
+    passes.setdefault((p, d), set()).add(bool(short))
+  assert len(passes) > 300
+  assert all(len(v) == 1 for v in passes.values())  # Drawn once per document pass.
+  assert within_binomial(sum(v == {True} for v in passes.values()), len(passes), 0.1)
+
+
 def test_short_target_share(documents, spec):
   rng = random.Random(7)
   short = passes = 0
@@ -147,44 +170,53 @@ def _find_run(haystack: bytes, needle: list[int]) -> bool:
   return np.asarray(needle, np.int32).tobytes() in haystack
 
 
-def test_segments_are_contiguous_text(documents, spec):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_segments_are_contiguous_text(engine, documents, spec):
   """A is a contiguous run of the document's tokens; a real-next B follows it in the same
   document (truncation may cut the end of A or the start of B, so not always adjacent)."""
-  rng = random.Random(3)
   streams = [np.asarray([t for s in d for t in s], np.int32).tobytes() for d in documents]
   joined = b"\xff\xff\xff\xff".join(streams)
+  if engine == "original":
+    rng = random.Random(3)
+    pairs = [
+      (index, inst)
+      for index in range(0, len(documents), 3)
+      for inst in examples.instances_from_document(
+        documents, index, 128, 0.1, 0.15, 20, spec, False, rng
+      )
+    ]
+  else:
+    arrays = batch_instances.pair_instances(documents, 128, 1, 0.1, 0.15, 20, spec, False, 3)
+    pairs = list(zip(arrays.document_N.tolist(), arrays.instances()))[::3]
   checked = 0
-  for index in range(0, len(documents), 3):
-    for inst in examples.instances_from_document(
-      documents, index, 128, 0.1, 0.15, 20, spec, False, rng
-    ):
-      ids = _restore(inst)
-      boundary = inst.segment_ids.index(1)
-      a, b = ids[1 : boundary - 1], ids[boundary:-1]
-      if inst.is_random_next:
-        assert _find_run(streams[index], a)
-        assert _find_run(joined, b)
-      else:
-        stream = streams[index]
-        assert _find_run(stream, a) and _find_run(stream, b)
-        a_at = stream.find(np.asarray(a, np.int32).tobytes())
-        assert stream.find(np.asarray(b, np.int32).tobytes(), a_at + 4 * len(a)) >= 0
-      checked += 1
+  for index, inst in pairs:
+    ids = _restore(inst)
+    boundary = inst.segment_ids.index(1)
+    a, b = ids[1 : boundary - 1], ids[boundary:-1]
+    if inst.is_random_next:
+      assert _find_run(streams[index], a)
+      assert _find_run(joined, b)
+    else:
+      stream = streams[index]
+      assert _find_run(stream, a) and _find_run(stream, b)
+      a_at = stream.find(np.asarray(a, np.int32).tobytes())
+      assert stream.find(np.asarray(b, np.int32).tobytes(), a_at + 4 * len(a)) >= 0
+    checked += 1
   assert checked > 100
 
 
-def test_512_uses_80_predictions(documents, spec):
-  rng = random.Random(5)
-  insts = examples.instances_from_documents(documents[:30], 512, 1, 0.1, 0.15, 80, spec, False, rng)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_512_uses_80_predictions(engine, documents, spec):
+  insts = make_instances(engine, documents[:30], 512, 1, 80, spec, False, seed=5)
   assert max(len(i.input_ids) for i in insts) == 512
   for inst in insts:
     assert len(inst.input_ids) <= 512
     assert len(inst.masked_positions) == expected_num_masks(len(inst.input_ids), 80)
 
 
-def test_whole_word_masking_never_splits_words(documents, spec, tokenizer):
-  rng = random.Random(11)
-  insts = examples.instances_from_documents(documents[:60], 128, 1, 0.1, 0.15, 20, spec, True, rng)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_whole_word_masking_never_splits_words(engine, documents, spec, tokenizer):
+  insts = make_instances(engine, documents[:60], 128, 1, 20, spec, True, seed=11)
   words_checked = 0
   for inst in insts:
     ids = _restore(inst)
@@ -227,16 +259,60 @@ def test_truncation_drops_from_both_ends_of_the_longer_segment():
   assert within_binomial(fronts, trials * 30, 0.5)
 
 
-def test_one_sentence_documents_and_overlong_sentences(spec):
-  rng = random.Random(2)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_one_sentence_documents_and_overlong_sentences(engine, spec):
   docs = [
     [[1000 + i for i in range(700)]],  # one sentence far over max_seq_length
     [[2000, 2001, 2002]],  # one short sentence
     [[3000 + i for i in range(5)], [3100 + i for i in range(7)]],
   ]
-  insts = examples.instances_from_documents(docs, 64, 3, 0.1, 0.15, 10, spec, False, rng)
+  insts = make_instances(engine, docs, 64, 3, 10, spec, False, seed=2)
   assert insts
   for inst in insts:
     assert len(inst.input_ids) <= 64
     if inst.chunk_sentences == 1:
       assert inst.is_random_next  # A single sentence can only pair with a random B.
+
+
+def _truncate_seq_pair_lengths(len_a, len_b, max_num_tokens):
+  """google-research/bert's truncate_seq_pair, lengths only: one token at a time from A while it
+  is strictly longer, else from B."""
+  while len_a + len_b > max_num_tokens:
+    if len_a > len_b:
+      len_a -= 1
+    else:
+      len_b -= 1
+  return len_a, len_b
+
+
+def test_fast_truncation_keeps_the_originals_lengths():
+  grid = [(a, b, m) for a in range(1, 40) for b in range(1, 40) for m in (2, 5, 17, 30, 61)]
+  a, b, m = (np.array(x) for x in zip(*grid))
+  for max_num_tokens in (2, 5, 17, 30, 61):
+    rows = m == max_num_tokens
+    got_a, got_b = batch_instances.truncated_lengths(a[rows], b[rows], max_num_tokens)
+    want = [_truncate_seq_pair_lengths(x, y, max_num_tokens) for x, y in zip(a[rows], b[rows])]
+    assert list(zip(got_a.tolist(), got_b.tolist())) == want
+
+
+def test_fast_truncation_drops_from_both_ends_of_the_longer_segment(spec):
+  """A one-sentence document of 100 consecutive ids pairs with a random B of 5 ids; at
+  max_seq_length 64 (61 tokens) A loses 44, each from the front with probability 1/2."""
+  long_doc = [list(range(1000, 1100))]
+  short_doc = [[5000, 5001, 5002, 5003, 5004]]
+  arrays = batch_instances.pair_instances(
+    [long_doc, short_doc], 64, 400, 0.0, 0.15, 10, spec, False, 0
+  )
+  fronts = drops = 0
+  for inst in arrays.instances():
+    ids = _restore(inst)
+    boundary = inst.segment_ids.index(1)
+    a = ids[1 : boundary - 1]
+    if a[0] < 1000 or ids[boundary] != 5000:  # The short document's pass; or (p = 2^-10
+      continue  # per instance) ten draws of the other document all hit A's own.
+    assert ids[boundary:-1] == [5000, 5001, 5002, 5003, 5004] and len(a) == 56
+    assert a == list(range(a[0], a[0] + 56))  # Still contiguous.
+    fronts += a[0] - 1000
+    drops += 44
+  assert drops >= 390 * 44
+  assert within_binomial(fronts, drops, 0.5)

@@ -33,10 +33,11 @@ import random
 import sys
 import time
 
+import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from bert_jax.data import corpus, example_proto, masking
+from bert_jax.data import batch_instances, corpus, example_proto, masking
 from bert_jax.data import examples as examples_lib
 from bert_jax.tokenize import load_tokenizer
 
@@ -45,6 +46,7 @@ AUTO_PARALLEL_MIN_BYTES = 4 << 20
 # Sentences per tokenizer call: documents are tokenized many at a time (same ids as one at a
 # time), so a batch tokenizer's per-call cost is paid per few thousand lines, not per document.
 ENCODE_BATCH_LINES = 4096
+ENGINES = ("original", "fast")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,10 @@ class GenerationConfig:
   mask_rates: tuple[float, float, float] = (0.8, 0.1, 0.1)
   # False: documents packed into single segments, no NSP pairs (paper Table 5, "No NSP").
   sentence_pairs: bool = True
+  # "original": google-research/bert's random stream, call for call (files byte-identical to
+  # earlier releases'); "fast": the same procedure in bulk with numpy (batch_instances), its
+  # own random stream, NSP sentence pairs only.
+  engine: str = "original"
 
   def __post_init__(self):
     # Checked (ValueError naming the rates) and stored as a tuple of floats (also from JSON).
@@ -74,6 +80,13 @@ class GenerationConfig:
     object.__setattr__(self, "mask_rates", rates.as_tuple())
     if not isinstance(self.sentence_pairs, bool):
       raise ValueError(f"sentence_pairs must be a bool, got {self.sentence_pairs!r}")
+    if self.engine not in ENGINES:
+      raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+    if self.engine == "fast" and not self.sentence_pairs:
+      raise ValueError(
+        "engine 'fast' makes NSP sentence pairs only; use engine 'original' for "
+        "sentence_pairs=False (packed single segments)"
+      )
     if len(self.max_seq_lengths) != len(self.max_predictions_per_seq):
       raise ValueError(
         f"max_seq_lengths {self.max_seq_lengths} and max_predictions_per_seq "
@@ -101,7 +114,7 @@ class GenerationConfig:
 
 # Fields added after data was first generated: written to generation_config.json only when they
 # differ from their defaults, so directories generated before (at the defaults) stay valid.
-_OPTIONAL_FIELDS = {"mask_rates": (0.8, 0.1, 0.1), "sentence_pairs": True}
+_OPTIONAL_FIELDS = {"mask_rates": (0.8, 0.1, 0.1), "sentence_pairs": True, "engine": "original"}
 
 
 def config_dict(config: GenerationConfig) -> dict:
@@ -242,61 +255,102 @@ def make_shard_records(
   for length, max_predictions in zip(config.max_seq_lengths, config.max_predictions_per_seq):
     length_stats = _new_length_stats()
     for split in SPLITS:
-      rng = random.Random(_seed(config.random_seed, shard.index, length, split))
-      instances = examples_lib.instances_from_documents(
-        documents[split],
-        length,
-        config.dupe_factor,
-        config.short_seq_prob,
-        config.masked_lm_prob,
-        max_predictions,
-        spec,
-        config.whole_word_mask,
-        rng,
-        config.rates,
-        config.sentence_pairs,
-      )
-      records = []
-      for inst in instances:
-        records.append(
-          example_proto.serialize_example(
-            inst.input_ids,
-            inst.segment_ids,
-            inst.masked_positions,
-            inst.masked_ids,
-            inst.is_random_next,
-            length,
-            max_predictions,
-            pad_id=spec.pad_id,
-          )
-        )
-        length_stats["tokens"] += len(inst.input_ids)
-        if config.sentence_pairs:
-          length_stats["maskable"] += len(inst.input_ids) - 3
-        else:
-          length_stats["packed"] += 1
-          length_stats["maskable"] += sum(
-            t not in (spec.cls_id, spec.sep_id, spec.pad_id) for t in _restored(inst)
-          )
-        length_stats["masked"] += len(inst.masked_positions)
-        length_stats["random_next"] += inst.is_random_next
-        length_stats["short_targets"] += inst.short_target
-        for position, label in zip(inst.masked_positions, inst.masked_ids):
-          token_id = inst.input_ids[position]
-          kind = (
-            "mask_token"
-            if token_id == spec.mask_id
-            else "kept"
-            if token_id == label
-            else "replaced"
-          )
-          length_stats[kind] += 1
-      length_stats["examples"] += len(instances)
-      length_stats[f"{split}_examples"] += len(instances)
+      make = _fast_records if config.engine == "fast" else _original_records
+      seed = _seed(config.random_seed, shard.index, length, split)
+      records = make(documents[split], length, max_predictions, config, spec, seed, length_stats)
+      length_stats["examples"] += len(records)
+      length_stats[f"{split}_examples"] += len(records)
       outputs[output_path(output_dir, length, split, shard.index, shard.num_shards)] = records
     stats["per_length"][str(length)] = length_stats
   stats["shards"] = 1
   return stats, outputs
+
+
+def _original_records(documents, length, max_predictions, config, spec, seed, length_stats):
+  """The records of one split at one length, google-research/bert's random stream."""
+  instances = examples_lib.instances_from_documents(
+    documents,
+    length,
+    config.dupe_factor,
+    config.short_seq_prob,
+    config.masked_lm_prob,
+    max_predictions,
+    spec,
+    config.whole_word_mask,
+    random.Random(seed),
+    config.rates,
+    config.sentence_pairs,
+  )
+  records = []
+  for inst in instances:
+    records.append(
+      example_proto.serialize_example(
+        inst.input_ids,
+        inst.segment_ids,
+        inst.masked_positions,
+        inst.masked_ids,
+        inst.is_random_next,
+        length,
+        max_predictions,
+        pad_id=spec.pad_id,
+      )
+    )
+    length_stats["tokens"] += len(inst.input_ids)
+    if config.sentence_pairs:
+      length_stats["maskable"] += len(inst.input_ids) - 3
+    else:
+      length_stats["packed"] += 1
+      length_stats["maskable"] += sum(
+        t not in (spec.cls_id, spec.sep_id, spec.pad_id) for t in _restored(inst)
+      )
+    length_stats["masked"] += len(inst.masked_positions)
+    length_stats["random_next"] += inst.is_random_next
+    length_stats["short_targets"] += inst.short_target
+    for position, label in zip(inst.masked_positions, inst.masked_ids):
+      token_id = inst.input_ids[position]
+      kind = (
+        "mask_token" if token_id == spec.mask_id else "kept" if token_id == label else "replaced"
+      )
+      length_stats[kind] += 1
+  return records
+
+
+def _fast_records(documents, length, max_predictions, config, spec, seed, length_stats):
+  """The records of one split at one length, made in bulk (batch_instances)."""
+  arrays = batch_instances.pair_instances(
+    documents,
+    length,
+    config.dupe_factor,
+    config.short_seq_prob,
+    config.masked_lm_prob,
+    max_predictions,
+    spec,
+    config.whole_word_mask,
+    seed,
+    config.rates,
+  )
+  lengths = arrays.lengths_N.astype(np.int64)
+  length_stats["tokens"] += int(lengths.sum())
+  length_stats["maskable"] += int((lengths - 3).sum())
+  length_stats["masked"] += int(arrays.num_masked_N.sum())
+  length_stats["random_next"] += int(arrays.is_random_next_N.sum())
+  length_stats["short_targets"] += int(arrays.short_target_N.sum())
+  at_masks = np.take_along_axis(arrays.input_ids_NxL, arrays.masked_positions_NxP, axis=1)
+  real = np.arange(max_predictions)[None] < arrays.num_masked_N[:, None]
+  is_mask = real & (at_masks == spec.mask_id)
+  kept = real & ~is_mask & (at_masks == arrays.masked_ids_NxP)
+  length_stats["mask_token"] += int(is_mask.sum())
+  length_stats["kept"] += int(kept.sum())
+  length_stats["replaced"] += int(real.sum() - is_mask.sum() - kept.sum())
+  return example_proto.serialize_arrays(
+    arrays.input_ids_NxL,
+    arrays.lengths_N,
+    arrays.segment_ids_NxL,
+    arrays.masked_positions_NxP,
+    arrays.masked_ids_NxP,
+    arrays.num_masked_N,
+    arrays.is_random_next_N,
+  )
 
 
 def _restored(inst: examples_lib.Instance) -> list[int]:
@@ -477,6 +531,12 @@ def generate(
     )
     num_workers = 1 if small else (os.cpu_count() or 1)
   workers = min(num_workers, max(len(mine), 1))
+  logging.info(
+    "create_pretraining_data: %d shard(s) to write (engine %s, %d worker(s))",
+    len(mine),
+    config.engine,
+    workers,
+  )
   start = time.time()
   tasks = [(s, config, output_dir) for s in mine]
   for shard in mine:  # temporary files a killed run left for the shards written now

@@ -10,6 +10,7 @@ punctuation, then greedy longest-match-first pieces with the "##" prefix; a word
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
@@ -144,8 +145,25 @@ class WordPieceTokenizer(base.Tokenizer):
       continuing_subword_prefix=CONTINUATION_PREFIX,
       max_input_chars_per_word=max_input_chars_per_word,
     )
-    rust = RustTokenizer(model)
-    rust.normalizer = self._normalizer(strip)
+    self._model, self._strip = model, strip
+    self.split_special_tokens = bool(split_special_tokens)
+    # ASCII text (most of an English corpus; str.isascii() is O(1)) needs none of the Unicode
+    # corrections: a leaner pipeline, exact on ASCII, encodes it. The full one (`_rust`) is
+    # built when the first other text arrives.
+    ascii_rust = RustTokenizer(model)
+    ascii_rust.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=False, strip_accents=False, lowercase=self.do_lower_case
+    )
+    ascii_rust.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    self._ascii_rust = self._with_special_tokens(ascii_rust)
+    _warn_on_case_mismatch(self._tokens, self.do_lower_case, source)
+
+  @functools.cached_property
+  def _rust(self) -> RustTokenizer:
+    """The full pipeline, for text that is not all ASCII; built on first use (deriving its
+    character classes from unicodedata takes about a second)."""
+    rust = RustTokenizer(self._model)
+    rust.normalizer = self._normalizer(self._strip)
     # Rust's split on whitespace and punctuation, then also on what the reference counts as
     # punctuation or CJK (Unicode added some since Rust's tables).
     split_class = charclasses.reference_classes()[
@@ -157,22 +175,15 @@ class WordPieceTokenizer(base.Tokenizer):
         pre_tokenizers.Split(Regex(split_class), behavior="isolated"),
       ]
     )
-    # ASCII text (most of an English corpus; str.isascii() is O(1)) needs none of the Unicode
-    # corrections: a leaner pipeline, exact on ASCII, encodes it.
-    ascii_rust = RustTokenizer(model)
-    ascii_rust.normalizer = normalizers.BertNormalizer(
-      clean_text=True, handle_chinese_chars=False, strip_accents=False, lowercase=self.do_lower_case
-    )
-    ascii_rust.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    self.split_special_tokens = bool(split_special_tokens)
-    for r in (rust, ascii_rust):
-      if not self.split_special_tokens:
-        # Matched in the raw text, case-sensitively, before normalization (as the reference).
-        r.add_special_tokens(
-          [AddedToken(t, special=True, normalized=False) for t in base.SPECIAL_TOKENS]
-        )
-    self._rust, self._ascii_rust = rust, ascii_rust
-    _warn_on_case_mismatch(self._tokens, self.do_lower_case, source)
+    return self._with_special_tokens(rust)
+
+  def _with_special_tokens(self, rust: RustTokenizer) -> RustTokenizer:
+    if not self.split_special_tokens:
+      # Matched in the raw text, case-sensitively, before normalization (as the reference).
+      rust.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in base.SPECIAL_TOKENS]
+      )
+    return rust
 
   def _normalizer(self, strip: bool) -> normalizers.Normalizer:
     """The reference's steps in its order: clean-up and CJK spacing, NFC, case and accents."""
