@@ -95,37 +95,34 @@ def truncated_lengths(
   return a - from_a, b - from_b
 
 
-def _uniform_int(rng: random.Random, lo: int, hi: int) -> int:
-  """Uniform in [lo, hi] from one 53-bit draw (randint's rejection sampling is the loop's
-  largest cost; the bias here is below (hi - lo + 1) / 2**53)."""
-  return lo + int(rng.random() * (hi - lo + 1))
-
-
 def _plan_pairs(sent_start, sent_end, doc_first, doc_last, max_num_tokens, short_seq_prob, rng):
   """One pass over the documents: per instance (A start, A length, B start, B length, random
   next, short target, chunk sentences, document). Offsets index the flat token array."""
+  # A uniform integer in [lo, hi] is lo + int(random() * (hi - lo + 1)): one 53-bit draw, bias
+  # below (hi - lo + 1) / 2**53 (randint's rejection sampling was this loop's largest cost).
+  uniform = rng.random
   rows = []
   num_docs = len(doc_first)
   for d in range(num_docs):
     first, last = doc_first[d], doc_last[d]
     target = max_num_tokens
-    short = rng.random() < short_seq_prob
+    short = uniform() < short_seq_prob
     if short:
-      target = _uniform_int(rng, 2, max_num_tokens)
+      target = 2 + int(uniform() * (max_num_tokens - 1))
     i = first
     while i <= last:
       # The chunk: sentences i..j, j the first to bring it to the target (or the document end).
       j = bisect.bisect_left(sent_end, sent_start[i] + target, i, last)
       count = j - i + 1
-      a_end = i + (_uniform_int(rng, 1, count - 1) if count >= 2 else 1)  # First sentence after A.
+      a_end = i + (1 + int(uniform() * (count - 1)) if count >= 2 else 1)  # After A's last.
       a_start, a_len = sent_start[i], sent_end[a_end - 1] - sent_start[i]
-      if count == 1 or rng.random() < 0.5:
+      if count == 1 or uniform() < 0.5:
         r = d
         for _ in range(10):
-          r = int(rng.random() * num_docs)
+          r = int(uniform() * num_docs)
           if r != d:
             break
-        s = _uniform_int(rng, doc_first[r], doc_last[r])
+        s = doc_first[r] + int(uniform() * (doc_last[r] - doc_first[r] + 1))
         # Sentences from s until B reaches the target's rest (at least one sentence).
         k = bisect.bisect_left(sent_end, sent_start[s] + target - a_len, s, doc_last[r])
         rows.append(

@@ -507,11 +507,13 @@ def generate(
     tfds_data_dir=tfds_data_dir,
     tfds_text_key=tfds_text_key,
   )
-  _load_tokenizer_and_spec(config.tokenizer_path, config.do_lower_case)
-  _check_output_dir(output_dir)
   # TensorFlow only in this process: the workers (a fork server preloading this module) must
   # not import it (see example_proto).
   from bert_jax.data import tfrecord  # noqa: PLC0415 (TensorFlow, kept out of the workers)
+
+  # Checked before anything is written; the backend a shard made here will use (cached).
+  _load_tokenizer_and_spec(config.tokenizer_path, config.do_lower_case, _tokenizer_backend())
+  _check_output_dir(output_dir)
 
   _check_or_write_config(output_dir, config, len(shards), overwrite)
 

@@ -155,7 +155,7 @@ class FastWordPieceTokenizer(wordpiece.WordPieceTokenizer):
     except Exception as e:  # any failure to build means: use the reference
       raise FastUnavailable(f"{TF_TEXT_PACKAGE} cannot build {source}: {e}") from None
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def run(texts):
       ragged = fast.tokenize(texts)
       return ragged.flat_values, ragged.row_splits
