@@ -67,7 +67,7 @@ flags.DEFINE_enum(
   ["original", "fast"],
   "original: google-research/bert's random stream call for call (the same files as earlier "
   "releases for a seed); fast: the same procedure in bulk with numpy, its own random stream "
-  "(several times faster; NSP sentence pairs only). See docs/pretraining_data.md.",
+  "(several times faster). See docs/pretraining_data.md.",
 )
 flags.DEFINE_integer("random_seed", 12345, "Seed (per shard, so any worker count agrees).")
 flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out into eval-* files.")

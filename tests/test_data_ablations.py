@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from bert_jax.data import (
+  batch_instances,
   corpus,
   dynamic_masking,
   examples,
@@ -43,6 +44,9 @@ def assert_binomial(successes: int, trials: int, p: float, what: str) -> None:
 def budget(length: int, prob: float = 0.15, max_predictions: int = P) -> int:
   # The paper/original: min(max_predictions_per_seq, max(1, round(len(tokens) * prob))).
   return min(max_predictions, max(1, int(round(length * prob))))
+
+
+ENGINES = generate.ENGINES  # "original": examples; "fast": batch_instances
 
 
 @pytest.fixture(scope="module")
@@ -406,18 +410,31 @@ def check_packed(instances, documents, spec, max_seq_length, max_predictions, wh
   assert item == len(items) and offset == 0
 
 
-def test_packed_segments_reproduce_the_stream(documents, spec, ww):
+def pack(engine, docs, L, short_seq_prob, P, ww, seed, spec):
+  """One pass packing `docs` in order, by either engine."""
+  if engine == "original":
+    rng = random.Random(seed)
+    return examples.packed_instances(docs, L, short_seq_prob, 0.15, P, spec, ww, rng)
+  arrays = batch_instances.instances_from_documents(
+    docs, L, 1, short_seq_prob, 0.15, P, spec, ww, seed, sentence_pairs=False,
+    shuffle=False,
+  )  # fmt: skip
+  return arrays.instances()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_packed_segments_reproduce_the_stream(engine, documents, spec, ww):
   assert all(spec.sep_id not in s for d in documents for s in d)
   docs = documents[:25]
-  rng = random.Random(4)
-  instances = examples.packed_instances(docs, 64, 0.1, 0.15, 10, spec, ww, rng)
+  instances = pack(engine, docs, 64, 0.1, 10, ww, 4, spec)
   assert len(instances) > 200
   check_packed(instances, docs, spec, 64, 10, ww)
   fill = [(len(i.input_ids) - 2) / i.target_length for i in instances[:-1]]
   assert np.mean(fill) > 0.8
 
 
-def test_packed_overlong_and_tiny_sentences(spec):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_packed_overlong_and_tiny_sentences(engine, spec):
   docs = [
     [[1000 + i for i in range(150)]],  # longer than two segments
     [[2000, 2001], [2100 + i for i in range(40)], [2200]],
@@ -425,16 +442,15 @@ def test_packed_overlong_and_tiny_sentences(spec):
     [[4000 + i for i in range(7)], [4100 + i for i in range(62)], [4200 + i for i in range(63)]],
   ]
   for seed in range(30):
-    rng = random.Random(seed)
-    instances = examples.packed_instances(docs, 64, 0.3, 0.15, 10, spec, False, rng)
+    instances = pack(engine, docs, 64, 0.3, 10, False, seed, spec)
     check_packed(instances, docs, spec, 64, 10, False)
 
 
-def test_packed_short_targets(documents, spec):
-  rng = random.Random(8)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_packed_short_targets(engine, documents, spec):
   instances = []
-  for _ in range(3):
-    one_pass = examples.packed_instances(documents, 32, 0.1, 0.15, 5, spec, False, rng)
+  for seed in range(3):
+    one_pass = pack(engine, documents, 32, 0.1, 5, False, 8 + seed, spec)
     check_packed(one_pass, documents, spec, 32, 5, False)
     instances += one_pass
   assert len(instances) > 3000
@@ -494,6 +510,7 @@ def generated(tmp_path_factory, shared_data, minilm_dir):
   for name, extra in (
     ("pairs", {}),
     ("packed", dict(sentence_pairs=False, mask_rates=(0.8, 0.0, 0.2))),
+    ("packed_fast", dict(sentence_pairs=False, mask_rates=(0.8, 0.0, 0.2), engine="fast")),
   ):
     config = generate.GenerationConfig(**base, **extra)
     results[name] = generate.generate(
@@ -541,6 +558,7 @@ def test_records_have_sentence_pairs(generated):
   assert tfrecord.records_have_sentence_pairs(files(out, "pairs", "eval"), L, P, max_records=1)
   assert not tfrecord.records_have_sentence_pairs(files(out, "packed"), L, P)
   assert not tfrecord.records_have_sentence_pairs(files(out, "packed", "eval"), L, P)
+  assert not tfrecord.records_have_sentence_pairs(files(out, "packed_fast"), L, P)
   with pytest.raises(ValueError, match="matches no file"):
     tfrecord.records_have_sentence_pairs(str(out / "nothing-*"), L, P)
 
@@ -555,11 +573,15 @@ def all_records(pattern):
   return {k: np.concatenate(v) for k, v in merged.items()}
 
 
-def test_packed_records(generated, spec):
+@pytest.mark.parametrize("name", ["packed", "packed_fast"])
+def test_packed_records(name, generated, spec):
   out, results = generated
-  data = all_records(files(out, "packed"))
+  data = all_records(files(out, name))
   n = len(data["input_ids"])
-  assert n == results["packed"]["stats"]["per_length"][str(L)]["train_examples"] > 50
+  stats = results[name]["stats"]["per_length"][str(L)]
+  assert n == stats["train_examples"] > 50
+  assert stats["packed"] == stats["examples"] and stats["random_next"] == 0
+  assert stats["masked"] / stats["maskable"] == pytest.approx(0.15, abs=0.01)
   assert (data["segment_ids"] == 0).all() and (data["next_sentence_labels"] == 0).all()
   lengths = data["input_mask"].sum(1)
   assert (data["input_ids"][np.arange(n), lengths - 1] == spec.sep_id).all()

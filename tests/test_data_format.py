@@ -304,7 +304,7 @@ def test_bulk_serialization_matches_tensorflow():
 
 def test_fast_engine_is_deterministic_and_recorded(tmp_path, shared_data, minilm_dir):
   """The fast engine: the same bytes for one and two workers; its name in
-  generation_config.json, so a rerun with the other engine is refused; pairs only."""
+  generation_config.json, so a rerun with the other engine is refused."""
   plays = sorted(glob.glob(str(shared_data / "pretrain" / "shakespeare" / "[a-c]*_gut.txt")))[:2]
   kw = dict(
     input_format="text", dupe_factor=1, max_seq_lengths=(128,), max_predictions_per_seq=(20,)
@@ -324,7 +324,5 @@ def test_fast_engine_is_deterministic_and_recorded(tmp_path, shared_data, minilm
     generate.generate(
       plays, str(tmp_path / "one"), _config(minilm_dir, **kw), num_workers=1, progress=False
     )
-  with pytest.raises(ValueError, match="engine 'fast' makes NSP sentence pairs only"):
-    _config(minilm_dir, engine="fast", sentence_pairs=False)
   with pytest.raises(ValueError, match="engine must be one of original, fast"):
     _config(minilm_dir, engine="numpy")

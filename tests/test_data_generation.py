@@ -24,7 +24,7 @@ def make_instances(engine, documents, length, dupe, max_predictions, spec, whole
     return examples.instances_from_documents(
       documents, length, dupe, 0.1, 0.15, max_predictions, spec, whole_word, random.Random(seed)
     )
-  arrays = batch_instances.pair_instances(
+  arrays = batch_instances.instances_from_documents(
     documents, length, dupe, 0.1, 0.15, max_predictions, spec, whole_word, seed
   )
   return arrays.instances()
@@ -136,7 +136,9 @@ def test_next_sentence_balance(instances_128):
 
 
 def test_short_target_share_fast(documents, spec):
-  arrays = batch_instances.pair_instances(documents, 128, 8, 0.1, 0.15, 20, spec, False, 7)
+  arrays = batch_instances.instances_from_documents(
+    documents, 128, 8, 0.1, 0.15, 20, spec, False, 7
+  )
   passes = {}
   for p, d, short in zip(arrays.pass_N, arrays.document_N, arrays.short_target_N):
     passes.setdefault((p, d), set()).add(bool(short))
@@ -186,7 +188,9 @@ def test_segments_are_contiguous_text(engine, documents, spec):
       )
     ]
   else:
-    arrays = batch_instances.pair_instances(documents, 128, 1, 0.1, 0.15, 20, spec, False, 3)
+    arrays = batch_instances.instances_from_documents(
+      documents, 128, 1, 0.1, 0.15, 20, spec, False, 3
+    )
     pairs = list(zip(arrays.document_N.tolist(), arrays.instances()))[::3]
   checked = 0
   for index, inst in pairs:
@@ -300,7 +304,7 @@ def test_fast_truncation_drops_from_both_ends_of_the_longer_segment(spec):
   max_seq_length 64 (61 tokens) A loses 44, each from the front with probability 1/2."""
   long_doc = [list(range(1000, 1100))]
   short_doc = [[5000, 5001, 5002, 5003, 5004]]
-  arrays = batch_instances.pair_instances(
+  arrays = batch_instances.instances_from_documents(
     [long_doc, short_doc], 64, 400, 0.0, 0.15, 10, spec, False, 0
   )
   fronts = drops = 0

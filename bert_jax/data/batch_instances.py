@@ -17,12 +17,14 @@ Python runs per token:
   lowest uniform keys (the original shuffles and takes the first ones: the same distribution);
   with whole-word masking a group's key orders the groups and the original's greedy walk (a
   group that would overflow the budget is skipped) runs over group ranks for every row at once;
-  [MASK] / same / random as `MaskRates` with one draw per chosen position for each decision.
+  [MASK] / same / random as `MaskRates` with one draw per chosen position for each decision;
+* without sentence pairs, packing (`examples.packed_instances`) walks the sentences (not the
+  tokens) of a stream of the documents with a [SEP] after each, so a segment is one slice of it.
 
 Random draws come from `random.Random(seed)` (per-instance decisions) and
 `numpy.random.default_rng(seed)` (per-token ones): the files differ from the original engine's
 for the same seed, with the same statistics (tests/test_data_generation.py runs every check on
-both). NSP sentence pairs only; packed single segments use `examples.packed_instances`.
+both, and the packing checks of tests/test_data_ablations.py too).
 """
 
 import bisect
@@ -54,6 +56,7 @@ class InstanceArrays:
   chunk_sentences_N: np.ndarray  # int32: sentences of the chunk A (and a real B) came from
   document_N: np.ndarray  # int32: the index in `documents` (as given) of A's document
   pass_N: np.ndarray  # int32: which of the dupe_factor passes
+  target_length_N: np.ndarray  # int32: packed segments' target length (0 for pairs)
 
   def __len__(self) -> int:
     return len(self.lengths_N)
@@ -72,6 +75,7 @@ class InstanceArrays:
           bool(self.is_random_next_N[i]),
           bool(self.short_target_N[i]),
           int(self.chunk_sentences_N[i]),
+          int(self.target_length_N[i]),
         )
       )
     return out
@@ -126,17 +130,62 @@ def _plan_pairs(sent_start, sent_end, doc_first, doc_last, max_num_tokens, short
         # Sentences from s until B reaches the target's rest (at least one sentence).
         k = bisect.bisect_left(sent_end, sent_start[s] + target - a_len, s, doc_last[r])
         rows.append(
-          (a_start, a_len, sent_start[s], sent_end[k] - sent_start[s], 1, short, count, d)
+          (a_start, a_len, sent_start[s], sent_end[k] - sent_start[s], 1, short, count, d, 0)
         )
         i = a_end  # The chunk's unused sentences are read again.
       else:
         b_len = sent_end[j] - sent_start[a_end]
-        rows.append((a_start, a_len, sent_start[a_end], b_len, 0, short, count, d))
+        rows.append((a_start, a_len, sent_start[a_end], b_len, 0, short, count, d, 0))
         i = j + 1
   return rows
 
 
-def pair_instances(
+def _plan_packed(sent_start, sent_len, doc_first, doc_last, max_num_tokens, short_seq_prob, rng):
+  """One pass packing the documents in order into single segments (`examples.packed_instances`):
+  per segment (start, length, 0, 0, 0, short target, pieces, document, target). Offsets index
+  the stream of the documents' tokens with a [SEP] after each document, so every segment is
+  one slice of it (a separator that would start a segment is skipped)."""
+  uniform = rng.random
+  rows = []
+  start = length = pieces = 0
+  first_doc = 0
+
+  def new_target():
+    short = uniform() < short_seq_prob
+    return short, (2 + int(uniform() * (max_num_tokens - 1)) if short else max_num_tokens)
+
+  short, target = new_target()
+  for d in range(len(doc_first)):
+    if d and length:  # The separator after the previous document.
+      if length < target:
+        length += 1
+      else:
+        rows.append((start, length, 0, 0, 0, short, pieces, first_doc, target))
+        length = pieces = 0
+        short, target = new_target()
+    for k in range(doc_first[d], doc_last[d] + 1):
+      offset, rest = sent_start[k], sent_len[k]
+      while rest:
+        room = target - length
+        if rest <= room or not length:
+          take = min(rest, room)  # Longer than a whole segment: a segment-sized piece.
+          if not length:
+            start, first_doc = offset, d
+          length += take
+          pieces += 1
+          offset += take
+          rest -= take
+          if rest == 0:
+            continue
+        rows.append((start, length, 0, 0, 0, short, pieces, first_doc, target))
+        length = pieces = 0
+        short, target = new_target()
+  if length:
+    rows.append((start, length, 0, 0, 0, short, pieces, first_doc, target))
+  return rows
+
+
+def instances_from_documents(
   documents: list[list[list[int]]],
   max_seq_length: int,
   dupe_factor: int,
@@ -147,9 +196,13 @@ def pair_instances(
   whole_word_mask: bool,
   seed: int,
   rates: masking.MaskRates = masking.MaskRates(),
+  sentence_pairs: bool = True,
+  shuffle: bool = True,
 ) -> InstanceArrays:
-  """`examples.instances_from_documents` (sentence pairs) in bulk: shuffle the documents,
-  `dupe_factor` passes, shuffle the instances; the random stream is this module's."""
+  """`examples.instances_from_documents` in bulk: shuffle the documents, `dupe_factor` passes
+  (NSP pairs, or with `sentence_pairs=False` packed single segments), shuffle the instances;
+  the random stream is this module's. `shuffle=False` keeps the documents' and the instances'
+  order (tests compare a pass with the stream it packs)."""
   if max_seq_length < 5:
     raise ValueError(
       f"max_seq_length must be >= 5 (room for [CLS] A [SEP] B [SEP]), got {max_seq_length}"
@@ -157,41 +210,57 @@ def pair_instances(
   rng = random.Random(seed)
   np_rng = np.random.default_rng(seed)
   given = [i for i, d in enumerate(documents) if d]
-  rng.shuffle(given)
+  if shuffle:
+    rng.shuffle(given)
   documents = [documents[i] for i in given]
   sentences = [s for d in documents for s in d]
   lengths = np.fromiter(map(len, sentences), np.int64, len(sentences))
-  ends = np.cumsum(lengths)
-  sent_end = ends.tolist()
-  sent_start = (ends - lengths).tolist()
   counts = np.fromiter(map(len, documents), np.int64, len(documents))
-  doc_last = (np.cumsum(counts) - 1).tolist()
-  doc_first = (np.cumsum(counts) - counts).tolist()
+  doc_last = np.cumsum(counts) - 1
+  ends = np.cumsum(lengths)
+  if not sentence_pairs:  # One [SEP] after each document's tokens in the stream.
+    ends += np.repeat(np.arange(len(documents)), counts)
+  sent_start = (ends - lengths).tolist()
+  doc_first = (doc_last + 1 - counts).tolist()
+  doc_last = doc_last.tolist()
   tokens = np.fromiter(itertools.chain.from_iterable(sentences), np.int32, int(lengths.sum()))
+  if not sentence_pairs:  # Each token moves up by the separators before it (its document's).
+    stream = np.full(len(tokens) + len(documents), spec.sep_id, np.int32)
+    document_of_token = np.repeat(np.repeat(np.arange(len(documents)), counts), lengths)
+    stream[np.arange(len(tokens)) + document_of_token] = tokens
+    tokens = stream
 
-  max_num_tokens = max_seq_length - 3
   rows, passes = [], []
   for p in range(dupe_factor):
-    planned = _plan_pairs(
-      sent_start, sent_end, doc_first, doc_last, max_num_tokens, short_seq_prob, rng
-    )
+    if sentence_pairs:
+      planned = _plan_pairs(
+        sent_start, ends.tolist(), doc_first, doc_last, max_seq_length - 3, short_seq_prob, rng
+      )
+    else:
+      planned = _plan_packed(
+        sent_start, lengths.tolist(), doc_first, doc_last, max_seq_length - 2, short_seq_prob, rng
+      )
     rows += planned
     passes += [p] * len(planned)
   if not rows:
     return _empty(max_seq_length, max_predictions_per_seq)
   plan = np.asarray(rows, np.int64)
   a0, la, b0, lb = plan[:, 0], plan[:, 1], plan[:, 2], plan[:, 3]
-  la2, lb2 = truncated_lengths(la, lb, max_num_tokens)
-  a0 = a0 + np_rng.binomial(la - la2, 0.5)
-  b0 = b0 + np_rng.binomial(lb - lb2, 0.5)
-  keep = (la2 > 0) & (lb2 > 0)
-  order = np.flatnonzero(keep)[np_rng.permutation(int(keep.sum()))]
+  if sentence_pairs:
+    la2, lb2 = truncated_lengths(la, lb, max_seq_length - 3)
+    a0 = a0 + np_rng.binomial(la - la2, 0.5)
+    b0 = b0 + np_rng.binomial(lb - lb2, 0.5)
+    keep = np.flatnonzero((la2 > 0) & (lb2 > 0))
+    lengths_N = la2 + lb2 + 3
+  else:
+    la2, lb2, keep, lengths_N = la, lb, np.arange(len(plan)), la + 2
+  order = keep[np_rng.permutation(len(keep))] if shuffle else keep
   n = len(order)
   L, P = max_seq_length, max_predictions_per_seq
   out = InstanceArrays(
     input_ids_NxL=np.empty((n, L), np.int32),
     segment_ids_NxL=np.empty((n, L), np.int8),
-    lengths_N=(la2 + lb2 + 3)[order].astype(np.int32),
+    lengths_N=lengths_N[order].astype(np.int32),
     masked_positions_NxP=np.zeros((n, P), np.int32),
     masked_ids_NxP=np.zeros((n, P), np.int32),
     num_masked_N=np.empty(n, np.int32),
@@ -200,12 +269,13 @@ def pair_instances(
     chunk_sentences_N=plan[order, 6].astype(np.int32),
     document_N=np.asarray(given, np.int32)[plan[order, 7]],
     pass_N=np.asarray(passes, np.int32)[order],
+    target_length_N=plan[order, 8].astype(np.int32),
   )
   for lo in range(0, n, BLOCK_ROWS):
     rows_B = order[lo : lo + BLOCK_ROWS]
     block = slice(lo, lo + len(rows_B))
     ids_BxL, out.segment_ids_NxL[block] = _assemble(
-      tokens, a0[rows_B], la2[rows_B], b0[rows_B], lb2[rows_B], L, spec
+      tokens, a0[rows_B], la2[rows_B], b0[rows_B], lb2[rows_B], L, spec, sentence_pairs
     )
     masked = mask_batch(
       ids_BxL, out.lengths_N[block], spec, masked_lm_prob, P, whole_word_mask, rates, np_rng
@@ -221,14 +291,22 @@ def _empty(L: int, P: int) -> InstanceArrays:
   return InstanceArrays(
     z((0, L), np.int32), z((0, L), np.int8), z(0, np.int32), z((0, P), np.int32),
     z((0, P), np.int32), z(0, np.int32), z(0, bool), z(0, bool), z(0, np.int32),
-    z(0, np.int32), z(0, np.int32),
+    z(0, np.int32), z(0, np.int32), z(0, np.int32),
   )  # fmt: skip
 
 
-def _assemble(tokens, a0, la, b0, lb, L, spec):
-  """[CLS] A [SEP] B [SEP] [PAD]... and segment ids, for B rows at once."""
+def _assemble(tokens, a0, la, b0, lb, L, spec, pairs=True):
+  """[CLS] A [SEP] B [SEP] (or without pairs [CLS] A [SEP]) [PAD]... and segment ids, for B
+  rows at once."""
   p_1xL = np.arange(L, dtype=np.int32)[None]
   la, lb = la[:, None].astype(np.int32), lb[:, None].astype(np.int32)
+  if not pairs:
+    inside = (p_1xL >= 1) & (p_1xL <= la)
+    ids = np.where(inside, tokens[np.where(inside, a0[:, None] - 1 + p_1xL, 0)], spec.pad_id)
+    ids = ids.astype(np.int32)
+    ids[:, 0] = spec.cls_id
+    ids[p_1xL == la + 1] = spec.sep_id
+    return ids, np.zeros(ids.shape, np.int8)
   b_start = la + 2
   end = b_start + lb  # The final [SEP]'s position.
   # Position p reads A's token p - 1, or B's token p - la - 2 (offsets into `tokens`).

@@ -71,7 +71,7 @@ class GenerationConfig:
   sentence_pairs: bool = True
   # "original": google-research/bert's random stream, call for call (files byte-identical to
   # earlier releases'); "fast": the same procedure in bulk with numpy (batch_instances), its
-  # own random stream, NSP sentence pairs only.
+  # own random stream.
   engine: str = "original"
 
   def __post_init__(self):
@@ -82,11 +82,6 @@ class GenerationConfig:
       raise ValueError(f"sentence_pairs must be a bool, got {self.sentence_pairs!r}")
     if self.engine not in ENGINES:
       raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-    if self.engine == "fast" and not self.sentence_pairs:
-      raise ValueError(
-        "engine 'fast' makes NSP sentence pairs only; use engine 'original' for "
-        "sentence_pairs=False (packed single segments)"
-      )
     if len(self.max_seq_lengths) != len(self.max_predictions_per_seq):
       raise ValueError(
         f"max_seq_lengths {self.max_seq_lengths} and max_predictions_per_seq "
@@ -317,7 +312,7 @@ def _original_records(documents, length, max_predictions, config, spec, seed, le
 
 def _fast_records(documents, length, max_predictions, config, spec, seed, length_stats):
   """The records of one split at one length, made in bulk (batch_instances)."""
-  arrays = batch_instances.pair_instances(
+  arrays = batch_instances.instances_from_documents(
     documents,
     length,
     config.dupe_factor,
@@ -328,15 +323,25 @@ def _fast_records(documents, length, max_predictions, config, spec, seed, length
     config.whole_word_mask,
     seed,
     config.rates,
+    config.sentence_pairs,
   )
   lengths = arrays.lengths_N.astype(np.int64)
   length_stats["tokens"] += int(lengths.sum())
-  length_stats["maskable"] += int((lengths - 3).sum())
+  real = np.arange(max_predictions)[None] < arrays.num_masked_N[:, None]
+  if config.sentence_pairs:
+    length_stats["maskable"] += int((lengths - 3).sum())
+  else:
+    restored = arrays.input_ids_NxL.copy()
+    rows, slots = np.nonzero(real)
+    restored[rows, arrays.masked_positions_NxP[rows, slots]] = arrays.masked_ids_NxP[rows, slots]
+    inside = np.arange(length)[None] < lengths[:, None]
+    special = np.isin(restored, [spec.cls_id, spec.sep_id, spec.pad_id])
+    length_stats["packed"] += len(lengths)
+    length_stats["maskable"] += int((inside & ~special).sum())
   length_stats["masked"] += int(arrays.num_masked_N.sum())
   length_stats["random_next"] += int(arrays.is_random_next_N.sum())
   length_stats["short_targets"] += int(arrays.short_target_N.sum())
   at_masks = np.take_along_axis(arrays.input_ids_NxL, arrays.masked_positions_NxP, axis=1)
-  real = np.arange(max_predictions)[None] < arrays.num_masked_N[:, None]
   is_mask = real & (at_masks == spec.mask_id)
   kept = real & ~is_mask & (at_masks == arrays.masked_ids_NxP)
   length_stats["mask_token"] += int(is_mask.sum())
