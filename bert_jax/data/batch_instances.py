@@ -1,4 +1,4 @@
-"""NSP pre-training instances made in bulk with numpy: `examples`' procedure, its own random stream.
+"""Pre-training instances made in bulk with numpy: `examples`' procedure, its own random stream.
 
 The same procedure as `examples.instances_from_documents` (google-research/bert's
 create_instances_from_document; see that module's docstring), drawn differently so that no
@@ -47,7 +47,7 @@ class InstanceArrays:
 
   input_ids_NxL: np.ndarray  # int32
   segment_ids_NxL: np.ndarray  # int8
-  lengths_N: np.ndarray  # int32: tokens of each instance ([CLS] A [SEP] B [SEP])
+  lengths_N: np.ndarray  # int32: tokens ([CLS] A [SEP] B [SEP], or packed [CLS] A [SEP])
   masked_positions_NxP: np.ndarray  # int32, ascending, then 0
   masked_ids_NxP: np.ndarray  # int32: the original ids at those positions, then 0
   num_masked_N: np.ndarray  # int32
@@ -101,7 +101,7 @@ def truncated_lengths(
 
 def _plan_pairs(sent_start, sent_end, doc_first, doc_last, max_num_tokens, short_seq_prob, rng):
   """One pass over the documents: per instance (A start, A length, B start, B length, random
-  next, short target, chunk sentences, document). Offsets index the flat token array."""
+  next, short target, chunk sentences, document, 0). Offsets index the flat token array."""
   # A uniform integer in [lo, hi] is lo + int(random() * (hi - lo + 1)): one 53-bit draw, bias
   # below (hi - lo + 1) / 2**53 (randint's rejection sampling was this loop's largest cost).
   uniform = rng.random
