@@ -4,7 +4,7 @@
   taskset -c 0 python benchmarks/bench_data.py --workdir=/tmp/bench_data --skip_generation  # 1 core
 
   python benchmarks/bench_data.py --workdir=/tmp/bench_data --skip_reader \
-    --gen_input='../shared/data/pretrain/shakespeare/*_gut.txt' --gen_format=text
+    --gen_input='../shared/data/pretrain/shakespeare/*_gut.txt' --gen_format=text [--gen_engine=fast]
 
 Uses the built-in corpus (CPython's documentation, bert_jax.data.default_corpus): prepares it
 once under --workdir, then times
@@ -44,6 +44,7 @@ flags.DEFINE_string(
 flags.DEFINE_boolean("skip_reader", False, "Only time generation.")
 flags.DEFINE_boolean("skip_generation", False, "Only time the reader.")
 flags.DEFINE_string("gen_format", "original", "--input_format of --gen_input.")
+flags.DEFINE_enum("gen_engine", "original", ["original", "fast"], "Generation engine.")
 flags.DEFINE_integer("batches", 40, "Reader batches timed.")
 flags.DEFINE_list(
   "gen_scales", ["1", "2"], "Generation corpus sizes: the input copied k times (memory vs size)."
@@ -111,6 +112,7 @@ def bench_generation(data, workers, scale):
     max_predictions_per_seq=(20,),
     dupe_factor=1,
     input_format=FLAGS.gen_format if FLAGS.gen_input else "original",
+    engine=FLAGS.gen_engine,
   )
   inputs = _scaled_inputs(FLAGS.gen_input or list(data.corpus_files), scale)
   out = os.path.join(FLAGS.workdir, f"gen_{workers}")
@@ -131,6 +133,7 @@ def bench_generation(data, workers, scale):
     wall,
     generate_seconds=round(got["seconds"], 2),
     workers=workers,
+    engine=FLAGS.gen_engine,
     cores=len(os.sched_getaffinity(0)),
     input=FLAGS.gen_input or "built-in corpus",
     corpus_mb=round(sum(os.path.getsize(f) for f in inputs) / 1e6, 1),
