@@ -261,10 +261,9 @@ def make_shard_records(
   return stats, outputs
 
 
-def _original_records(documents, length, max_predictions, config, spec, seed, length_stats):
-  """The records of one split at one length, google-research/bert's random stream."""
-  instances = examples_lib.instances_from_documents(
-    documents,
+def _procedure(config, length, max_predictions, spec) -> tuple:
+  """The settings both engines' instances_from_documents take after the documents, in order."""
+  return (
     length,
     config.dupe_factor,
     config.short_seq_prob,
@@ -272,6 +271,14 @@ def _original_records(documents, length, max_predictions, config, spec, seed, le
     max_predictions,
     spec,
     config.whole_word_mask,
+  )
+
+
+def _original_records(documents, length, max_predictions, config, spec, seed, length_stats):
+  """The records of one split at one length, google-research/bert's random stream."""
+  instances = examples_lib.instances_from_documents(
+    documents,
+    *_procedure(config, length, max_predictions, spec),
     random.Random(seed),
     config.rates,
     config.sentence_pairs,
@@ -314,13 +321,7 @@ def _fast_records(documents, length, max_predictions, config, spec, seed, length
   """The records of one split at one length, made in bulk (batch_instances)."""
   arrays = batch_instances.instances_from_documents(
     documents,
-    length,
-    config.dupe_factor,
-    config.short_seq_prob,
-    config.masked_lm_prob,
-    max_predictions,
-    spec,
-    config.whole_word_mask,
+    *_procedure(config, length, max_predictions, spec),
     seed,
     config.rates,
     config.sentence_pairs,
