@@ -152,6 +152,19 @@ def test_batch_equals_single_and_keeps_order(minilm_dir):
   assert tok.tokenize_batch(texts) == [tok.tokenize(t) for t in texts]
 
 
+def test_unicode_pipeline_is_built_for_the_first_non_ascii_text(minilm_dir):
+  """ASCII text never pays for the Unicode tables; the first other text builds them. Pieces
+  are the reference's either way (HF's BertTokenizer: accents stripped, CJK spaced out)."""
+  reference = transformers.BertTokenizer(str(minilm_dir / "vocab.txt"), do_lower_case=True)
+  tok = load_tokenizer(minilm_dir, backend="reference")
+  ascii_text = "plain ascii, here!"
+  assert tok.tokenize_batch([ascii_text]) == [reference.tokenize(ascii_text)]
+  assert "_rust" not in vars(tok)
+  for text in ("naïve café", "中文 Ångström"):
+    assert tok.tokenize(text) == reference.tokenize(text)
+  assert "_rust" in vars(tok)
+
+
 def test_ids_tokens_and_word_starts(minilm_dir):
   tok = load_tokenizer(minilm_dir)
   assert tok.convert_tokens_to_ids(["[CLS]", "hello", "no-such-token"]) == [101, 7592, 100]
