@@ -204,6 +204,29 @@ def test_over_budget_config_is_reported_as_not_fitting_with_the_numbers():
   assert "hbm" in step["error"].lower()
 
 
+def test_accumulation_counts_every_micro_step():
+  """The same global batch in one step or in two accumulated micro-steps does the same model
+  work: XLA counts the accumulation loop's body once, the report counts each trip."""
+  devices = _devices("v5e:2x2")
+  steps = {
+    k: compile_for_topology(
+      _config((4, 1, 1), train_batch_size=64, grad_accum_steps=k),
+      topo_lib.parse_topology("v5e:2x2"),
+      with_eval=False,
+      devices=devices,
+    )["steps"][0]
+    for k in (1, 2)
+  }
+  one, two = steps[1], steps[2]
+  assert two["flops"] == pytest.approx(one["flops"], rel=0.15)
+  # Bytes: the micro-steps' activations once in all, the optimizer update (outside the loop)
+  # counted per trip, so never less than one step's (counting the body once would be).
+  assert two["bytes_accessed"] >= one["bytes_accessed"]
+  assert two["estimate"]["compute_seconds"] == pytest.approx(
+    one["estimate"]["compute_seconds"], rel=0.15
+  )
+
+
 def test_hbm_shortfall_parsed_from_both_message_forms():
   a = parse_hbm_shortfall(
     "RESOURCE_EXHAUSTED: HLO temporaries (38.28G) exceeds available HBM (15.75G)"

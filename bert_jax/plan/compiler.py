@@ -73,6 +73,7 @@ def compile_for_topology(
         mesh,
         model_flops=phase.flops_per_example * phase.global_batch_size,
         tokens=phase.global_batch_size * phase.seq_len,
+        loop_trips=phase.grad_accum_steps,
         **common,
       )
     )

@@ -43,7 +43,8 @@ from bert_jax.plan.compiler import compile_for_topology
 # Part of every cache key: bump it when bert_jax/plan/report.py's estimate changes its formula.
 # 2: the compute term uses the chip's float32 matmul rate for float32 steps (TF32 on GPUs).
 # 3: the TPU compiler's fused reduce-scatters are counted as reduce-scatters (were all-reduces).
-ESTIMATE_VERSION = 3
+# 4: with gradient accumulation, FLOPs and bytes are the accumulation loop's body times its trips.
+ESTIMATE_VERSION = 4
 
 
 def mesh_candidates(num_devices: int, global_batch: int, max_tensor: int = 8) -> list[tuple]:

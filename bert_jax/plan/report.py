@@ -201,9 +201,16 @@ def step_report(
   model_flops: float,
   tokens: int,
   compute_dtype: str = "bfloat16",
+  loop_trips: int = 1,
 ) -> StepReport:
   """Compiles ``lowered`` for the topology and reports it; an out-of-memory refusal is a
-  report with ``fits=False`` (other compile errors raise)."""
+  report with ``fits=False`` (other compile errors raise).
+
+  ``loop_trips``: the trip count of the step's gradient-accumulation loop (a ``lax.scan``).
+  XLA's cost analysis counts a loop's body once, so the step's FLOPs and bytes accessed are
+  the analysis's times this (the optimizer update outside the loop, small beside the
+  micro-steps, is then counted ``loop_trips`` times too). Collectives are counted as the HLO
+  lists them: one inside the loop counts once."""
   start = time.perf_counter()
   try:
     compiled = (
@@ -233,7 +240,7 @@ def step_report(
         f"needs {_gb(memory['total_bytes'])} GiB per GPU, {_gb(available)} GiB available "
         f"(HBM x XLA_PYTHON_CLIENT_MEM_FRACTION)"
       )
-  flops, bytes_accessed = _cost(compiled)
+  flops, bytes_accessed = (x * loop_trips for x in _cost(compiled))
   # GPUs: a collective whose groups span hosts goes over InfiniBand (reported as "dcn")
   hosts = [d.process_index for d in mesh.devices.flat] if topo.is_gpu else None
   colls = hlo.collectives(compiled.as_text(), mesh, domains=hosts)
