@@ -214,10 +214,10 @@ def test_accumulation_counts_every_micro_step():
       topo_lib.parse_topology("v5e:2x2"),
       with_eval=False,
       devices=devices,
-    )["steps"][0]
+    )
     for k in (1, 2)
   }
-  one, two = steps[1], steps[2]
+  one, two = steps[1]["steps"][0], steps[2]["steps"][0]
   assert two["flops"] == pytest.approx(one["flops"], rel=0.15)
   # Bytes: the micro-steps' activations once in all, the optimizer update (outside the loop)
   # counted per trip, so never less than one step's (counting the body once would be).
@@ -225,6 +225,11 @@ def test_accumulation_counts_every_micro_step():
   assert two["estimate"]["compute_seconds"] == pytest.approx(
     one["estimate"]["compute_seconds"], rel=0.15
   )
+  # Collectives inside the loop count once per trip: the compiled loop's bound is the config's.
+  text = steps[2]["reports"][0].compiled.as_text()
+  comps, _ = hlo._split_computations(text)
+  loops = [line for lines in comps.values() for line in lines if " while(" in line]
+  assert loops and {hlo._trip_count(line, comps) for line in loops} == {2}
 
 
 def test_hbm_shortfall_parsed_from_both_message_forms():
@@ -258,9 +263,24 @@ ENTRY %main (a: bf16[8,128]) -> f32[256] {
 """
 
 
-def test_collectives_counted_per_execution_with_their_mesh_axes():
+# The form the TPU compiler leaves: no known_trip_count, the bound in the loop's condition.
+_HLO_COND = _HLO.replace(', backend_config={"known_trip_count":{"n":"4"}}', "").replace(
+  "ENTRY",
+  """%cond (c: (s32[], f32[256])) -> pred[] {
+  %n = s32[]{:T(128)} constant(4)
+  %c = (s32[], f32[256]) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%c), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%i, %n), direction=LT, metadata={op_name="while/cond/lt"}
+}
+
+ENTRY""",
+)
+
+
+@pytest.mark.parametrize("text", [_HLO, _HLO_COND], ids=["known_trip_count", "condition"])
+def test_collectives_counted_per_execution_with_their_mesh_axes(text):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2, 1), ("data", "fsdp", "tensor"))
-  got = {(c["kind"], c["axes"]): c for c in hlo.collectives(_HLO, mesh)}
+  got = {(c["kind"], c["axes"]): c for c in hlo.collectives(text, mesh)}
   # positions 0..3 on a (data=2, fsdp=2) mesh: {0,1},{2,3} vary fsdp; {0,2},{1,3} vary data
   ag = got[("all-gather", "fsdp")]
   assert ag["count"] == 1 and ag["bytes"] == 16 * 128 * 2

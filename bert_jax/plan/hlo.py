@@ -6,7 +6,9 @@ they run over.
     "network": "ici"}, ...]
 
 Each collective is counted once per execution: an op inside a ``while`` body (gradient
-accumulation's scan) counts ``known_trip_count`` times; copies of one op that the TPU compiler
+accumulation's scan) counts once per trip: the loop's ``known_trip_count`` where the compiler
+writes one, else the bound its condition compares the counter with (``i < N``, the form a
+``lax.scan`` takes; the TPU compiler drops the count from the optimised module); copies of one op that the TPU compiler
 spreads over async start/done computations share a ``channel_id`` and count once. ``bytes`` is
 the op's result per chip (for reduce-scatter, its input); ``moved_bytes`` what one chip sends
 over the network for it in a ring algorithm (all-gather and all-to-all (n-1)/n of the full
@@ -40,6 +42,9 @@ _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _OP = re.compile(r"\s(" + "|".join(KINDS) + r")(-start)?\(")
 _CALLEE = re.compile(r"(?:calls|to_apply|body|condition|computations?)=\{?([^}]*?)\}?(?:,\s|$)")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_CONDITION = re.compile(r"condition=%?([\w.\-]+)")
+_CONSTANT = re.compile(r"^\s*%?([\w.\-]+)\s*=\s*s(?:32|64)\[\][^=]*?\sconstant\((\d+)\)")
+_COMPARE_LT = re.compile(r"^\s*ROOT\s.*\scompare\(([^)]*)\),\s*direction=LT\b")
 
 
 def shape_bytes(type_text: str) -> float:
@@ -101,13 +106,28 @@ def _split_computations(hlo: str) -> tuple[dict[str, list[str]], str]:
   return comps, entry
 
 
+def _trip_count(line: str, comps: dict[str, list[str]]) -> int:
+  """Trips of the ``while`` on ``line``: its known_trip_count, else N where its condition's
+  root is ``counter < N`` with N a constant (a scan's counter starts at 0), else 1."""
+  trip = _TRIP.search(line)
+  if trip:
+    return int(trip.group(1))
+  cond = _CONDITION.search(line)
+  body = comps.get(cond.group(1), []) if cond else []
+  constants = dict(m.groups() for m in map(_CONSTANT.match, body) if m)
+  for root in filter(None, map(_COMPARE_LT.match, body)):
+    operands = [o.strip().lstrip("%") for o in root.group(1).split(",")]
+    if len(operands) == 2 and operands[1] in constants:
+      return int(constants[operands[1]])
+  return 1
+
+
 def _multiplicities(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
   """How many times each computation runs per execution of the entry computation."""
   edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
   for name, lines in comps.items():
     for line in lines:
-      trip = _TRIP.search(line)
-      factor = int(trip.group(1)) if (trip and " while(" in line) else 1
+      factor = _trip_count(line, comps) if " while(" in line else 1
       for group in _CALLEE.findall(line):
         for callee in re.findall(r"%?([\w.\-]+)", group):
           if callee in comps and callee != name:

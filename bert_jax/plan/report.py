@@ -209,8 +209,8 @@ def step_report(
   ``loop_trips``: the trip count of the step's gradient-accumulation loop (a ``lax.scan``).
   XLA's cost analysis counts a loop's body once, so the step's FLOPs and bytes accessed are
   the analysis's times this (the optimizer update outside the loop, small beside the
-  micro-steps, is then counted ``loop_trips`` times too). Collectives are counted as the HLO
-  lists them: one inside the loop counts once."""
+  micro-steps, is then counted ``loop_trips`` times too). Collectives are counted per
+  execution from the HLO (``hlo.collectives``: once per trip inside the loop)."""
   start = time.perf_counter()
   try:
     compiled = (
