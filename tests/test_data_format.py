@@ -4,6 +4,7 @@ The reference schema below is written out independently of bert_jax.data.tfrecor
 one `run_pretraining.py` of google-research/bert parses).
 """
 
+import dataclasses
 import filecmp
 import glob
 import json
@@ -218,39 +219,60 @@ def test_entry_point_makes_both_lengths(engine, tmp_path, small_corpus, minilm_d
     assert json.load(f).get("engine", "original") == engine
 
 
-def test_tensorflow_free_serialization_matches_tensorflow():
-  from bert_jax.data import example_proto
+def test_original_engine_instances_serialize_like_tensorflow():
+  """The original engine's instances (ragged lists) padded into rows and serialized in bulk,
+  against TensorFlow's own Example built from the lists, padded as google-research/bert pads."""
+  from bert_jax.data import example_proto, examples, shard_records
 
   rng = np.random.default_rng(1)
+  instances = []
   for _ in range(20):
     n = int(rng.integers(5, L + 1))
-    ids = [int(x) for x in rng.integers(0, 30522, n)]
-    segments = [0] * (n // 2) + [1] * (n - n // 2)
     k = int(rng.integers(0, P + 1))
-    positions = sorted(int(x) for x in rng.choice(n, size=min(k, n), replace=False))
-    labels = [int(x) for x in rng.integers(0, 30522, len(positions))]
-    random_next = bool(rng.integers(0, 2))
-    ours = example_proto.serialize_example(ids, segments, positions, labels, random_next, L, P)
-    pad, mpad = L - n, P - len(positions)
-    feat = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+    instances.append(
+      examples.Instance(
+        input_ids=[int(x) for x in rng.integers(0, 30522, n)],
+        segment_ids=[0] * (n // 2) + [1] * (n - n // 2),
+        masked_positions=sorted(int(x) for x in rng.choice(n, size=min(k, n), replace=False)),
+        masked_ids=[int(x) for x in rng.integers(0, 30522, min(k, n))],
+        is_random_next=bool(rng.integers(0, 2)),
+        short_target=False,
+        chunk_sentences=1,
+      )
+    )
+  rows = shard_records._padded(instances, L, P, pad_id=0)
+  ours = example_proto.serialize_arrays(
+    rows.input_ids_NxL,
+    rows.lengths_N,
+    rows.segment_ids_NxL,
+    rows.masked_positions_NxP,
+    rows.masked_ids_NxP,
+    rows.num_masked_N,
+    rows.is_random_next_N,
+  )
+  feat = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+  for inst, got in zip(instances, ours, strict=True):
+    ids, positions = inst.input_ids, inst.masked_positions
+    n, pad, mpad = len(ids), L - len(ids), P - len(positions)
     reference = tf.train.Example(
       features=tf.train.Features(
         feature={
           "input_ids": feat(ids + [0] * pad),
           "input_mask": feat([1] * n + [0] * pad),
-          "segment_ids": feat(segments + [0] * pad),
+          "segment_ids": feat(inst.segment_ids + [0] * pad),
           "masked_lm_positions": feat(positions + [0] * mpad),
-          "masked_lm_ids": feat(labels + [0] * mpad),
+          "masked_lm_ids": feat(inst.masked_ids + [0] * mpad),
           "masked_lm_weights": tf.train.Feature(
             float_list=tf.train.FloatList(value=[1.0] * len(positions) + [0.0] * mpad)
           ),
-          "next_sentence_labels": feat([int(random_next)]),
+          "next_sentence_labels": feat([int(inst.is_random_next)]),
         }
       )
     )
-    assert ours == reference.SerializeToString(deterministic=True)
+    assert got == reference.SerializeToString(deterministic=True)
+  too_long = dataclasses.replace(instances[0], input_ids=[1] * (L + 1))
   with pytest.raises(ValueError, match="exceeds max_seq_length"):
-    example_proto.serialize_example([1] * (L + 1), [0] * (L + 1), [], [], False, L, P)
+    shard_records._padded([too_long], L, P, pad_id=0)
 
 
 def test_bulk_serialization_matches_tensorflow():

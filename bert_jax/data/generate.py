@@ -245,10 +245,10 @@ def make_shard_records(
   stats["single_document_shards"] += len(documents["train"]) == 1
 
   outputs = {}
+  make = shard_records.fast if config.engine == "fast" else shard_records.original
   for length, max_predictions in zip(config.max_seq_lengths, config.max_predictions_per_seq):
     length_stats = _new_length_stats()
     for split in SPLITS:
-      make = shard_records.fast if config.engine == "fast" else shard_records.original
       seed = _seed(config.random_seed, shard.index, length, split)
       records = make(documents[split], length, max_predictions, config, spec, seed, length_stats)
       length_stats["examples"] += len(records)
@@ -410,20 +410,7 @@ def generate(
   # not import it (see example_proto).
   from bert_jax.data import tfrecord  # noqa: PLC0415 (TensorFlow, kept out of the workers)
 
-  # Checked before anything is written; the backend a shard made here will use (cached).
-  _load_tokenizer_and_spec(config.tokenizer_path, config.do_lower_case, _tokenizer_backend())
-  _check_output_dir(output_dir)
-
-  _check_or_write_config(output_dir, config, len(shards), overwrite)
-
   mine = [s for s in shards if s.index % process_count == process_index]
-  stats = _new_stats()
-  if not overwrite:
-    done = [
-      s for s in mine if all(os.path.exists(p) for p in _shard_outputs(s, config, output_dir))
-    ]
-    stats["shards_skipped_existing"] = len(done)
-    mine = [s for s in mine if s not in done]
   if not num_workers:
     small = (
       config.input_format != "tfds"
@@ -431,6 +418,21 @@ def generate(
       < AUTO_PARALLEL_MIN_BYTES
     )
     num_workers = 1 if small else (os.cpu_count() or 1)
+  # Checked before anything is written, with the backend a shard made here would use (cached
+  # for it); with workers, the light TensorFlow-free one they use.
+  backend = _tokenizer_backend() if num_workers == 1 else "reference"
+  _load_tokenizer_and_spec(config.tokenizer_path, config.do_lower_case, backend)
+  _check_output_dir(output_dir)
+
+  _check_or_write_config(output_dir, config, len(shards), overwrite)
+
+  stats = _new_stats()
+  if not overwrite:
+    done = [
+      s for s in mine if all(os.path.exists(p) for p in _shard_outputs(s, config, output_dir))
+    ]
+    stats["shards_skipped_existing"] = len(done)
+    mine = [s for s in mine if s not in done]
   workers = min(num_workers, max(len(mine), 1))
   logging.info(
     "create_pretraining_data: %d shard(s) to write (engine %s, %d worker(s))",

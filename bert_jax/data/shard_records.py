@@ -1,20 +1,34 @@
 """The records of one split of a shard at one sequence length, by generation engine, with the
 statistics they add to the run's summary (`generate.make_shard_records` calls one per split).
 
-* `original`: `examples.instances_from_documents`, google-research/bert's random stream, each
-  instance serialized by `example_proto.serialize_example`;
-* `fast`: `batch_instances.instances_from_documents`, in bulk, serialized by
-  `example_proto.serialize_arrays`.
+* `original`: `examples.instances_from_documents`, google-research/bert's random stream;
+* `fast`: `batch_instances.instances_from_documents`, in bulk, with its own stream.
 
 Both take (documents, length, max_predictions, GenerationConfig, MaskingSpec, seed, the length's
-statistics dict, updated in place) and return the serialized records.
+statistics dict, updated in place) and return the serialized records; both count and serialize
+their instances the same way, as padded rows (`_records`, `example_proto.serialize_arrays`).
 """
 
+import itertools
 import random
+from typing import NamedTuple
 
 import numpy as np
 
 from bert_jax.data import batch_instances, example_proto, examples
+
+
+class _Rows(NamedTuple):
+  """N instances padded to one length: input ids with [PAD], everything else with 0."""
+
+  input_ids_NxL: np.ndarray
+  segment_ids_NxL: np.ndarray
+  lengths_N: np.ndarray
+  masked_positions_NxP: np.ndarray
+  masked_ids_NxP: np.ndarray
+  num_masked_N: np.ndarray
+  is_random_next_N: np.ndarray
+  short_target_N: np.ndarray
 
 
 def _procedure(config, length, max_predictions, spec) -> tuple:
@@ -39,84 +53,93 @@ def original(documents, length, max_predictions, config, spec, seed, length_stat
     config.rates,
     config.sentence_pairs,
   )
-  records = []
-  for inst in instances:
-    records.append(
-      example_proto.serialize_example(
-        inst.input_ids,
-        inst.segment_ids,
-        inst.masked_positions,
-        inst.masked_ids,
-        inst.is_random_next,
-        length,
-        max_predictions,
-        pad_id=spec.pad_id,
-      )
-    )
-    length_stats["tokens"] += len(inst.input_ids)
-    if config.sentence_pairs:
-      length_stats["maskable"] += len(inst.input_ids) - 3
-    else:
-      length_stats["packed"] += 1
-      length_stats["maskable"] += sum(
-        t not in (spec.cls_id, spec.sep_id, spec.pad_id) for t in _restored(inst)
-      )
-    length_stats["masked"] += len(inst.masked_positions)
-    length_stats["random_next"] += inst.is_random_next
-    length_stats["short_targets"] += inst.short_target
-    for position, label in zip(inst.masked_positions, inst.masked_ids):
-      token_id = inst.input_ids[position]
-      kind = (
-        "mask_token" if token_id == spec.mask_id else "kept" if token_id == label else "replaced"
-      )
-      length_stats[kind] += 1
-  return records
+  rows = _padded(instances, length, max_predictions, spec.pad_id)
+  return _records(rows, config, spec, length_stats)
 
 
 def fast(documents, length, max_predictions, config, spec, seed, length_stats):
   """The records of one split at one length, made in bulk (batch_instances)."""
-  arrays = batch_instances.instances_from_documents(
+  a = batch_instances.instances_from_documents(
     documents,
     *_procedure(config, length, max_predictions, spec),
     seed,
     config.rates,
     config.sentence_pairs,
   )
-  lengths = arrays.lengths_N.astype(np.int64)
+  rows = _Rows(
+    a.input_ids_NxL,
+    a.segment_ids_NxL,
+    a.lengths_N,
+    a.masked_positions_NxP,
+    a.masked_ids_NxP,
+    a.num_masked_N,
+    a.is_random_next_N,
+    a.short_target_N,
+  )
+  return _records(rows, config, spec, length_stats)
+
+
+def _padded(instances: list[examples.Instance], length, max_predictions, pad_id) -> _Rows:
+  """`examples.Instance`s -> padded rows (each list written into its row's leading slots)."""
+  n = len(instances)
+  lengths = np.fromiter((len(i.input_ids) for i in instances), np.int32, n)
+  num_masked = np.fromiter((len(i.masked_positions) for i in instances), np.int32, n)
+  if lengths.max(initial=0) > length:
+    raise ValueError(f"an instance of {lengths.max()} tokens exceeds max_seq_length {length}")
+  if num_masked.max(initial=0) > max_predictions:
+    raise ValueError(f"{num_masked.max()} masks exceed max_predictions_per_seq {max_predictions}")
+
+  def filled(lists, shape, used, fill, dtype):
+    out = np.full(shape, fill, dtype)
+    out[used] = np.fromiter(itertools.chain.from_iterable(lists), dtype, int(used.sum()))
+    return out  # boolean-mask assignment fills row by row, each row's values in order
+
+  inside = np.arange(length)[None] < lengths[:, None]
+  real = np.arange(max_predictions)[None] < num_masked[:, None]
+  shape_L, shape_P = (n, length), (n, max_predictions)
+  return _Rows(
+    filled((i.input_ids for i in instances), shape_L, inside, pad_id, np.int32),
+    filled((i.segment_ids for i in instances), shape_L, inside, 0, np.int8),
+    lengths,
+    filled((i.masked_positions for i in instances), shape_P, real, 0, np.int32),
+    filled((i.masked_ids for i in instances), shape_P, real, 0, np.int32),
+    num_masked,
+    np.fromiter((i.is_random_next for i in instances), bool, n),
+    np.fromiter((i.short_target for i in instances), bool, n),
+  )
+
+
+def _records(rows: _Rows, config, spec, length_stats) -> list[bytes]:
+  """Adds the rows' counts to ``length_stats``; their serialized Examples."""
+  n, length = rows.input_ids_NxL.shape
+  lengths = rows.lengths_N.astype(np.int64)
   length_stats["tokens"] += int(lengths.sum())
-  real = np.arange(max_predictions)[None] < arrays.num_masked_N[:, None]
+  real = np.arange(rows.masked_positions_NxP.shape[1])[None] < rows.num_masked_N[:, None]
   if config.sentence_pairs:
     length_stats["maskable"] += int((lengths - 3).sum())
-  else:
-    restored = arrays.input_ids_NxL.copy()
-    rows, slots = np.nonzero(real)
-    restored[rows, arrays.masked_positions_NxP[rows, slots]] = arrays.masked_ids_NxP[rows, slots]
+  else:  # the maskable tokens: not [CLS], [SEP] or [PAD] before masking
+    restored = rows.input_ids_NxL.copy()
+    r, slot = np.nonzero(real)
+    restored[r, rows.masked_positions_NxP[r, slot]] = rows.masked_ids_NxP[r, slot]
     inside = np.arange(length)[None] < lengths[:, None]
     special = np.isin(restored, [spec.cls_id, spec.sep_id, spec.pad_id])
-    length_stats["packed"] += len(lengths)
+    length_stats["packed"] += n
     length_stats["maskable"] += int((inside & ~special).sum())
-  length_stats["masked"] += int(arrays.num_masked_N.sum())
-  length_stats["random_next"] += int(arrays.is_random_next_N.sum())
-  length_stats["short_targets"] += int(arrays.short_target_N.sum())
-  at_masks = np.take_along_axis(arrays.input_ids_NxL, arrays.masked_positions_NxP, axis=1)
+  length_stats["masked"] += int(rows.num_masked_N.sum())
+  length_stats["random_next"] += int(rows.is_random_next_N.sum())
+  length_stats["short_targets"] += int(rows.short_target_N.sum())
+  at_masks = np.take_along_axis(rows.input_ids_NxL, rows.masked_positions_NxP, axis=1)
   is_mask = real & (at_masks == spec.mask_id)
-  kept = real & ~is_mask & (at_masks == arrays.masked_ids_NxP)
+  kept = real & ~is_mask & (at_masks == rows.masked_ids_NxP)
   length_stats["mask_token"] += int(is_mask.sum())
   length_stats["kept"] += int(kept.sum())
   length_stats["replaced"] += int(real.sum() - is_mask.sum() - kept.sum())
   return example_proto.serialize_arrays(
-    arrays.input_ids_NxL,
-    arrays.lengths_N,
-    arrays.segment_ids_NxL,
-    arrays.masked_positions_NxP,
-    arrays.masked_ids_NxP,
-    arrays.num_masked_N,
-    arrays.is_random_next_N,
+    rows.input_ids_NxL,
+    rows.lengths_N,
+    rows.segment_ids_NxL,
+    rows.masked_positions_NxP,
+    rows.masked_ids_NxP,
+    rows.num_masked_N,
+    rows.is_random_next_N,
   )
-
-
-def _restored(inst: examples.Instance) -> list[int]:
-  ids = list(inst.input_ids)
-  for position, label in zip(inst.masked_positions, inst.masked_ids):
-    ids[position] = label
-  return ids

@@ -5,7 +5,7 @@ Every record is a `tf.train.Example` with int64 features `input_ids`, `input_mas
 [max_predictions_per_seq], `next_sentence_labels` [1] and a float feature
 `masked_lm_weights` [max_predictions_per_seq]. `next_sentence_labels` is 1 when segment B is a
 random segment ("is_random_next"), 0 when it is the real continuation. Records are written by
-`example_proto.serialize_example` (no TensorFlow needed) and `write_records`.
+`example_proto.serialize_arrays` (no TensorFlow needed) and `write_records`.
 """
 
 import os
