@@ -17,6 +17,8 @@ import numpy as np
 
 from bert_jax.data import batch_instances, example_proto, examples
 
+PAD_BLOCK = 4096  # the original engine's instances padded and serialized at a time
+
 
 class _Rows(NamedTuple):
   """N instances padded to one length: input ids with [PAD], everything else with 0."""
@@ -53,8 +55,11 @@ def original(documents, length, max_predictions, config, spec, seed, length_stat
     config.rates,
     config.sentence_pairs,
   )
-  rows = _padded(instances, length, max_predictions, spec.pad_id)
-  return _records(rows, config, spec, length_stats)
+  records = []
+  for lo in range(0, len(instances), PAD_BLOCK):  # rows for a block at a time: memory flat
+    rows = _padded(instances[lo : lo + PAD_BLOCK], length, max_predictions, spec.pad_id)
+    records += _records(rows, config, spec, length_stats)
+  return records
 
 
 def fast(documents, length, max_predictions, config, spec, seed, length_stats):
