@@ -18,9 +18,11 @@ import re
 import sys
 import tempfile
 import threading
+import types
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import tiny_pretrain_config
@@ -619,6 +621,73 @@ def test_plan_workers_follow_cores_and_memory(monkeypatch):
   assert planner.default_workers(1) == 1
   monkeypatch.setattr(planner.os, "cpu_count", lambda: 2)
   assert planner.default_workers(6) == 1
+
+
+@pytest.mark.parametrize(
+  "arg_gib, temp_gib, fits",
+  [(8, 7.5, True), (8, 8, False), (15.5, 0.5, False), (0.01, 15, True)],
+)
+def test_the_compilers_verdict_counts_arguments_with_temporaries(arg_gib, temp_gib, fits):
+  """What the report's total means: the TPU compiler refuses a program whose arguments plus
+  temporaries exceed the chip's available HBM (15.75 GiB on v5e), though either alone fits; the
+  report's total (arguments + outputs - aliased + temporaries + code) agrees with its verdict."""
+  devices = _devices("v5e:2x2")
+  topo = topo_lib.parse_topology("v5e:2x2")
+  mesh = jax.sharding.Mesh(np.array(devices), ("d",))
+  replicated = jax.sharding.NamedSharding(mesh, PartitionSpec())
+  n_arg, n_temp = int(arg_gib * 2**30) // 4, int(temp_gib * 2**30) // 4
+
+  def f(a, b):  # a temporary of temp_gib GiB, kept whole by the cumulative sum
+    t = jnp.cumsum(jnp.sin(jnp.broadcast_to(b, (n_temp // 1024, 1024)) * 3.0), axis=0)
+    return a[:8] + jnp.sum(t)
+
+  lowered = jax.jit(f).lower(
+    jax.ShapeDtypeStruct((n_arg,), jnp.float32, sharding=replicated),
+    jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=replicated),
+  )
+  rep = step_report(
+    "probe", lowered, topo, mesh, params_bytes=0, opt_state_bytes=0, model_flops=0, tokens=0
+  )
+  assert rep.fits == fits
+  if fits:
+    assert rep.memory["total_bytes"] == pytest.approx((arg_gib + temp_gib) * 2**30, rel=0.02)
+    assert rep.memory["total_bytes"] <= 15.75 * 2**30
+  else:
+    assert rep.memory["needed_bytes"] == pytest.approx((arg_gib + temp_gib) * 2**30, rel=0.02)
+
+
+def test_a_compiled_step_larger_than_the_chip_is_not_a_fit():
+  """The compiler accepted a program whose arguments + temporaries exceed the chip's HBM (seen
+  once, docs/compile.md): the report says it does not fit, with the numbers."""
+  gib = 1024**3
+
+  class Compiled:
+    def memory_analysis(self):
+      return types.SimpleNamespace(
+        argument_size_in_bytes=4 * gib, output_size_in_bytes=4 * gib,
+        alias_size_in_bytes=4 * gib, temp_size_in_bytes=94 * gib,
+        generated_code_size_in_bytes=0,
+      )  # fmt: skip
+
+    def cost_analysis(self):
+      return {"flops": 1.0, "bytes accessed": 1.0}
+
+    def as_text(self):
+      return "HloModule m\n\nENTRY %main () -> f32[] {\n}\n"
+
+  class Lowered:
+    def compile(self):
+      return Compiled()
+
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(4, 1, 1), ("data", "fsdp", "tensor"))
+  topo = topo_lib.parse_topology("v5p:2x2x1")
+  rep = step_report(
+    "train", Lowered(), topo, mesh, params_bytes=0, opt_state_bytes=0, model_flops=1, tokens=1
+  )
+  assert not rep.fits
+  assert rep.memory["needed_bytes"] == 98 * gib
+  assert rep.memory["over_bytes"] == 98 * gib - topo.chip.hbm_bytes
+  assert "98.00 GiB" in rep.error and "HBM" in rep.error
 
 
 def test_a_compile_failure_other_than_memory_is_one_line_naming_the_step():

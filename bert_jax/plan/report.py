@@ -240,6 +240,16 @@ def step_report(
         f"needs {_gb(memory['total_bytes'])} GiB per GPU, {_gb(available)} GiB available "
         f"(HBM x XLA_PYTHON_CLIENT_MEM_FRACTION)"
       )
+  elif memory["total_bytes"] > topo.chip.hbm_bytes:
+    # The TPU compiler refuses a program whose arguments + temporaries exceed its available HBM
+    # (tested); one case was seen where it accepted more than the chip has (docs/compile.md).
+    # A job that would run out of memory on the pod is worse than a refusal: not a fit.
+    fits = False
+    memory.update(needed_bytes=memory["total_bytes"], over_bytes=-memory["free_bytes"])
+    error = (
+      f"compiled, but needs {_gb(memory['total_bytes'])} GiB per chip (arguments + "
+      f"temporaries), more than the chip's {_gb(topo.chip.hbm_bytes)} GiB of HBM"
+    )
   flops, bytes_accessed = (x * loop_trips for x in _cost(compiled))
   # GPUs: a collective whose groups span hosts goes over InfiniBand (reported as "dcn")
   hosts = [d.process_index for d in mesh.devices.flat] if topo.is_gpu else None
