@@ -495,6 +495,9 @@ def test_planner_search_order_and_ranking_with_concurrent_meshes(monkeypatch, wo
     ((2, 1, 2), False, 1, False), ((2, 1, 2), False, 2, False), ((2, 1, 2), True, 1, False),
   ]  # fmt: skip
   assert plan["best"] is plan["candidates"][0] and plan["workers"] == workers
+  assert (
+    plan["code"] == planner._code_digest() and plan["estimate_version"] == planner.ESTIMATE_VERSION
+  )
   assert planner.best_overrides(plan)[-2:] == ["--config.remat=True", "--config.grad_accum_steps=1"]
   assert plan["input"]["examples_per_second_per_host"] == pytest.approx(
     32 / 1.61e-3

@@ -254,6 +254,8 @@ def make_plan(
     best=best,
     input=input_demand(batch, best["estimate"]["step_seconds"], topo) if best else None,
     versions=_versions(),
+    code=_code_digest(),  # the sources that compiled every row (part of each row's cache key)
+    estimate_version=ESTIMATE_VERSION,
     workers=workers,
   )
 
