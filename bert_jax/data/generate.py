@@ -41,6 +41,10 @@ from bert_jax.tokenize import load_tokenizer
 
 SPLITS = ("train", "eval")
 AUTO_PARALLEL_MIN_BYTES = 4 << 20
+# Input per worker from which workers tokenize with tensorflow-text (importing TensorFlow, some
+# seconds once per worker) rather than the TensorFlow-free reference (about 6x slower per byte):
+# the import pays for itself after about 17 MB (docs/pretraining_data.md).
+WORKER_FAST_TOKENIZER_MIN_BYTES = 32 << 20
 # Sentences per tokenizer call: documents are tokenized many at a time (same ids as one at a
 # time), so a batch tokenizer's per-call cost is paid per few thousand lines, not per document.
 ENCODE_BATCH_LINES = 4096
@@ -211,16 +215,17 @@ def _shard_outputs(shard: corpus.InputShard, config: GenerationConfig, output_di
 
 
 def make_shard_records(
-  shard: corpus.InputShard, config: GenerationConfig, output_dir: str
+  shard: corpus.InputShard, config: GenerationConfig, output_dir: str, backend: str = ""
 ) -> tuple[dict, dict[str, list[bytes]]]:
   """Reads, tokenizes and makes the records of one input shard for every sequence length.
 
-  Returns (stats, {output path: serialized records}). Runs in worker processes, which never
-  import TensorFlow (example_proto serializes); the parent writes the files.
+  Returns (stats, {output path: serialized records}). Runs in worker processes too, which import
+  TensorFlow only for a tokenizer ``backend`` other than "reference" (example_proto serializes);
+  the parent writes the files. ``backend`` "": as `_tokenizer_backend` says.
   """
   stats = _new_stats()
   tokenizer, spec = _load_tokenizer_and_spec(
-    config.tokenizer_path, config.do_lower_case, _tokenizer_backend()
+    config.tokenizer_path, config.do_lower_case, backend or _tokenizer_backend()
   )
   read_stats: dict = {}
   documents: dict[str, list[list[list[int]]]] = {"train": [], "eval": []}
@@ -271,8 +276,8 @@ def _merge(total: dict, part: dict) -> None:
 
 
 def _worker(args):
-  shard, config, output_dir = args
-  return make_shard_records(shard, config, output_dir)
+  shard, config, output_dir, backend = args
+  return make_shard_records(shard, config, output_dir, backend)
 
 
 def summary_line(stats: dict) -> str:
@@ -411,13 +416,13 @@ def generate(
   from bert_jax.data import tfrecord  # noqa: PLC0415 (TensorFlow, kept out of the workers)
 
   mine = [s for s in shards if s.index % process_count == process_index]
+  input_bytes = (
+    float("inf")  # TFDS: sizes unknown (and its readers import TensorFlow anyway)
+    if config.input_format == "tfds"
+    else sum(os.path.getsize(f) for s in mine for f in s.files if os.path.exists(f))
+  )
   if not num_workers:
-    small = (
-      config.input_format != "tfds"
-      and sum(os.path.getsize(f) for s in mine for f in s.files if os.path.exists(f))
-      < AUTO_PARALLEL_MIN_BYTES
-    )
-    num_workers = 1 if small else (os.cpu_count() or 1)
+    num_workers = 1 if input_bytes < AUTO_PARALLEL_MIN_BYTES else (os.cpu_count() or 1)
   # Checked before anything is written, with the backend a shard made here would use (cached
   # for it); with workers, the light TensorFlow-free one they use.
   backend = _tokenizer_backend() if num_workers == 1 else "reference"
@@ -441,7 +446,9 @@ def generate(
     workers,
   )
   start = time.time()
-  tasks = [(s, config, output_dir) for s in mine]
+  per_worker = input_bytes / workers
+  worker_backend = "auto" if per_worker >= WORKER_FAST_TOKENIZER_MIN_BYTES else "reference"
+  tasks = [(s, config, output_dir, "" if workers <= 1 else worker_backend) for s in mine]
   for shard in mine:  # temporary files a killed run left for the shards written now
     for path in _shard_outputs(shard, config, output_dir):
       _remove_temp_files(path)
