@@ -150,8 +150,8 @@ def _load_tokenizer_and_spec(
 
 def _tokenizer_backend() -> str:
   """The fast WordPiece path (tensorflow-text; same ids) where TensorFlow is already imported,
-  i.e. in this process when it generates alone; the reference in the fork-server workers, which
-  must not import TensorFlow (see example_proto)."""
+  i.e. in this process when it generates alone; else the reference, which needs no TensorFlow
+  (fork-server workers are told which to use: `generate`, WORKER_FAST_TOKENIZER_MIN_BYTES)."""
   return "auto" if "tensorflow" in sys.modules else "reference"
 
 
@@ -460,7 +460,8 @@ def generate(
     # Not fork: the parent may hold TensorFlow/JAX threads, which do not survive a fork. Not
     # spawn: it re-imports the caller's __main__ (an entry point importing TensorFlow and JAX)
     # in every worker. A fork server that preloads only this module starts workers in about a
-    # second: they import neither TensorFlow nor JAX (see example_proto).
+    # second: they import no JAX, and TensorFlow only to tokenize much input
+    # (WORKER_FAST_TOKENIZER_MIN_BYTES; example_proto serializes without it).
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["bert_jax.data.generate", "bert_jax.tokenize"])
     pool = context.Pool(workers)
