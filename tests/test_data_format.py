@@ -222,7 +222,7 @@ def test_entry_point_makes_both_lengths(engine, tmp_path, small_corpus, minilm_d
 def test_original_engine_instances_serialize_like_tensorflow():
   """The original engine's instances (ragged lists) padded into rows and serialized in bulk,
   against TensorFlow's own Example built from the lists, padded as google-research/bert pads."""
-  from bert_jax.data import example_proto, examples, shard_records
+  from bert_jax.data import examples, shard_records
 
   rng = np.random.default_rng(1)
   instances = []
@@ -241,15 +241,7 @@ def test_original_engine_instances_serialize_like_tensorflow():
       )
     )
   rows = shard_records._padded(instances, L, P, pad_id=0)
-  ours = example_proto.serialize_arrays(
-    rows.input_ids_NxL,
-    rows.lengths_N,
-    rows.segment_ids_NxL,
-    rows.masked_positions_NxP,
-    rows.masked_ids_NxP,
-    rows.num_masked_N,
-    rows.is_random_next_N,
-  )
+  ours = shard_records._serialize(rows)
   feat = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
   for inst, got in zip(instances, ours, strict=True):
     ids, positions = inst.input_ids, inst.masked_positions

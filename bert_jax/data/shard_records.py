@@ -139,6 +139,10 @@ def _records(rows: _Rows, config, spec, length_stats) -> list[bytes]:
   length_stats["mask_token"] += int(is_mask.sum())
   length_stats["kept"] += int(kept.sum())
   length_stats["replaced"] += int(real.sum() - is_mask.sum() - kept.sum())
+  return _serialize(rows)
+
+
+def _serialize(rows: _Rows) -> list[bytes]:
   return example_proto.serialize_arrays(
     rows.input_ids_NxL,
     rows.lengths_N,
