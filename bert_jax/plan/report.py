@@ -229,33 +229,40 @@ def step_report(
   seconds = time.perf_counter() - start
   memory = dict(params_bytes=params_bytes, opt_state_bytes=opt_state_bytes)
   memory.update(compiled_memory(compiled, topo.chip.hbm_bytes))
-  fits, error = True, ""
-  if topo.is_gpu:  # XLA:GPU compiles whatever the size: compare with what JAX may allocate
-    available = gpu_topology.available_bytes(topo.chip)
-    memory.update(available_bytes=available, free_bytes=available - memory["total_bytes"])
-    if memory["total_bytes"] > available:
-      fits = False
-      memory.update(needed_bytes=memory["total_bytes"], over_bytes=-memory["free_bytes"])
-      error = (
-        f"needs {_gb(memory['total_bytes'])} GiB per GPU, {_gb(available)} GiB available "
-        f"(HBM x XLA_PYTHON_CLIENT_MEM_FRACTION)"
-      )
-  elif memory["total_bytes"] > topo.chip.hbm_bytes:
-    # The TPU compiler refuses a program whose arguments + temporaries exceed its available HBM
-    # (tested); one case was seen where it accepted more than the chip has (docs/compile.md).
-    # A job that would run out of memory on the pod is worse than a refusal: not a fit.
-    fits = False
-    memory.update(needed_bytes=memory["total_bytes"], over_bytes=-memory["free_bytes"])
-    error = (
-      f"compiled, but needs {_gb(memory['total_bytes'])} GiB per chip (arguments + "
-      f"temporaries), more than the chip's {_gb(topo.chip.hbm_bytes)} GiB of HBM"
-    )
+  fits, error = _limit_check(memory, topo)
   flops, bytes_accessed = (x * loop_trips for x in _cost(compiled))
   # GPUs: a collective whose groups span hosts goes over InfiniBand (reported as "dcn")
   hosts = [d.process_index for d in mesh.devices.flat] if topo.is_gpu else None
   colls = hlo.collectives(compiled.as_text(), mesh, domains=hosts)
   est = estimate(flops, bytes_accessed, colls, topo, model_flops, tokens, compute_dtype)
   return StepReport(name, fits, seconds, memory, flops, bytes_accessed, colls, est, error, compiled)
+
+
+def _limit_check(memory: dict[str, float], topo: Topology) -> tuple[bool, str]:
+  """Whether a compiled step's per-chip total fits the chip's limit; records the limit (and,
+  when over, needed / over bytes) in ``memory``. GPUs: XLA:GPU compiles whatever the size, so
+  the limit is what JAX may allocate (HBM x XLA_PYTHON_CLIENT_MEM_FRACTION). TPUs: the compiler
+  refuses a program whose arguments + temporaries exceed its HBM (tested), but one case was
+  seen where it accepted more than the chip has (docs/compile.md); a job that would run out of
+  memory on the pod is worse than a refusal, so the chip's HBM is the limit."""
+  total = memory["total_bytes"]
+  if topo.is_gpu:
+    limit = gpu_topology.available_bytes(topo.chip)
+    memory.update(available_bytes=limit, free_bytes=limit - total)
+    what = (
+      f"needs {_gb(total)} GiB per GPU, {_gb(limit)} GiB available "
+      f"(HBM x XLA_PYTHON_CLIENT_MEM_FRACTION)"
+    )
+  else:
+    limit = topo.chip.hbm_bytes
+    what = (
+      f"compiled, but needs {_gb(total)} GiB per chip (arguments + temporaries), more than "
+      f"the chip's {_gb(limit)} GiB of HBM"
+    )
+  if total <= limit:
+    return True, ""
+  memory.update(needed_bytes=total, over_bytes=total - limit)
+  return False, what
 
 
 def _gb(x: float) -> str:
