@@ -11,6 +11,11 @@ launch's pre-flight with exit status 139 and libtpu's stack. The child is
 in a file); an input error it raises (``ValueError``: a mesh that does not match the chip count,
 a step that does not compile) comes back as the same error here. Costs a Python start-up (a few
 seconds) per compile, against minutes of compiling.
+
+The child compiles with this process's compiler settings (``compiler_settings``: jax's
+optimisation options, whether set by environment or ``jax.config.update``, and the XLA / libtpu
+flags in the environment), so an isolated compile gives the numbers an in-process one would; the
+planner's cache key includes them.
 """
 
 from __future__ import annotations
@@ -24,9 +29,36 @@ import sys
 import tempfile
 from typing import Any
 
+import jax
+
 from bert_jax.plan.report import CompileError, StepReport
 
 WORKER = (sys.executable, "-m", "bert_jax.plan.compile_worker")
+
+
+# jax options that change what the compiler makes of a program (and so its memory and cost)
+COMPILER_OPTIONS = (
+  "jax_exec_time_optimization_effort",
+  "jax_memory_fitting_effort",
+  "jax_optimization_level",
+  "jax_memory_fitting_level",
+)
+COMPILER_FLAGS = ("LIBTPU_INIT_ARGS", "XLA_FLAGS")  # environment variables the compilers read
+
+
+def compiler_settings() -> dict[str, str]:
+  """{setting: value} of the options and flags above as this process has them."""
+  out = {k: str(jax.config.values[k]) for k in COMPILER_OPTIONS if k in jax.config.values}
+  out.update({k: os.environ[k] for k in COMPILER_FLAGS if k in os.environ})
+  return out
+
+
+def _child_env() -> dict[str, str]:
+  """This process's environment with its jax options as JAX_* variables (jax reads each option's
+  default from its upper-cased name), so the child compiles as this process would."""
+  env = dict(os.environ)
+  env.update({k.upper(): v for k, v in compiler_settings().items() if k in COMPILER_OPTIONS})
+  return env
 
 
 class CompilerDied(CompileError):
@@ -47,6 +79,7 @@ def run_in_child(
     proc = subprocess.run(
       [*(command or WORKER), out],
       input=pickle.dumps((target, args)),
+      env=_child_env(),
       capture_output=True,
       check=False,
     )

@@ -13,7 +13,8 @@ compiled only when remat off does not fit at accumulation 1 (recomputing the for
 adds work).
 Every compile is cached on disk (JSON, one file per candidate, keyed by the config with the
 candidate's overrides, the topology with its chip's numbers, ``ESTIMATE_VERSION``, jax and
-libtpu versions, a digest of bert_jax's sources), so a re-plan costs no compile. The meshes
+libtpu versions, a digest of bert_jax's sources, the compiler settings of
+``isolation.compiler_settings``), so a re-plan costs no compile. The meshes
 are searched concurrently (``workers`` threads; by default as the host's cores and memory allow,
 see ``default_workers``), and each compile runs in a child process (``compile_isolated``): a
 crash of the compiler is one failed candidate, not the end of the plan. Rows: fits first,
@@ -104,6 +105,7 @@ def _key(config, topo: Topology, phase: int) -> str:
       ESTIMATE_VERSION,
       _versions(),
       _code_digest(),
+      isolation.compiler_settings(),
     ],
     sort_keys=True,
   )
