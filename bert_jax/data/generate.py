@@ -155,6 +155,14 @@ def _tokenizer_backend() -> str:
   return "auto" if "tensorflow" in sys.modules else "reference"
 
 
+def _input_bytes(shards, config: GenerationConfig) -> float:
+  """The input files' bytes of ``shards``; TFDS: unknown, infinite (its readers import TensorFlow
+  anyway)."""
+  if config.input_format == "tfds":
+    return float("inf")
+  return sum(os.path.getsize(f) for s in shards for f in s.files if os.path.exists(f))
+
+
 def _tokenized_documents(tokenizer, documents):
   """Each document's ids, one list per sentence, tokenizing ENCODE_BATCH_LINES at a time."""
   pending, lines = [], 0
@@ -416,11 +424,7 @@ def generate(
   from bert_jax.data import tfrecord  # noqa: PLC0415 (TensorFlow, kept out of the workers)
 
   mine = [s for s in shards if s.index % process_count == process_index]
-  input_bytes = (
-    float("inf")  # TFDS: sizes unknown (and its readers import TensorFlow anyway)
-    if config.input_format == "tfds"
-    else sum(os.path.getsize(f) for s in mine for f in s.files if os.path.exists(f))
-  )
+  input_bytes = _input_bytes(mine, config)
   if not num_workers:
     num_workers = 1 if input_bytes < AUTO_PARALLEL_MIN_BYTES else (os.cpu_count() or 1)
   # Checked before anything is written, with the backend a shard made here would use (cached
@@ -446,7 +450,7 @@ def generate(
     workers,
   )
   start = time.time()
-  per_worker = input_bytes / workers
+  per_worker = _input_bytes(mine, config) / workers  # the shards still to write
   worker_backend = "auto" if per_worker >= WORKER_FAST_TOKENIZER_MIN_BYTES else "reference"
   tasks = [(s, config, output_dir, "" if workers <= 1 else worker_backend) for s in mine]
   for shard in mine:  # temporary files a killed run left for the shards written now
