@@ -11,8 +11,10 @@ where libtpu cannot start (not installed: ``pip install '.[tpu]'``).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import os
 import pathlib
 import re
 import sys
@@ -57,21 +59,41 @@ def _devices(name: str):
 
 
 _config = tiny_pretrain_config
+BATCH = 64  # the meshes' global batch: the accumulation test's one-step case is the data mesh's
+
+
+def _mesh_config(sizes, **overrides):
+  return _config(sizes, train_batch_size=BATCH, **overrides)
+
+
+@contextlib.contextmanager
+def quick_compiles():
+  """The compiler at its lowest execution-time optimisation effort (about half the compile time
+  of the tiny step here). For the tests of structure: the SPMD partitioner, which decides every
+  sharding and collective, and the arguments' sizes are the same at any effort; the tests of what
+  fits compile at the default effort. An isolated compile's child inherits it
+  (``isolation.compiler_settings``)."""
+  key = "jax_exec_time_optimization_effort"
+  before = jax.config.values[key]
+  jax.config.update(key, -1.0)
+  try:
+    yield
+  finally:
+    jax.config.update(key, before)
 
 
 @pytest.fixture(scope="module")
 def compiled_tpu():
-  """{mesh kind: (topology, mesh sizes, the compile_for_topology result)}, compiled once."""
+  """{mesh kind: (topology, mesh sizes, the compile_for_topology result)}, compiled once (the
+  suite runs with ``--dist loadfile``, setup.cfg: a module's tests share one worker)."""
   out = {}
-  for kind, (name, sizes) in MESHES.items():
-    devices = _devices(name)
-    out[kind] = (
-      name,
-      sizes,
-      compile_for_topology(
-        _config(sizes), topo_lib.parse_topology(name), with_eval=False, devices=devices
-      ),
-    )
+  with quick_compiles():
+    for kind, (name, sizes) in MESHES.items():
+      devices = _devices(name)
+      result = compile_for_topology(
+        _mesh_config(sizes), topo_lib.parse_topology(name), with_eval=False, devices=devices
+      )
+      out[kind] = (name, sizes, result)
   return out
 
 
@@ -129,7 +151,7 @@ def _compiled_param_specs(compiled, abstract_params) -> dict[str, tuple]:
 @pytest.mark.parametrize("kind", list(MESHES))
 def test_parameter_shardings_follow_the_logical_rules(compiled_tpu, kind):
   name, sizes, result = compiled_tpu[kind]
-  config = _config(sizes)
+  config = _mesh_config(sizes)
   expected = _expected_specs(config, sizes)
   abstract = jax.eval_shape(build_job(config, abstract=True).init_params, jax.random.PRNGKey(0))
   compiled = result["reports"][0].compiled
@@ -145,7 +167,7 @@ def test_parameter_shardings_follow_the_logical_rules(compiled_tpu, kind):
 @pytest.mark.parametrize("kind", list(MESHES))
 def test_argument_bytes_are_params_and_adam_moments_over_their_shards(compiled_tpu, kind):
   name, sizes, result = compiled_tpu[kind]
-  config = _config(sizes)
+  config = _mesh_config(sizes)
   expected_specs = _expected_specs(config, sizes)
   mesh_size = dict(zip(("data", "fsdp", "tensor"), sizes))
   abstract = nn.meta.unbox(
@@ -174,7 +196,7 @@ def test_mixed_mesh_shardings_equal_those_on_8_cpu_devices(compiled_tpu):
   if jax.device_count() != 8 or jax.default_backend() != "cpu":
     pytest.skip("needs the suite's 8 fake CPU devices (tests/conftest.py)")
   name, sizes, result = compiled_tpu["mixed"]
-  config = _config(sizes)
+  config = _mesh_config(sizes)
   mesh = parallel.create_mesh(config.mesh)
   rules = parallel.normalize_rules(config.logical_axis_rules)
   job = build_job(config, abstract=True)
@@ -206,19 +228,18 @@ def test_over_budget_config_is_reported_as_not_fitting_with_the_numbers():
   assert "hbm" in step["error"].lower()
 
 
-def test_accumulation_counts_every_micro_step():
+def test_accumulation_counts_every_micro_step(compiled_tpu):
   """The same global batch in one step or in two accumulated micro-steps does the same model
   work: XLA counts the accumulation loop's body once, the report counts each trip."""
-  devices = _devices("v5e:2x2")
-  steps = {
-    k: compile_for_topology(
-      _config((4, 1, 1), train_batch_size=64, grad_accum_steps=k),
-      topo_lib.parse_topology("v5e:2x2"),
+  name, sizes, one_step = compiled_tpu["data"]
+  with quick_compiles():
+    two_steps = compile_for_topology(
+      _mesh_config(sizes, grad_accum_steps=2),
+      topo_lib.parse_topology(name),
       with_eval=False,
-      devices=devices,
+      devices=_devices(name),
     )
-    for k in (1, 2)
-  }
+  steps = {1: one_step, 2: two_steps}
   one, two = steps[1]["steps"][0], steps[2]["steps"][0]
   assert two["flops"] == pytest.approx(one["flops"], rel=0.15)
   # Bytes: the micro-steps' activations once in all, the optimizer update (outside the loop)
@@ -408,7 +429,10 @@ def test_launch_preflight_refuses_a_job_that_does_not_fit_before_creating_anythi
     tpu_name="pod", zone="z", project="p", create=True, accelerator_type="v5litepod-4"
   )
   out = io.StringIO()
-  with pytest.raises(LaunchError, match=r"does not fit on v5e:2x2 .*needs [\d.]+ GiB per chip"):
+  with (
+    quick_compiles(),  # the refusal at the default effort: the over-budget test above
+    pytest.raises(LaunchError, match=r"does not fit on v5e:2x2 .*needs [\d.]+ GiB per chip"),
+  ):
     launch(job, target, out=out)
   assert "gcloud" not in out.getvalue()  # nothing was created
 
@@ -550,17 +574,24 @@ def test_a_compiler_crash_is_one_failed_candidate_and_the_plan_goes_on(monkeypat
 
 
 def test_an_isolated_compile_fills_the_cache_as_in_process(tmp_path):
-  """The child process compiles the same step (the same compiler numbers as in this process)
-  and leaves the cache entry a re-plan reads without compiling."""
+  """The child process compiles the same step with this process's compiler settings (the same
+  compiler numbers, the same cache key) and leaves the cache entry a re-plan reads without
+  compiling; at other compiler settings that entry is not used."""
   devices = _devices("v5e:2x2")
   topo = topo_lib.parse_topology("v5e:2x2")
   config = _config((4, 1, 1))
-  child = planner.compile_isolated(config, topo, 0, str(tmp_path))
-  here = planner.compile_cached(config, topo, 0, "", devices)
+  with quick_compiles():  # set here, in this process: the child compiles with it too
+    child = planner.compile_isolated(config, topo, 0, str(tmp_path))
+    here = planner.compile_cached(config, topo, 0, "", devices)
   assert not child["cached"] and child["fits"]
   assert child["steps"][0]["memory"] == here["steps"][0]["memory"]
   assert len(list(tmp_path.glob("*.json"))) == 1
-  assert planner.compile_isolated(config, topo, 0, str(tmp_path))["cached"]
+  with quick_compiles():
+    assert [str(p) for p in tmp_path.glob("*.json")] == [
+      planner._cache_path(config, topo, 0, str(tmp_path))
+    ]
+    assert planner.compile_isolated(config, topo, 0, str(tmp_path))["cached"]
+  assert not os.path.exists(planner._cache_path(config, topo, 0, str(tmp_path)))
 
 
 def test_a_compiler_crash_in_compile_or_preflight_is_an_error_naming_the_signal(

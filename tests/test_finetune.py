@@ -101,6 +101,9 @@ def test_minilm_sst2_learns(tmp_path, shared_data, minilm_dir):
   c.train_batch_size, c.eval_batch_size, c.learning_rate = 16, 32, 3e-4
   c.num_train_epochs, c.predict_test = 1.0, False
   c.logging.log_every_steps = 1
+  # fsdp over the suite's 8 fake devices: each updates an eighth of the parameters (data
+  # parallel, all 8 would update all of them on this host's 2 cores); the same losses to 4 digits
+  c.mesh.data, c.mesh.fsdp = 1, 8
   result = runner.finetune(c, str(tmp_path))
   assert "newly initialised: ['classifier/bias', 'classifier/kernel']" in result["init"]
   assert "not loaded (in the checkpoint, unused): none" in result["init"]

@@ -262,16 +262,9 @@ def test_workdir_of_another_model_and_nan_loss(tmp_path):
     run_pretraining(config(mesh_data=16), str(tmp_path / "m"))
 
 
-def _free_port():
-  import socket
-
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_train_together_like_one(tmp_path, tfrecords):
-  """jax.distributed on CPU: 2 processes x 2 devices match 1 process x 4 devices."""
+  """python -m launch, two local processes x 2 devices in one jax.distributed job: the same
+  losses as 1 process x 4 devices; each process its coordinates and its log; the launch record."""
   overrides = [
     "--config.synthetic_data=True",
     f"--config.vocab_file={tfrecords['vocab']}",
@@ -293,32 +286,48 @@ def test_two_processes_train_together_like_one(tmp_path, tfrecords):
   code, out = run(single, *overrides, devices=4)
   reference = losses_by_step(single)
 
-  multi = str(tmp_path / "multi")
-  port = _free_port()
-  procs = []
-  for pid in range(2):
-    env = _env(devices=2)
-    env.update(
-      JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid)
-    )
-    procs.append(
-      subprocess.Popen(
-        pretrain_cmd(multi, *overrides),
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-      )
-    )
-  outs = [p.communicate(timeout=600)[0] for p in procs]
-  for p, o in zip(procs, outs):
-    assert p.returncode == 0, o[-3000:]
-  assert "process 0 of 2" in outs[0] and "process 1 of 2" in outs[1]
-  assert "over 4 devices (2 processes)" in outs[0]
-  got = losses_by_step(multi)
+  multi = tmp_path / "multi"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the launcher sets them
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launch",
+      "run",
+      "--job=pretrain",
+      f"--config={REPO}/configs/pretrain.py:tiny",
+      f"--workdir={multi}",
+      "--target=local",
+      "--num_processes=2",
+      "--cpu_devices_per_process=2",
+      "--",
+      *overrides,
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  logs = [(multi / "logs" / f"process_{i}.log").read_text() for i in range(2)]
+  for i, log in enumerate(logs):
+    assert f"process {i} of 2" in log, log[-2000:]
+  assert "over 4 devices (2 processes)" in logs[0]
+  got = losses_by_step(str(multi))
   assert sorted(got) == [1, 2, 3, 4]
   np.testing.assert_allclose(
     [got[s] for s in range(1, 5)], [reference[s] for s in range(1, 5)], rtol=0, atol=1e-5
   )
-  assert os.path.isdir(os.path.join(multi, "checkpoints", "4"))
+  steps = sorted(int(p.name) for p in (multi / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps == [2, 4]
+  summary = json.loads((multi / "summary.json").read_text())
+  assert summary["status"] == "completed" and summary["step"] == 4
+  assert summary["num_processes"] == 2 and summary["num_devices"] == 4
+  record = json.loads((multi / "launch.json").read_text())
+  assert record["num_processes"] == 2 and record["target"] == "local"
+  assert record["config"]["num_train_steps"] == 4  # the resolved config, overrides applied
+  head = subprocess.run(
+    ["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True
+  ).stdout.strip()
+  assert record["git"]["commit"] == (head or None)
