@@ -239,8 +239,7 @@ def test_accumulation_counts_every_micro_step(compiled_tpu):
       with_eval=False,
       devices=_devices(name),
     )
-  steps = {1: one_step, 2: two_steps}
-  one, two = steps[1]["steps"][0], steps[2]["steps"][0]
+  one, two = one_step["steps"][0], two_steps["steps"][0]
   assert two["flops"] == pytest.approx(one["flops"], rel=0.15)
   # Bytes: the micro-steps' activations once in all, the optimizer update (outside the loop)
   # counted per trip, so never less than one step's (counting the body once would be).
@@ -249,7 +248,7 @@ def test_accumulation_counts_every_micro_step(compiled_tpu):
     one["estimate"]["compute_seconds"], rel=0.15
   )
   # Collectives inside the loop count once per trip: the compiled loop's bound is the config's.
-  text = steps[2]["reports"][0].compiled.as_text()
+  text = two_steps["reports"][0].compiled.as_text()
   comps, _ = hlo._split_computations(text)
   loops = [line for lines in comps.values() for line in lines if " while(" in line]
   assert loops and {hlo._trip_count(line, comps) for line in loops} == {2}

@@ -287,7 +287,6 @@ def test_two_processes_train_together_like_one(tmp_path, tfrecords):
   reference = losses_by_step(single)
 
   multi = tmp_path / "multi"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the launcher sets them
   proc = subprocess.run(
     [
       sys.executable,
@@ -304,7 +303,7 @@ def test_two_processes_train_together_like_one(tmp_path, tfrecords):
       *overrides,
     ],
     cwd=REPO,
-    env=env,
+    env=_env(),  # the launcher replaces the device count with --cpu_devices_per_process
     capture_output=True,
     text=True,
     timeout=600,
