@@ -5,6 +5,8 @@ r"""The step-time estimator (bert_jax/plan/report.py) against step times measure
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
       python -m benchmarks.bench_calibration --devices=8 --sizes=tiny,mini   # a CPU mesh
   python -m benchmarks.bench_calibration --published       # TPU / GPU: against published runs
+  python -m benchmarks.bench_calibration --topology=h200:1 --sizes=base --dtype=bfloat16 \
+      --tokens_per_step=32768                # on a GPU host: measured against the estimate
 
 ``bert_jax.compile`` estimates a TPU or GPU step from what the compiler reports (FLOPs, bytes
 accessed, the collectives in the HLO) and a chip's data-sheet peak and bandwidths; nothing here
@@ -26,6 +28,16 @@ the median of ``--repeats`` timings of ``--steps`` steps is compared with the es
 measured / estimated; 1.0 = the roofline bound is met, > 1 = slower than the bound). The
 constants are not tuned to the ratios: the estimator is the one ``bert_jax.compile`` uses.
 
+``--topology=h200:1`` (any TPU or GPU topology name): on a host whose jax sees that topology's
+accelerators (a GPU host with one H200 here), the estimate of ``bert_jax.compile`` for it,
+compiled on those devices, against the run's own step measured there (median of ``--repeats``
+timings of ``--steps`` steps) and the allocator's peak against the predicted memory; the
+chip's matmul rate and copy bandwidth are measured there too. Each preset's phases are one
+process's rows (run one preset per process for a per-preset memory peak). On a host without
+them, the same command prints the estimates alone (compiled without the hardware), e.g. to
+compare the deviceless compile with the on-device one. ``benchmarks/step_trace.py`` records
+where such a step's device time goes.
+
 ``--published``: the TPU and GPU estimates against published step times of BERT-large
 pre-training with fixed (padded) shapes (``PUBLISHED``: MLPerf Training v0.7 logs, NVIDIA's
 DeepLearningExamples tables). Each is compiled by ``bert_jax.plan.compile_for_topology`` with the
@@ -45,6 +57,7 @@ import tempfile
 import time
 
 import jax
+import jax.numpy as jnp
 from absl import app, flags
 
 from benchmarks.host_peak import measure_bandwidth, measure_peak_flops
@@ -63,6 +76,13 @@ _TOKENS = flags.DEFINE_integer(
 _DEVICES = flags.DEFINE_integer("devices", 1, "CPU devices in the mesh (data parallel)")
 _STEPS = flags.DEFINE_integer("steps", 3, "timed steps per repeat")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "timings per configuration (median)")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "the config's dtype")
+_TOPOLOGY = flags.DEFINE_string(
+  "topology",
+  "",
+  "a TPU / GPU topology (e.g. h100:1): on a host whose jax sees that many accelerators of it, "
+  "measure the run's step there against the estimate; elsewhere, the estimate alone",
+)
 _OUT = flags.DEFINE_string("out", "", "also write the rows as JSON here")
 _PUBLISHED = flags.DEFINE_bool("published", False, "compare with PUBLISHED (TPU / GPU) instead")
 
@@ -136,6 +156,7 @@ def _config(size: str, seqs: list[int], batches: list[int]):
   config.max_seq_length = seqs[0]
   config.train_batch_size = batches[0]
   config.max_predictions_per_seq = 20 if seqs[0] <= 128 else 80
+  config.dtype = _DTYPE.value
   config.phase2.fraction = 0.1 if len(seqs) > 1 else 0.0
   if len(seqs) > 1:
     config.phase2.max_seq_length = seqs[1]
@@ -143,74 +164,133 @@ def _config(size: str, seqs: list[int], batches: list[int]):
   return config
 
 
-def _time(compiled, state, batches, steps: int, repeats: int):
-  state, _ = compiled(state, batches[0])  # warm-up
+def _time(step, state, batches, steps: int, repeats: int):
+  """Median seconds per step of ``repeats`` timings of ``steps`` steps, after one warm-up step
+  (which compiles ``step`` if it is a jitted function); also the warm-up's seconds."""
+  t = time.perf_counter()
+  state, _ = step(state, batches[0])
   jax.block_until_ready(state)
+  first = time.perf_counter() - t
   times = []
   for _ in range(repeats):
     t = time.perf_counter()
     for i in range(steps):
-      state, metrics = compiled(state, batches[i % len(batches)])
+      state, metrics = step(state, batches[i % len(batches)])
     jax.block_until_ready((state, metrics))
     times.append((time.perf_counter() - t) / steps)
-  return statistics.median(times), state
+  return statistics.median(times), first, state
 
 
-def calibrate(size: str, seqs: list[int], topo: Topology, devices) -> list[dict]:
+def _peak_bytes(device) -> float | None:
+  """The allocator's high-water mark on ``device`` since the process started (GPUs, TPUs;
+  None where jax keeps no such statistics, e.g. on the CPU)."""
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  return float(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+def _estimate_row(size, phase, rep, topo) -> dict:
+  e = rep.estimate
+  row = dict(
+    size=size,
+    seq=phase.seq_len,
+    batch=phase.global_batch_size,
+    devices=topo.num_devices,
+    dtype=_DTYPE.value,
+    fits=rep.fits,
+    predicted_gib=rep.memory.get("total_bytes", float("nan")) / 2**30,
+    compile_seconds=rep.compile_seconds,
+  )
+  if not e:  # refused for memory: nothing to estimate
+    return row
+  return dict(
+    row,
+    compiler_gflop_per_device=rep.flops / 1e9,
+    model_gflop=e["model_flops"] / 1e9,
+    gbytes_accessed_per_device=rep.bytes_accessed / 1e9,
+    compute_ms=e["compute_seconds"] * 1e3,
+    hbm_ms=e["hbm_seconds"] * 1e3,
+    network_ms=(e["ici_seconds"] + e["dcn_seconds"]) * 1e3,
+    estimate_ms=e["step_seconds"] * 1e3,
+    serial_ms=e["serial_seconds"] * 1e3,
+    bound=e["bound"],
+    estimated_mfu=e["mfu"],
+  )
+
+
+def calibrate(size: str, seqs: list[int], topo: Topology, devices, measure: bool = True):
+  """One row per phase: the estimate of the step ``bert_jax.compile`` compiles for ``topo`` (on
+  ``devices``; None: the topology's abstract devices, compile only) and, with ``measure``, the
+  step measured on ``devices``. On a GPU two steps are timed: the run's own (jitted as a run
+  jits it, XLA:GPU free to pick its Triton GEMMs) and the estimator's compile of it (cuBLAS
+  dots, ``gpu_topology.compile_kwargs``); elsewhere the two are one compile."""
   config = _config(size, seqs, [_TOKENS.value // s for s in seqs])
+  rows = []
+  reports = compile_for_topology(config, topo, with_eval=False, devices=devices)["reports"]
+  if not measure:
+    job = build_job(config, abstract=True)
+    for phase, rep in zip(job.phases, reports, strict=True):
+      rows.append(_estimate_row(size, phase, rep, topo))
+      print(_format_row(rows[-1]), flush=True)
+    return rows
   mesh = parallel.create_mesh(config.mesh, devices=devices)
   rules = parallel.normalize_rules(config.logical_axis_rules)
-  rows = []
-  # the report of each phase's step: the compile bert_jax.compile makes, here for the CPU devices
-  reports = compile_for_topology(config, topo, with_eval=False, devices=devices)["reports"]
   with tempfile.TemporaryDirectory() as workdir:
     job = build_job(config, workdir, mesh)  # the same job with its (synthetic) input
-    state = trainer.assemble(job, config, mesh, rules).init_state()
-    for phase, rep in zip(job.phases, reports, strict=True):
+    asm = trainer.assemble(job, config, mesh, rules)
+    state = asm.init_state()
+    for i, (phase, rep) in enumerate(zip(job.phases, reports, strict=True)):
+      row = _estimate_row(size, phase, rep, topo)
+      rows.append(row)
+      if not rep.fits:
+        print(_format_row(row), flush=True)
+        continue
       it = phase.make_input()
       batches = [parallel.make_global_batch(next(it), mesh, rules) for _ in range(2)]
       with parallel.mesh_context(mesh, rules):
-        measured, state = _time(rep.compiled, state, batches, _STEPS.value, _REPEATS.value)
-      e = rep.estimate
-      rows.append(
-        dict(
-          size=size,
-          seq=phase.seq_len,
-          batch=phase.global_batch_size,
-          devices=topo.num_devices,
-          compiler_gflop_per_device=rep.flops / 1e9,
-          model_gflop=e["model_flops"] / 1e9,
-          gbytes_accessed_per_device=rep.bytes_accessed / 1e9,
-          compute_ms=e["compute_seconds"] * 1e3,
-          hbm_ms=e["hbm_seconds"] * 1e3,
-          network_ms=(e["ici_seconds"] + e["dcn_seconds"]) * 1e3,
-          estimate_ms=e["step_seconds"] * 1e3,
-          serial_ms=e["serial_seconds"] * 1e3,
-          bound=e["bound"],
-          measured_ms=measured * 1e3,
-          ratio=measured / e["step_seconds"],
-          estimated_mfu=e["mfu"],
-          measured_mfu=e["model_flops"] / (measured * topo.num_devices * topo.chip.peak_flops),
-        )
+        if topo.is_gpu:
+          measured, first, state = _time(
+            asm.train_steps[i], state, batches, _STEPS.value, _REPEATS.value
+          )
+          row["run_compile_seconds"] = first
+          theirs, _, state = _time(rep.compiled, state, batches, _STEPS.value, _REPEATS.value)
+          row["estimator_compile_ms"] = theirs * 1e3
+        else:  # the run's compile is this one
+          measured, _, state = _time(rep.compiled, state, batches, _STEPS.value, _REPEATS.value)
+      peak = _peak_bytes(devices[0])
+      row.update(
+        measured_ms=measured * 1e3,
+        ratio=measured / rep.estimate["step_seconds"],
+        measured_mfu=rep.estimate["model_flops"]
+        / (measured * topo.num_devices * rep.estimate["peak_flops"]),
+        peak_gib=None if peak is None else peak / 2**30,
       )
-      print(_format_row(rows[-1]), flush=True)
+      print(_format_row(row), flush=True)
   return rows
 
 
 _HEADER = (
-  "| preset | seq | batch | devices | compiler GFLOP / dev | model GFLOP | GB accessed / dev "
-  "| compute ms | memory ms | network ms | estimate ms (bound) | measured ms | measured / "
-  "estimate | MFU est. / measured |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  "| preset | seq | batch | devices | dtype | compiler GFLOP / dev | model GFLOP "
+  "| GB accessed / dev | compute ms | memory ms | network ms | estimate ms (bound) | measured ms "
+  "| measured / estimate | MFU est. / measured | GiB predicted / peak |\n"
+  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def _format_row(r: dict) -> str:
+  def num(key, fmt=",.1f"):
+    return "-" if r.get(key) is None else format(r[key], fmt)
+
+  if "estimate_ms" not in r:
+    return f"| {r['size']} | {r['seq']} | {r['batch']} | {r['devices']} | {r['dtype']} | refused: does not fit |"
+  mfu = f"{r['estimated_mfu']:.0%} / " + (
+    "-" if "measured_mfu" not in r else f"{r['measured_mfu']:.0%}"
+  )
   return (
-    f"| {r['size']} | {r['seq']} | {r['batch']} | {r['devices']} "
-    f"| {r['compiler_gflop_per_device']:,.1f} | {r['model_gflop']:,.1f} "
-    f"| {r['gbytes_accessed_per_device']:,.2f} | {r['compute_ms']:,.1f} | {r['hbm_ms']:,.1f} "
-    f"| {r['network_ms']:,.1f} | {r['estimate_ms']:,.1f} ({r['bound']}) | {r['measured_ms']:,.1f} "
-    f"| {r['ratio']:.2f} | {r['estimated_mfu']:.0%} / {r['measured_mfu']:.0%} |"
+    f"| {r['size']} | {r['seq']} | {r['batch']} | {r['devices']} | {r['dtype']} "
+    f"| {num('compiler_gflop_per_device')} | {num('model_gflop')} "
+    f"| {num('gbytes_accessed_per_device', ',.2f')} | {num('compute_ms')} | {num('hbm_ms')} "
+    f"| {num('network_ms')} | {num('estimate_ms')} ({r['bound']}) | {num('measured_ms')} "
+    f"| {num('ratio', '.2f')} | {mfu} | {num('predicted_gib', '.2f')} / {num('peak_gib', '.2f')} |"
   )
 
 
@@ -259,16 +339,52 @@ def compare_published() -> list[dict]:
   return rows
 
 
+def _write(rows: list[dict], **extra) -> None:
+  if _OUT.value:  # after every preset: a run cut short keeps what it measured
+    with open(_OUT.value, "w") as f:
+      json.dump(dict(extra, jax_version=jax.__version__, rows=rows), f, indent=1)
+
+
+def _on_topology(name: str) -> None:
+  topo = parse_topology(name)
+  here = [d for d in jax.devices() if d.platform == topo.chip.platform]
+  if here and len(here) != topo.num_devices:
+    raise app.UsageError(f"--topology={name} has {topo.num_devices} devices, jax sees {len(here)}")
+  if here and topo.is_gpu and here[0].device_kind != topo.chip.device_kind:
+    raise app.UsageError(
+      f"--topology={name} is {topo.chip.device_kind} but jax's GPUs are {here[0].device_kind}: "
+      "name their topology (bert_jax/parallel/gpu_topology.py lists the known GPUs)"
+    )
+  extra = dict(topology=topo.name, chip=topo.chip.device_kind, measured_on=None)
+  if here:
+    dtype = jnp.bfloat16 if _DTYPE.value == "bfloat16" else jnp.float32
+    peak, bandwidth = measure_peak_flops(8192, dtype), measure_bandwidth(4096)
+    sheet = topo.chip.matmul_peak(_DTYPE.value)
+    extra.update(measured_on=here[0].device_kind, peak_flops=peak, bandwidth=bandwidth)
+    print(
+      f"{here[0].device_kind} x {len(here)}: 8192^2 {_DTYPE.value} matmul {peak / 1e12:.0f} "
+      f"TFLOP/s (data sheet {sheet / 1e12:.0f}), copy {bandwidth / 1e9:,.0f} GB/s (data sheet "
+      f"{topo.chip.hbm_bandwidth / 1e9:,.0f}); jax {jax.__version__}"
+    )
+  else:
+    print(f"{topo.describe()}: no such device here, estimates only (compiled without it)")
+  print(_HEADER, flush=True)
+  rows = []
+  for size in _SIZES.value:
+    rows += calibrate(size, [int(s) for s in _SEQ_LENS.value], topo, here or None, bool(here))
+    _write(rows, **extra)
+
+
 def main(argv):
   del argv
   # The CUDA plugin checks for a CUDA runtime when JAX first starts its backends, and is not
   # registered without one; compiling for a GPU needs none (bert_jax/parallel/gpu_topology.py).
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
   if _PUBLISHED.value:
-    rows = compare_published()
-    if _OUT.value:
-      with open(_OUT.value, "w") as f:
-        json.dump(dict(rows=rows), f, indent=1)
+    _write(compare_published())
+    return
+  if _TOPOLOGY.value:
+    _on_topology(_TOPOLOGY.value)
     return
   n = _DEVICES.value
   devices = jax.devices()[:n]
@@ -288,9 +404,7 @@ def main(argv):
   rows = []
   for size in _SIZES.value:
     rows += calibrate(size, [int(s) for s in _SEQ_LENS.value], topo, devices)
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump(dict(peak_flops=peak, bandwidth=bandwidth, rows=rows), f, indent=1)
+    _write(rows, peak_flops=peak, bandwidth=bandwidth)
 
 
 if __name__ == "__main__":

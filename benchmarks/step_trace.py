@@ -1,0 +1,156 @@
+r"""Time and trace the pre-training step on jax's default device (a GPU or TPU host).
+
+  python -m benchmarks.step_trace --size=base --seq=128 --batch=256 --dtype=bfloat16 --out=/tmp/t
+  python -m benchmarks.step_trace ... --no_dropout          # the same step, dropout rates 0
+  python -m benchmarks.step_trace --summarize=/tmp/t/base-128-256-bfloat16.trace.json.gz
+
+The step is the run's own (``build_job`` on synthetic input, ``trainer.assemble``, its jitted
+donated step), compiled as a run compiles it. After one warm-up step (the compile) it times
+``--steps`` steps ``--repeats`` times (median), then records ``--trace_steps`` steps with
+``jax.profiler`` and copies the Perfetto trace and the compiled HLO to ``--out`` (both gzipped),
+with the timings as JSON. ``--summarize`` reads such a trace back: device time per kernel name,
+longest first, over the traced steps (the kernels named by XLA: a fusion's name is that of its
+instruction in the HLO file beside it).
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import jax
+from absl import app, flags
+
+from bert_jax import parallel
+from bert_jax.model.config import BertConfig
+from bert_jax.tasks import build_job
+from bert_jax.train import trainer
+from configs import pretrain
+
+_SIZE = flags.DEFINE_string("size", "base", "pretrain preset")
+_SEQ = flags.DEFINE_integer("seq", 128, "sequence length")
+_BATCH = flags.DEFINE_integer("batch", 256, "global batch (sequences)")
+_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "compute dtype")
+_NO_DROPOUT = flags.DEFINE_bool("no_dropout", False, "set both dropout rates to 0")
+_STEPS = flags.DEFINE_integer("steps", 10, "timed steps per repeat")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "timings (median)")
+_TRACE_STEPS = flags.DEFINE_integer("trace_steps", 3, "steps to trace (0: none)")
+_OUT = flags.DEFINE_string("out", "/tmp/step_trace", "folder for the trace, HLO and JSON")
+_SUMMARIZE = flags.DEFINE_string("summarize", "", "print a trace's kernels and exit")
+_TOP = flags.DEFINE_integer("top", 25, "kernels to print")
+
+
+def _config(workdir: str):
+  config = pretrain.get_config(_SIZE.value)
+  config.synthetic_data = True
+  config.num_train_steps = 1000
+  config.max_seq_length = _SEQ.value
+  config.train_batch_size = _BATCH.value
+  config.max_predictions_per_seq = 20 if _SEQ.value <= 128 else 80
+  config.phase2.fraction = 0.0
+  config.dtype = _DTYPE.value
+  if _NO_DROPOUT.value:
+    model = BertConfig.from_preset(
+      _SIZE.value, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    path = os.path.join(workdir, "bert_config.json")
+    with open(path, "w") as f:
+      json.dump(model.to_dict(), f)
+    config.bert_config_file = path
+  return config
+
+
+def summarize(path: str, top: int) -> list[tuple[str, float, int]]:
+  """(kernel name, device milliseconds, launches) over the trace's GPU / TPU streams."""
+  with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+    events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  device_pids = {
+    e["pid"]
+    for e in events
+    if e.get("ph") == "M"
+    and e.get("name") == "process_name"
+    and any(d in str(e.get("args", {}).get("name", "")) for d in ("/device:GPU", "/device:TPU"))
+  }
+  total, count = collections.Counter(), collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and e.get("pid") in device_pids:
+      total[e["name"]] += e.get("dur", 0.0) / 1e3
+      count[e["name"]] += 1
+  rows = [(name, ms, count[name]) for name, ms in total.most_common(top)]
+  print(f"device time {sum(total.values()):,.1f} ms in {sum(count.values())} kernels ({path})")
+  for name, ms, n in rows:
+    print(f"{ms:10.2f} ms {n:6d}x  {name[:110]}")
+  return rows
+
+
+def main(argv):
+  del argv
+  if _SUMMARIZE.value:
+    summarize(_SUMMARIZE.value, _TOP.value)
+    return
+  os.makedirs(_OUT.value, exist_ok=True)
+  name = f"{_SIZE.value}-{_SEQ.value}-{_BATCH.value}-{_DTYPE.value}" + (
+    "-nodropout" if _NO_DROPOUT.value else ""
+  )
+  with tempfile.TemporaryDirectory() as workdir:
+    config = _config(workdir)
+    mesh = parallel.create_mesh(config.mesh)
+    rules = parallel.normalize_rules(config.logical_axis_rules)
+    job = build_job(config, workdir, mesh)
+    asm = trainer.assemble(job, config, mesh, rules)
+    state = asm.init_state()
+    it = job.phases[0].make_input()
+    batches = [parallel.make_global_batch(next(it), mesh, rules) for _ in range(2)]
+    found = []
+    with parallel.mesh_context(mesh, rules):
+      t = time.perf_counter()  # the run's jitted step, compiled as its first call compiles it
+      step = asm.train_steps[0].jitted.lower(state, batches[0]).compile()
+      compile_s = time.perf_counter() - t
+      state, metrics = step(state, batches[0])
+      jax.block_until_ready(metrics)
+      times = []
+      for _ in range(_REPEATS.value):
+        t = time.perf_counter()
+        for i in range(_STEPS.value):
+          state, metrics = step(state, batches[i % 2])
+        jax.block_until_ready(metrics)
+        times.append((time.perf_counter() - t) / _STEPS.value)
+      if _TRACE_STEPS.value:
+        trace_dir = os.path.join(workdir, "trace")
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+          for i in range(_TRACE_STEPS.value):
+            state, metrics = step(state, batches[i % 2])
+          jax.block_until_ready(metrics)
+        found = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+        if found:
+          shutil.copy(found[0], os.path.join(_OUT.value, f"{name}.trace.json.gz"))
+        with gzip.open(os.path.join(_OUT.value, f"{name}.hlo.txt.gz"), "wt") as f:
+          f.write(step.as_text())
+    stats = jax.devices()[0].memory_stats() or {}
+    result = dict(
+      name=name,
+      device=jax.devices()[0].device_kind,
+      jax_version=jax.__version__,
+      compile_seconds=compile_s,
+      step_ms=statistics.median(times) * 1e3,
+      step_ms_all=[x * 1e3 for x in times],
+      sequences_per_second=_BATCH.value / statistics.median(times),
+      peak_gib=stats.get("peak_bytes_in_use", 0) / 2**30,
+    )
+  print(json.dumps(result), flush=True)
+  with open(os.path.join(_OUT.value, f"{name}.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  if _TRACE_STEPS.value and found:
+    summarize(os.path.join(_OUT.value, f"{name}.trace.json.gz"), _TOP.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
