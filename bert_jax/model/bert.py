@@ -99,11 +99,21 @@ class Embeddings(nn.Module):
         f"sequence length {length} exceeds max_position_embeddings "
         f"{self.config.max_position_embeddings}"
       )
-    x_BxLxD = (
-      self.word_embeddings(input_ids_BxL)
-      + self.position_embeddings(jnp.arange(length)[None, :])
-      + self.token_type_embeddings(segment_ids_BxL)
-    )
+    # Looked up in the tables' own dtype (float32) and summed there, normalised by the LayerNorm
+    # (which computes in float32 and returns the compute dtype): the gradient of
+    # a lookup is a scatter-add into its table, and into a bfloat16 table (flax's Embed casts the
+    # table first) XLA:GPU adds element by element in compare-and-swap loops: 59 ms of a 187 ms
+    # BERT-base step on an H200 (benchmarks/step_trace.py). Token types (2 rows, which every
+    # token hits): a one-hot product, as google-research/bert computes them, whose gradient is
+    # a matmul instead of a scatter into two rows (another 61 ms). Positions: a slice.
+    words_BxLxD = jnp.take(self.word_embeddings.embedding, input_ids_BxL, axis=0)
+    positions_LxD = self.position_embeddings.embedding[:length]
+    table_TxD = self.token_type_embeddings.embedding
+    types_BxLxT = jax.nn.one_hot(segment_ids_BxL, table_TxD.shape[0], dtype=table_TxD.dtype)
+    types_BxLxD = jnp.einsum(
+      "blt,td->bld", types_BxLxT, table_TxD, precision=jax.lax.Precision.HIGHEST
+    )  # exact: each row times 1.0 (GPUs would round a float32 dot to TF32 by default)
+    x_BxLxD = words_BxLxD + positions_LxD[None] + types_BxLxD
     x_BxLxD = self.LayerNorm(x_BxLxD)
     x_BxLxD = self.dropout(x_BxLxD, deterministic=deterministic)
     return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
