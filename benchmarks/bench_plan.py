@@ -4,6 +4,7 @@ time and time to train, each from the XLA TPU compiler (no TPU needed; libtpu mu
   python -m benchmarks.bench_plan --runs=large-512-256@v5e-256            # one run
   python -m benchmarks.bench_plan --runs=all --max_meshes=3 --out=/tmp/plan.json
   python -m benchmarks.bench_plan --list
+  python -m benchmarks.bench_plan --runs=large-512-256@v5e-256 --quick   # screen, then verify
   python -m benchmarks.bench_plan --input_demand   # examples/s per host at 100% / 50% MFU
 
 A run is ``<size>-<seq>-<global batch>@<accelerator type>``: BERT-base/large (bf16 compute,
@@ -45,6 +46,7 @@ flags.DEFINE_integer("workers", 0, "meshes compiled concurrently (0: as cores an
 flags.DEFINE_string("cache", "~/.cache/bert_jax/plans", "the planner's compile cache")
 flags.DEFINE_string("out", "", "write every plan here (JSON)")
 flags.DEFINE_bool("list", False, "list the runs and exit")
+flags.DEFINE_bool("quick", False, "screen at the lowest compiler effort, verify the best")
 flags.DEFINE_bool(
   "input_demand",
   False,
@@ -134,6 +136,7 @@ def main(argv):
       max_meshes=FLAGS.max_meshes,
       cache_dir=FLAGS.cache,
       workers=FLAGS.workers,
+      quick=FLAGS.quick,
     )
     plan["wall_seconds"] = time.perf_counter() - start
     plans[run] = plan

@@ -5,6 +5,8 @@ memory per chip, collectives, estimated step time; or plan the fastest mesh layo
       --config.mesh.fsdp=8 --config.dtype=bfloat16 --output plan.json
   python -m bert_jax.compile --config configs/squad.py --topology v4-128 --num_slices 2
   python -m bert_jax.compile --config configs/pretrain.py:large --topology v5e-256 --plan
+  python -m bert_jax.compile --config configs/pretrain.py:large --topology v5e-256 --plan \
+      --plan_quick       # screen the layouts at the lowest compiler effort, verify the winner
   python -m bert_jax.compile --config configs/pretrain.py:base --topology h100:2x8  # 2 hosts x 8
 
 The config and its ``--config.<key>=value`` overrides are pretrain's / finetune's; the steps
@@ -48,6 +50,12 @@ _WORKERS = flags.DEFINE_integer(
   0,
   "--plan: meshes compiled concurrently (0: as the host's cores and memory allow)",
 )
+_QUICK = flags.DEFINE_bool(
+  "plan_quick",
+  False,
+  "--plan: compile the candidates at the compiler's lowest optimisation effort (faster), then "
+  "verify the fastest that fits as a run compiles it",
+)
 _CACHE = flags.DEFINE_string("plan_cache", "~/.cache/bert_jax/plans", "--plan: cache ('' = off)")
 _OUTPUT = flags.DEFINE_string("output", "", "write the report / plan here as JSON")
 flags.mark_flags_as_required(["config", "topology"])
@@ -69,6 +77,7 @@ def main(argv):
       max_meshes=_MAX_MESHES.value,
       cache_dir=_CACHE.value,
       workers=_WORKERS.value,
+      quick=_QUICK.value,
     )
     print(format_plan(result))
     if result["best"] is not None:

@@ -11,7 +11,6 @@ where libtpu cannot start (not installed: ``pip install '.[tpu]'``).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
 import os
@@ -66,20 +65,13 @@ def _mesh_config(sizes, **overrides):
   return _config(sizes, train_batch_size=BATCH, **overrides)
 
 
-@contextlib.contextmanager
 def quick_compiles():
   """The compiler at its lowest execution-time optimisation effort (about half the compile time
-  of the tiny step here). For the tests of structure: the SPMD partitioner, which decides every
-  sharding and collective, and the arguments' sizes are the same at any effort; the tests of what
-  fits compile at the default effort. An isolated compile's child inherits it
-  (``isolation.compiler_settings``)."""
-  key = "jax_exec_time_optimization_effort"
-  before = jax.config.values[key]
-  jax.config.update(key, -1.0)
-  try:
-    yield
-  finally:
-    jax.config.update(key, before)
+  of the tiny step here; what a quick plan screens with). For the tests of structure: the SPMD
+  partitioner, which decides every sharding and collective, and the arguments' sizes are the
+  same at any effort; the tests of what fits compile at the default effort. An isolated
+  compile's child inherits it (``isolation.compiler_settings``)."""
+  return isolation.compiler_options(**planner.QUICK)
 
 
 @pytest.fixture(scope="module")
@@ -526,6 +518,65 @@ def test_planner_search_order_and_ranking_with_concurrent_meshes(monkeypatch, wo
     32 / 1.61e-3
   )  # 1 + 0.5 + 0.1 + 0.01 ms
   assert len(planner.format_plan(plan).splitlines()) == 2 + 14 + 2
+
+
+def test_a_quick_plan_screens_at_low_effort_and_verifies_in_rank_order(monkeypatch):
+  """``quick``: every candidate compiles with ``QUICK``; then the fitting ones compile again at
+  the process's own settings, fastest first, until one fits there (stand-in compiler: at the low
+  effort every layout fits, at the default the fastest does not). The option is restored."""
+  key = "jax_exec_time_optimization_effort"
+  default = jax.config.values[key]
+  calls = []
+
+  def fake_compile(cfg, topo, phase, cache_dir, devices):
+    mesh, effort = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), jax.config.values[key]
+    calls.append((mesh, effort))
+    fits = effort != default or mesh != (4, 1, 1)
+    step = dict(
+      fits=fits,
+      memory=dict(total_bytes=(1 if effort != default else 2) << 30) if fits else dict(needed_bytes=3 << 30),
+      estimate=dict(step_seconds=1e-3 * sum(mesh[1:]), tokens_per_second=1.0, mfu=0.5),
+      compile_seconds=0.0,
+      error=None,
+    )  # fmt: skip
+    return dict(steps=[step], cached=False)
+
+  monkeypatch.setattr(planner, "compile_cached", fake_compile)
+  monkeypatch.setattr(planner, "topology_devices", lambda topo: None)
+  plan = planner.make_plan(
+    _config(train_batch_size=32), topo_lib.parse_topology("v5e:2x2"), max_meshes=3,
+    isolate=False, quick=True, log=lambda _: None,
+  )  # fmt: skip
+  quick = planner.QUICK[key]
+  # screened: (4,1,1) 2 ms, (2,2,1) 3 ms, (1,4,1) 5 ms; verified: (4,1,1) refused, (2,2,1) fits
+  assert sorted(calls[:3]) == [((1, 4, 1), quick), ((2, 2, 1), quick), ((4, 1, 1), quick)]
+  assert calls[3:] == [((4, 1, 1), default), ((2, 2, 1), default)]
+  assert [r["fits"] for r in plan["verified"]] == [False, True]
+  assert plan["best"] is plan["verified"][1] and plan["best"]["memory"]["total_bytes"] == 2 << 30
+  assert plan["quick"] and plan["compiler_settings"][key] == str(default)
+  assert jax.config.values[key] == default
+  text = planner.format_plan(plan)
+  assert "quick: candidates compiled with" in text and text.count(" ver. ") == 2
+
+
+def test_a_quick_plans_best_has_the_numbers_of_a_compile_at_the_default_effort(tmp_path):
+  """The tiny step on one data-parallel layout, planned quickly: its best row's memory and
+  estimate are those of the same candidate compiled directly at the default effort."""
+  devices = _devices("v5e:2x2")
+  topo = topo_lib.parse_topology("v5e:2x2")
+  config = _config(train_batch_size=32)
+  plan = planner.make_plan(
+    config, topo, max_meshes=1, cache_dir=str(tmp_path), isolate=False, quick=True,
+    log=lambda _: None,
+  )  # fmt: skip
+  best = plan["best"]
+  direct = planner.compile_cached(
+    planner._candidate_config(config, (4, 1, 1), False, 1, 0), topo, 0, "", devices
+  )["steps"][0]
+  assert best is plan["verified"][0] and best["mesh"] == dict(data=4, fsdp=1, tensor=1)
+  assert best["memory"] == direct["memory"]
+  assert best["estimate"]["step_seconds"] == direct["estimate"]["step_seconds"]
+  assert len(list(tmp_path.glob("*.json"))) == 2  # the screening compile and the verification
 
 
 _CRASH = (

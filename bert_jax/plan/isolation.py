@@ -20,6 +20,7 @@ planner's cache key includes them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -51,6 +52,23 @@ def compiler_settings() -> dict[str, str]:
   out = {k: str(jax.config.values[k]) for k in COMPILER_OPTIONS if k in jax.config.values}
   out.update({k: os.environ[k] for k in COMPILER_FLAGS if k in os.environ})
   return out
+
+
+@contextlib.contextmanager
+def compiler_options(**values):
+  """The jax options ``values`` (names from ``COMPILER_OPTIONS``) for the block, in this process
+  and in the child processes it starts (``_child_env``); the previous values after it."""
+  unknown = sorted(set(values) - set(COMPILER_OPTIONS))
+  if unknown:
+    raise ValueError(f"not a compiler option: {unknown}; known: {list(COMPILER_OPTIONS)}")
+  before = {k: jax.config.values[k] for k in values}
+  try:
+    for k, v in values.items():
+      jax.config.update(k, v)
+    yield
+  finally:
+    for k, v in before.items():
+      jax.config.update(k, v)
 
 
 def _child_env() -> dict[str, str]:
