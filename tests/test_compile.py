@@ -522,8 +522,9 @@ def test_planner_search_order_and_ranking_with_concurrent_meshes(monkeypatch, wo
 
 def test_a_quick_plan_screens_at_low_effort_and_verifies_in_rank_order(monkeypatch):
   """``quick``: every candidate compiles with ``QUICK``; then the fitting ones compile again at
-  the process's own settings, fastest first, until one fits there (stand-in compiler: at the low
-  effort every layout fits, at the default the fastest does not). The option is restored."""
+  the process's own settings, fastest first, each with more accumulation where needed, until
+  one fits there (stand-in compiler: at the low effort every layout fits, at the default the
+  fastest does not at any accumulation). The option is restored."""
   key = "jax_exec_time_optimization_effort"
   default = jax.config.values[key]
   calls = []
@@ -548,15 +549,18 @@ def test_a_quick_plan_screens_at_low_effort_and_verifies_in_rank_order(monkeypat
     isolate=False, quick=True, log=lambda _: None,
   )  # fmt: skip
   quick = planner.QUICK[key]
-  # screened: (4,1,1) 2 ms, (2,2,1) 3 ms, (1,4,1) 5 ms; verified: (4,1,1) refused, (2,2,1) fits
+  # screened: (4,1,1) 2 ms, (2,2,1) 3 ms, (1,4,1) 5 ms, each at accumulation 1. Verified:
+  # (4,1,1) refused at accumulation 1, 2, 4, 8 (then 2 sequences per chip cannot halve over
+  # 4 chips), so (2,2,1), which fits
   assert sorted(calls[:3]) == [((1, 4, 1), quick), ((2, 2, 1), quick), ((4, 1, 1), quick)]
-  assert calls[3:] == [((4, 1, 1), default), ((2, 2, 1), default)]
-  assert [r["fits"] for r in plan["verified"]] == [False, True]
-  assert plan["best"] is plan["verified"][1] and plan["best"]["memory"]["total_bytes"] == 2 << 30
+  assert calls[3:] == [((4, 1, 1), default)] * 4 + [((2, 2, 1), default)]
+  got = [(r["mesh"]["data"], r["grad_accum_steps"], r["fits"]) for r in plan["verified"]]
+  assert got == [(4, 1, False), (4, 2, False), (4, 4, False), (4, 8, False), (2, 1, True)]
+  assert plan["best"] is plan["verified"][-1] and plan["best"]["memory"]["total_bytes"] == 2 << 30
   assert plan["quick"] and plan["compiler_settings"][key] == str(default)
   assert jax.config.values[key] == default
   text = planner.format_plan(plan)
-  assert "quick: candidates compiled with" in text and text.count(" ver. ") == 2
+  assert "quick: candidates compiled with" in text and text.count(" ver. ") == 5
 
 
 def test_a_quick_plans_best_has_the_numbers_of_a_compile_at_the_default_effort(tmp_path):

@@ -203,8 +203,9 @@ def make_plan(
   ``quick``: the candidates are compiled with ``QUICK`` (the compiler's lowest execution-time
   optimisation effort: about 5x faster for BERT-base on a TPU, with the same FLOPs, about half
   the "bytes accessed" and somewhat less memory), then the fitting ones are compiled again at
-  this process's settings in their rank order until one fits there: that one is ``best``, with
-  its numbers at these settings (``verified`` lists each such compile)."""
+  this process's settings in their rank order, each with more accumulation where it needs it,
+  until one fits there: that one is ``best``, with its numbers at these settings (``verified``
+  lists each such compile)."""
   batch = config.train_batch_size if phase == 0 else config.phase2.train_batch_size
   meshes = mesh_candidates(topo.num_devices, batch)[:max_meshes]
   if not meshes:
@@ -234,24 +235,27 @@ def make_plan(
       error=step["error"],
     )
 
-  def search(mesh: tuple) -> list[dict]:
-    """One mesh's rows: remat off, then on; accumulation doubling until the step fits."""
+  def descend(mesh: tuple, remat: bool, accum: int, verb: str = "compiling") -> list[dict]:
+    """Rows from ``accum`` on, doubling it until the step fits, the micro-batch cannot halve,
+    or a compile fails for a reason other than memory (more accumulation is no remedy)."""
     rows = []
     dp = mesh[0] * mesh[1]
-    for remat in (False, True):
-      accum = 1
-      while True:
-        log(f"compiling data={mesh[0]} fsdp={mesh[1]} tensor={mesh[2]} remat={remat} "
-            f"grad_accum={accum} ...")  # fmt: skip
-        rows.append(compile_one(mesh, remat, accum))
-        if rows[-1]["fits"] or batch // (2 * accum) < dp or (batch // accum) % 2:
-          break
-        if not rows[-1]["memory"]:
-          break  # failed, not refused for memory: a smaller micro-batch is no remedy
-        accum *= 2
-      if remat is False and rows[-1]["fits"] and accum == 1:
-        break  # remat would only recompute
-    return rows
+    while True:
+      log(f"{verb} data={mesh[0]} fsdp={mesh[1]} tensor={mesh[2]} remat={remat} "
+          f"grad_accum={accum} ...")  # fmt: skip
+      rows.append(compile_one(mesh, remat, accum))
+      if rows[-1]["fits"] or batch // (2 * accum) < dp or (batch // accum) % 2:
+        return rows
+      if not rows[-1]["memory"]:
+        return rows
+      accum *= 2
+
+  def search(mesh: tuple) -> list[dict]:
+    """One mesh's rows: remat off, then on (only if off needs accumulation)."""
+    rows = descend(mesh, False, 1)
+    if rows[-1]["fits"] and rows[-1]["grad_accum_steps"] == 1:
+      return rows  # remat would only recompute
+    return rows + descend(mesh, True, 1)
 
   workers = workers or default_workers(len(meshes))
   settings = isolation.compiler_settings()
@@ -261,14 +265,11 @@ def make_plan(
   rows = [row for mesh_rows in per_mesh for row in mesh_rows]
   fitting = sorted((r for r in rows if r["fits"]), key=lambda r: r["estimate"]["step_seconds"])
   rest = [r for r in rows if not r["fits"]]
-  best, verified = (None, []) if quick else (fitting[0] if fitting else None, [])
+  best = fitting[0] if fitting and not quick else None
+  verified = []
   for row in fitting if quick else []:  # in rank order, at this process's own settings
-    m = row["mesh"]
-    log(f"verifying data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']} remat={row['remat']} "
-        f"grad_accum={row['grad_accum_steps']} at the compiler's settings ...")  # fmt: skip
-    verified.append(
-      compile_one((m["data"], m["fsdp"], m["tensor"]), row["remat"], row["grad_accum_steps"])
-    )
+    mesh = (row["mesh"]["data"], row["mesh"]["fsdp"], row["mesh"]["tensor"])
+    verified += descend(mesh, row["remat"], row["grad_accum_steps"], "verifying")
     if verified[-1]["fits"]:
       best = verified[-1]
       break
