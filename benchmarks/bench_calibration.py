@@ -54,19 +54,23 @@ import json
 import os
 import statistics
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 from absl import app, flags
 
 from benchmarks.host_peak import measure_bandwidth, measure_peak_flops
+from benchmarks.pretrain_step import (
+  assemble_run,
+  global_batches,
+  peak_bytes,
+  synthetic_config,
+  time_steps,
+)
 from bert_jax import parallel
 from bert_jax.parallel.topology import ChipSpec, Topology, parse_topology
 from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.tasks import build_job
-from bert_jax.train import trainer
-from configs import pretrain
 
 _SIZES = flags.DEFINE_list("sizes", ["tiny", "mini", "small", "base"], "pretrain presets")
 _SEQ_LENS = flags.DEFINE_list("seq_lens", ["128", "512"], "sequence lengths (phase 1 / 2)")
@@ -147,47 +151,6 @@ def host_topology(devices: int, peak: float, bandwidth: float) -> Topology:
   return _ThisHost(f"cpu:{devices}", chip, (devices,))
 
 
-def _config(size: str, seqs: list[int], batches: list[int]):
-  """The preset's pre-training config on synthetic batches: phase 1 at seqs[0] x batches[0],
-  phase 2 (when given) at seqs[1] x batches[1]."""
-  config = pretrain.get_config(size)
-  config.synthetic_data = True
-  config.num_train_steps = 1000
-  config.max_seq_length = seqs[0]
-  config.train_batch_size = batches[0]
-  config.max_predictions_per_seq = 20 if seqs[0] <= 128 else 80
-  config.dtype = _DTYPE.value
-  config.phase2.fraction = 0.1 if len(seqs) > 1 else 0.0
-  if len(seqs) > 1:
-    config.phase2.max_seq_length = seqs[1]
-    config.phase2.train_batch_size = batches[1]
-  return config
-
-
-def _time(step, state, batches, steps: int, repeats: int):
-  """Median seconds per step of ``repeats`` timings of ``steps`` steps, after one warm-up step
-  (which compiles ``step`` if it is a jitted function); also the warm-up's seconds."""
-  t = time.perf_counter()
-  state, _ = step(state, batches[0])
-  jax.block_until_ready(state)
-  first = time.perf_counter() - t
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    for i in range(steps):
-      state, metrics = step(state, batches[i % len(batches)])
-    jax.block_until_ready((state, metrics))
-    times.append((time.perf_counter() - t) / steps)
-  return statistics.median(times), first, state
-
-
-def _peak_bytes(device) -> float | None:
-  """The allocator's high-water mark on ``device`` since the process started (GPUs, TPUs;
-  None where jax keeps no such statistics, e.g. on the CPU)."""
-  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-  return float(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
-
-
 def _estimate_row(size, phase, rep, topo) -> dict:
   e = rep.estimate
   row = dict(
@@ -223,7 +186,7 @@ def calibrate(size: str, seqs: list[int], topo: Topology, devices, measure: bool
   step measured on ``devices``. On a GPU two steps are timed: the run's own (jitted as a run
   jits it, XLA:GPU free to pick its Triton GEMMs) and the estimator's compile of it (cuBLAS
   dots, ``gpu_topology.compile_kwargs``); elsewhere the two are one compile."""
-  config = _config(size, seqs, [_TOKENS.value // s for s in seqs])
+  config = synthetic_config(size, seqs, [_TOKENS.value // s for s in seqs], _DTYPE.value)
   rows = []
   reports = compile_for_topology(config, topo, with_eval=False, devices=devices)["reports"]
   if not measure:
@@ -232,31 +195,25 @@ def calibrate(size: str, seqs: list[int], topo: Topology, devices, measure: bool
       rows.append(_estimate_row(size, phase, rep, topo))
       print(_format_row(rows[-1]), flush=True)
     return rows
-  mesh = parallel.create_mesh(config.mesh, devices=devices)
-  rules = parallel.normalize_rules(config.logical_axis_rules)
   with tempfile.TemporaryDirectory() as workdir:
-    job = build_job(config, workdir, mesh)  # the same job with its (synthetic) input
-    asm = trainer.assemble(job, config, mesh, rules)
-    state = asm.init_state()
-    for i, (phase, rep) in enumerate(zip(job.phases, reports, strict=True)):
+    run = assemble_run(config, workdir, devices)  # the same job with its (synthetic) input
+    state = run.state
+    for i, (phase, rep) in enumerate(zip(run.job.phases, reports, strict=True)):
       row = _estimate_row(size, phase, rep, topo)
       rows.append(row)
       if not rep.fits:
         print(_format_row(row), flush=True)
         continue
-      it = phase.make_input()
-      batches = [parallel.make_global_batch(next(it), mesh, rules) for _ in range(2)]
-      with parallel.mesh_context(mesh, rules):
+      batches = global_batches(run, i)
+      # elsewhere the run's compile is the estimator's (rep.compiled): one compile, timed once
+      step = run.asm.train_steps[i] if topo.is_gpu else rep.compiled
+      with parallel.mesh_context(run.mesh, run.rules):
+        times, first, state = time_steps(step, state, batches, _STEPS.value, _REPEATS.value)
         if topo.is_gpu:
-          measured, first, state = _time(
-            asm.train_steps[i], state, batches, _STEPS.value, _REPEATS.value
-          )
           row["run_compile_seconds"] = first
-          theirs, _, state = _time(rep.compiled, state, batches, _STEPS.value, _REPEATS.value)
-          row["estimator_compile_ms"] = theirs * 1e3
-        else:  # the run's compile is this one
-          measured, _, state = _time(rep.compiled, state, batches, _STEPS.value, _REPEATS.value)
-      peak = _peak_bytes(devices[0])
+          theirs, _, state = time_steps(rep.compiled, state, batches, _STEPS.value, _REPEATS.value)
+          row["estimator_compile_ms"] = statistics.median(theirs) * 1e3
+      measured, peak = statistics.median(times), peak_bytes(devices[0])
       row.update(
         measured_ms=measured * 1e3,
         ratio=measured / rep.estimate["step_seconds"],
@@ -295,9 +252,9 @@ def _format_row(r: dict) -> str:
 
 
 def published_config(p: Published):
-  config = _config("large", [p.seq], [p.batch])
+  dtype = "float32" if p.precision == "tf32" else "bfloat16"
+  config = synthetic_config("large", [p.seq], [p.batch], dtype)
   config.max_predictions_per_seq = p.predictions
-  config.dtype = "float32" if p.precision == "tf32" else "bfloat16"
   config.optimizer.name = "lamb"
   return config
 
@@ -345,7 +302,9 @@ def _write(rows: list[dict], **extra) -> None:
       json.dump(dict(extra, jax_version=jax.__version__, rows=rows), f, indent=1)
 
 
-def _on_topology(name: str) -> None:
+def _accelerators(name: str):
+  """The topology ``name``, the devices of it jax sees here (None: none, estimates only) and
+  what to record about them."""
   topo = parse_topology(name)
   here = [d for d in jax.devices() if d.platform == topo.chip.platform]
   if here and len(here) != topo.num_devices:
@@ -356,37 +315,23 @@ def _on_topology(name: str) -> None:
       "name their topology (bert_jax/parallel/gpu_topology.py lists the known GPUs)"
     )
   extra = dict(topology=topo.name, chip=topo.chip.device_kind, measured_on=None)
-  if here:
-    dtype = jnp.bfloat16 if _DTYPE.value == "bfloat16" else jnp.float32
-    peak, bandwidth = measure_peak_flops(8192, dtype), measure_bandwidth(4096)
-    sheet = topo.chip.matmul_peak(_DTYPE.value)
-    extra.update(measured_on=here[0].device_kind, peak_flops=peak, bandwidth=bandwidth)
-    print(
-      f"{here[0].device_kind} x {len(here)}: 8192^2 {_DTYPE.value} matmul {peak / 1e12:.0f} "
-      f"TFLOP/s (data sheet {sheet / 1e12:.0f}), copy {bandwidth / 1e9:,.0f} GB/s (data sheet "
-      f"{topo.chip.hbm_bandwidth / 1e9:,.0f}); jax {jax.__version__}"
-    )
-  else:
+  if not here:
     print(f"{topo.describe()}: no such device here, estimates only (compiled without it)")
-  print(_HEADER, flush=True)
-  rows = []
-  for size in _SIZES.value:
-    rows += calibrate(size, [int(s) for s in _SEQ_LENS.value], topo, here or None, bool(here))
-    _write(rows, **extra)
+    return topo, None, extra
+  dtype = jnp.bfloat16 if _DTYPE.value == "bfloat16" else jnp.float32
+  peak, bandwidth = measure_peak_flops(8192, dtype), measure_bandwidth(4096)
+  sheet = topo.chip.matmul_peak(_DTYPE.value)
+  extra.update(measured_on=here[0].device_kind, peak_flops=peak, bandwidth=bandwidth)
+  print(
+    f"{here[0].device_kind} x {len(here)}: 8192^2 {_DTYPE.value} matmul {peak / 1e12:.0f} "
+    f"TFLOP/s (data sheet {sheet / 1e12:.0f}), copy {bandwidth / 1e9:,.0f} GB/s (data sheet "
+    f"{topo.chip.hbm_bandwidth / 1e9:,.0f}); jax {jax.__version__}"
+  )
+  return topo, here, extra
 
 
-def main(argv):
-  del argv
-  # The CUDA plugin checks for a CUDA runtime when JAX first starts its backends, and is not
-  # registered without one; compiling for a GPU needs none (bert_jax/parallel/gpu_topology.py).
-  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-  if _PUBLISHED.value:
-    _write(compare_published())
-    return
-  if _TOPOLOGY.value:
-    _on_topology(_TOPOLOGY.value)
-    return
-  n = _DEVICES.value
+def _this_host(n: int):
+  """This host's first ``n`` CPU devices as a topology of measured peak and bandwidth."""
   devices = jax.devices()[:n]
   if len(devices) < n:
     raise app.UsageError(
@@ -400,11 +345,27 @@ def main(argv):
     f"bandwidth {bandwidth / 1e9:.1f} GB/s (host); per device {topo.chip.peak_flops / 1e9:.1f} "
     f"GFLOP/s, {topo.chip.hbm_bandwidth / 1e9:.1f} GB/s"
   )
+  return topo, devices, dict(peak_flops=peak, bandwidth=bandwidth)
+
+
+def main(argv):
+  del argv
+  # The CUDA plugin checks for a CUDA runtime when JAX first starts its backends, and is not
+  # registered without one; compiling for a GPU needs none (bert_jax/parallel/gpu_topology.py).
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  if _PUBLISHED.value:
+    _write(compare_published())
+    return
+  if _TOPOLOGY.value:
+    topo, devices, extra = _accelerators(_TOPOLOGY.value)
+  else:
+    topo, devices, extra = _this_host(_DEVICES.value)
   print(_HEADER, flush=True)
   rows = []
   for size in _SIZES.value:
-    rows += calibrate(size, [int(s) for s in _SEQ_LENS.value], topo, devices)
-    _write(rows, peak_flops=peak, bandwidth=bandwidth)
+    seqs = [int(s) for s in _SEQ_LENS.value]
+    rows += calibrate(size, seqs, topo, devices, measure=devices is not None)
+    _write(rows, **extra)
 
 
 if __name__ == "__main__":

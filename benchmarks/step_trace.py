@@ -28,11 +28,15 @@ import time
 import jax
 from absl import app, flags
 
+from benchmarks.pretrain_step import (
+  assemble_run,
+  global_batches,
+  peak_bytes,
+  synthetic_config,
+  time_steps,
+)
 from bert_jax import parallel
 from bert_jax.model.config import BertConfig
-from bert_jax.tasks import build_job
-from bert_jax.train import trainer
-from configs import pretrain
 
 _SIZE = flags.DEFINE_string("size", "base", "pretrain preset")
 _SEQ = flags.DEFINE_integer("seq", 128, "sequence length")
@@ -48,14 +52,7 @@ _TOP = flags.DEFINE_integer("top", 25, "kernels to print")
 
 
 def _config(workdir: str):
-  config = pretrain.get_config(_SIZE.value)
-  config.synthetic_data = True
-  config.num_train_steps = 1000
-  config.max_seq_length = _SEQ.value
-  config.train_batch_size = _BATCH.value
-  config.max_predictions_per_seq = 20 if _SEQ.value <= 128 else 80
-  config.phase2.fraction = 0.0
-  config.dtype = _DTYPE.value
+  config = synthetic_config(_SIZE.value, [_SEQ.value], [_BATCH.value], _DTYPE.value)
   if _NO_DROPOUT.value:
     model = BertConfig.from_preset(
       _SIZE.value, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
@@ -101,28 +98,14 @@ def main(argv):
     "-nodropout" if _NO_DROPOUT.value else ""
   )
   with tempfile.TemporaryDirectory() as workdir:
-    config = _config(workdir)
-    mesh = parallel.create_mesh(config.mesh)
-    rules = parallel.normalize_rules(config.logical_axis_rules)
-    job = build_job(config, workdir, mesh)
-    asm = trainer.assemble(job, config, mesh, rules)
-    state = asm.init_state()
-    it = job.phases[0].make_input()
-    batches = [parallel.make_global_batch(next(it), mesh, rules) for _ in range(2)]
+    run = assemble_run(_config(workdir), workdir)
+    batches = global_batches(run, 0)
     found = []
-    with parallel.mesh_context(mesh, rules):
+    with parallel.mesh_context(run.mesh, run.rules):
       t = time.perf_counter()  # the run's jitted step, compiled as its first call compiles it
-      step = asm.train_steps[0].jitted.lower(state, batches[0]).compile()
+      step = run.asm.train_steps[0].jitted.lower(run.state, batches[0]).compile()
       compile_s = time.perf_counter() - t
-      state, metrics = step(state, batches[0])
-      jax.block_until_ready(metrics)
-      times = []
-      for _ in range(_REPEATS.value):
-        t = time.perf_counter()
-        for i in range(_STEPS.value):
-          state, metrics = step(state, batches[i % 2])
-        jax.block_until_ready(metrics)
-        times.append((time.perf_counter() - t) / _STEPS.value)
+      times, _, state = time_steps(step, run.state, batches, _STEPS.value, _REPEATS.value)
       if _TRACE_STEPS.value:
         trace_dir = os.path.join(workdir, "trace")
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
@@ -134,7 +117,7 @@ def main(argv):
           shutil.copy(found[0], os.path.join(_OUT.value, f"{name}.trace.json.gz"))
         with gzip.open(os.path.join(_OUT.value, f"{name}.hlo.txt.gz"), "wt") as f:
           f.write(step.as_text())
-    stats = jax.devices()[0].memory_stats() or {}
+    peak = peak_bytes(jax.devices()[0])
     result = dict(
       name=name,
       device=jax.devices()[0].device_kind,
@@ -143,7 +126,7 @@ def main(argv):
       step_ms=statistics.median(times) * 1e3,
       step_ms_all=[x * 1e3 for x in times],
       sequences_per_second=_BATCH.value / statistics.median(times),
-      peak_gib=stats.get("peak_bytes_in_use", 0) / 2**30,
+      peak_gib=None if peak is None else peak / 2**30,
     )
   print(json.dumps(result), flush=True)
   with open(os.path.join(_OUT.value, f"{name}.json"), "w") as f:
