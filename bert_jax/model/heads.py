@@ -12,6 +12,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from bert_jax.model.bert import BertEncoder, activation, dense, gather_positions, layer_norm
 from bert_jax.model.config import BertConfig
@@ -32,6 +33,38 @@ def head_dense(c: BertConfig, features: int, name: str, head_init: str) -> nn.De
     raise ValueError(f"config.head_init must be one of {HEAD_INITS}, got {head_init!r}")
   normal = nn.initializers.normal(c.initializer_range) if head_init == "normal" else None
   return dense(c, features, ("embed", None), name, initializer=normal)
+
+
+@jax.custom_vjp
+def add_vocab_bias(logits_BxNxV: Array, bias_V: Array) -> Array:
+  """``logits + bias``, whose bias gradient (the sum of B x N rows of V) is a matrix-vector
+  product with ones instead of a reduction.
+
+  Same values (summed in float32, rounded to the bias's dtype). On XLA:CPU the reduction over
+  rows of a 30,522-wide gradient is slow: the MLM loss and gradient at 640 predictions
+  (BERT-tiny's hidden size) took 139-143 ms with it, 94-95 ms this way. Only this bias: for
+  the encoder's (4,096 rows of 128-3,072) the reduction fused with its neighbours is as fast.
+  """
+  return logits_BxNxV + bias_V
+
+
+def _add_vocab_bias_fwd(logits_BxNxV, bias_V):
+  return logits_BxNxV + bias_V, jnp.zeros((0,), bias_V.dtype)  # residual: the bias's dtype
+
+
+def _add_vocab_bias_bwd(res_dtype, g_BxNxV):
+  ones_BxN = jnp.ones(g_BxNxV.shape[:-1], g_BxNxV.dtype)
+  db_V = jnp.einsum(
+    "...v,...->v",
+    g_BxNxV,
+    ones_BxN,
+    preferred_element_type=jnp.float32,
+    precision=jax.lax.Precision.HIGHEST,  # a GPU would round float32 inputs to TF32
+  )
+  return g_BxNxV, db_V.astype(res_dtype.dtype)
+
+
+add_vocab_bias.defvjp(_add_vocab_bias_fwd, _add_vocab_bias_bwd)
 
 
 class BertForPreTraining(nn.Module):
@@ -86,7 +119,7 @@ class BertForPreTraining(nn.Module):
       (c.vocab_size,),
       c.param_dtype,
     )
-    logits_BxNxV = encoder.attend(h_BxNxD) + bias_V.astype(c.dtype)
+    logits_BxNxV = add_vocab_bias(encoder.attend(h_BxNxD), bias_V.astype(c.dtype))
     out["mlm_logits"] = logits_BxNxV
     if self.next_sentence:
       out["nsp_logits"] = dense(c, 2, ("embed", None), "nsp")(out["pooled_output"])

@@ -56,11 +56,26 @@ def _forward(model: BertForPreTraining, params, batch, rng, deterministic: bool,
   )
 
 
+def argmax_is(logits_BxNxV, ids_BxN) -> jax.Array:
+  """``jnp.argmax(logits, -1) == ids`` (argmax: the first index of the maximum), cheaper.
+
+  The label's logit is the maximum and no earlier logit equals it. The max is the one the
+  cross-entropy's log-softmax takes (XLA computes it once); argmax's (value, index) reduction
+  is a pass of its own, slow on XLA:CPU: the loss and gradient over BERT's 30,522-way logits at
+  640 predictions took 68-109 ms with it, 36-40 ms this way, 27-41 ms with no accuracy at all.
+  """
+  max_BxNx1 = jnp.max(logits_BxNxV, -1, keepdims=True)
+  label_BxNx1 = jnp.take_along_axis(logits_BxNxV, ids_BxN[..., None], -1)
+  index_V = jnp.arange(logits_BxNxV.shape[-1], dtype=ids_BxN.dtype)
+  earlier_BxN = jnp.any((logits_BxNxV == max_BxNx1) & (index_V < ids_BxN[..., None]), -1)
+  return (label_BxNx1[..., 0] == max_BxNx1[..., 0]) & ~earlier_BxN
+
+
 def _xent_terms(logits_BxNxV, ids_BxN, w_BxN, prefix: str) -> dict[str, jax.Array]:
   logits_BxNxV = logits_BxNxV.astype(jnp.float32)
   w_BxN = w_BxN.astype(jnp.float32)
   xent_BxN = optax.softmax_cross_entropy_with_integer_labels(logits_BxNxV, ids_BxN)
-  correct_BxN = (jnp.argmax(logits_BxNxV, -1) == ids_BxN).astype(jnp.float32)
+  correct_BxN = argmax_is(logits_BxNxV, ids_BxN).astype(jnp.float32)
   return {
     f"{prefix}_loss_sum": jnp.sum(xent_BxN * w_BxN),
     f"{prefix}_correct": jnp.sum(correct_BxN * w_BxN),
