@@ -3,6 +3,7 @@ r"""Pre-training train-step throughput: bert_jax vs Hugging Face's FlaxBertForPr
   python -m benchmarks.bench_pretrain        # tiny..base, seq 128 and 512 (from the repo root)
   python -m benchmarks.bench_pretrain --sizes=tiny,mini --seq_lens=128 --repeats=3
   python -m benchmarks.bench_pretrain --sizes=base --tokens_per_step=1024   # a smaller batch
+  python -m benchmarks.bench_pretrain --dtype=bfloat16     # mixed precision on every side
   python -m benchmarks.bench_pretrain --sizes=base --seq_lens=128 --profile \
       --peers=torch_masked --steps=2          # where each step's time goes, per op and kind
 
@@ -18,7 +19,7 @@ probabilities (B x H x L x L) are large next to the matmuls (small models, seq 5
 interleaved (ours, HF, ours, HF, ...) and the median of ``--repeats`` timings of ``--steps``
 steps is reported. MFU uses bert_jax's model-FLOPs formula (bert_jax/train/flops.py, MLM head at the
 masked positions) for both, so it compares useful work; the peak is measured here with a large
-float32 matmul (or given with --peak_flops). ``--profile``: instead of the table, each
+float32 matmul (or given with --peak_flops), also for ``--dtype=bfloat16`` runs. ``--profile``: instead of the table, each
 implementation's step profiled per op (benchmarks/step_profile.py: XLA:CPU's thunks, PyTorch's
 profiler) and grouped into matmul / reduce / elementwise / random bits / gather-scatter / copy.
 """
@@ -61,6 +62,13 @@ _PEERS = flags.DEFINE_list(
   ["hf_flax", "hf_flax_masked", "torch_masked"],
   "peers run beside bert_jax (benchmarks/peers.py): hf_flax, hf_flax_masked, torch_masked",
 )
+_DTYPE = flags.DEFINE_enum(
+  "dtype",
+  "float32",
+  ["float32", "bfloat16"],
+  "compute dtype of every implementation (params and optimizer state stay float32): bert_jax's "
+  "config.dtype, HF Flax's dtype, PyTorch's autocast to bfloat16",
+)
 _PROFILE = flags.DEFINE_bool("profile", False, "profile each step per op instead of timing it")
 _PREDICTIONS = {128: 20, 512: 80}
 
@@ -95,7 +103,7 @@ def _ours(bert: BertConfig, batch_size: int, seq: int, preds: int):
 
 
 def _hf(variant: str, bert: BertConfig):
-  model = peers.hf_model(bert)
+  model = peers.hf_model(bert, dtype=jnp.dtype(bert.dtype))
   tx = optimizers.create_optimizer(common.optimizer_config(), 1e-4)
   step = jax.jit(peers.hf_train_step(model, variant, tx), donate_argnums=(0, 1))
   holder = {"params": model.params, "opt_state": tx.init(model.params), "i": 0}
@@ -116,7 +124,7 @@ def _hf(variant: str, bert: BertConfig):
 
 
 def _torch(bert: BertConfig):
-  run = peers.torch_step(bert)
+  run = peers.torch_step(bert, dtype=jnp.dtype(bert.dtype).name)
   return lambda host_batch: float(run(host_batch))
 
 
@@ -155,7 +163,7 @@ def main(argv):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {step_profile.TRACEME_FLAG}"
   peak = _PEAK.value or measure_peak_flops()
   print(
-    f"device: {jax.devices()[0].device_kind} x1, jax {jax.__version__}; "
+    f"device: {jax.devices()[0].device_kind} x1, jax {jax.__version__}, {_DTYPE.value}; "
     f"peak (measured f32 matmul): {peak / 1e9:.1f} GFLOP/s"
   )
   names = ["bert_jax", *_PEERS.value]
@@ -163,7 +171,7 @@ def main(argv):
   for size in _SIZES.value:
     for seq in map(int, _SEQ_LENS.value):
       preds, batch_size = _PREDICTIONS[seq], max(1, _TOKENS.value // seq)
-      bert = BertConfig.from_preset(size, vocab_size=30522)
+      bert = BertConfig.from_preset(size, vocab_size=30522, dtype=_DTYPE.value)
       data = SyntheticPretrainInput(batch_size, seq, preds, bert.vocab_size, seed=0)
       host = [next(data) for _ in range(2)]
       device = [{k: jnp.asarray(v) for k, v in b.items()} for b in host]

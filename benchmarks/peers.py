@@ -130,10 +130,16 @@ def hf_train_step(model, variant: str, tx):
   return train_step
 
 
-def torch_step(bert, seed: int = 0):
+def torch_step(bert, seed: int = 0, dtype: str = "float32"):
   """PyTorch (transformers' ``BertForPreTraining``, SDPA attention, eager, float32) with the MLM
   head at the masked positions, AdamW (lr 1e-4, wd 0.01 without LayerNorm/bias, eps 1e-6) and
-  gradient clipping at 1.0 as bert_jax: ``run(batch of numpy arrays) -> loss``."""
+  gradient clipping at 1.0 as bert_jax: ``run(batch of numpy arrays) -> loss``.
+
+  ``dtype="bfloat16"``: mixed precision as PyTorch users run it on a CPU, the forward pass under
+  ``torch.autocast("cpu", torch.bfloat16)`` (matmuls in bfloat16, float32 weights and optimizer).
+  """
+  import contextlib
+
   import torch
   from transformers import BertForPreTraining
 
@@ -148,16 +154,27 @@ def torch_step(bert, seed: int = 0):
     eps=1e-6,
   )
   xent = torch.nn.CrossEntropyLoss(reduction="none")
+  if dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"unknown dtype {dtype!r}; choose float32 or bfloat16")
+  autocast = (
+    (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    if dtype == "bfloat16"
+    else contextlib.nullcontext
+  )
 
   def run(batch):
     t = {k: torch.from_numpy(v) for k, v in batch.items()}
     pos_BxP = t["masked_lm_positions"].long()
-    out = model.bert(
-      t["input_ids"].long(), attention_mask=t["input_mask"], token_type_ids=t["segment_ids"].long()
-    )
-    seq_BxLxD, pooled_BxD = out[0], out[1]
-    h_BxPxD = seq_BxLxD.gather(1, pos_BxP[..., None].expand(-1, -1, seq_BxLxD.shape[-1]))
-    logits_BxPxV, nsp_Bx2 = model.cls(h_BxPxD, pooled_BxD)
+    with autocast():
+      out = model.bert(
+        t["input_ids"].long(),
+        attention_mask=t["input_mask"],
+        token_type_ids=t["segment_ids"].long(),
+      )
+      seq_BxLxD, pooled_BxD = out[0], out[1]
+      h_BxPxD = seq_BxLxD.gather(1, pos_BxP[..., None].expand(-1, -1, seq_BxLxD.shape[-1]))
+      logits_BxPxV, nsp_Bx2 = model.cls(h_BxPxD, pooled_BxD)
+    logits_BxPxV, nsp_Bx2 = logits_BxPxV.float(), nsp_Bx2.float()
     w_BxP = t["masked_lm_weights"]
     per = xent(logits_BxPxV.flatten(0, 1), t["masked_lm_ids"].long().flatten())
     mlm = (per * w_BxP.flatten()).sum() / (w_BxP.sum() + 1e-5)
