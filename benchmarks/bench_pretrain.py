@@ -124,7 +124,7 @@ def _hf(variant: str, bert: BertConfig):
 
 
 def _torch(bert: BertConfig):
-  run = peers.torch_step(bert, dtype=jnp.dtype(bert.dtype).name)
+  run = peers.torch_step(bert, dtype=bert.dtype)
   return lambda host_batch: float(run(host_batch))
 
 

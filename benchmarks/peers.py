@@ -138,11 +138,11 @@ def torch_step(bert, seed: int = 0, dtype: str = "float32"):
   ``dtype="bfloat16"``: mixed precision as PyTorch users run it on a CPU, the forward pass under
   ``torch.autocast("cpu", torch.bfloat16)`` (matmuls in bfloat16, float32 weights and optimizer).
   """
-  import contextlib
-
   import torch
   from transformers import BertForPreTraining
 
+  if dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"unknown dtype {dtype!r}; choose float32 or bfloat16")
   torch.manual_seed(seed)
   cfg = _hf_config(bert, attn_implementation="sdpa")
   model = BertForPreTraining(cfg).train()
@@ -154,18 +154,11 @@ def torch_step(bert, seed: int = 0, dtype: str = "float32"):
     eps=1e-6,
   )
   xent = torch.nn.CrossEntropyLoss(reduction="none")
-  if dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"unknown dtype {dtype!r}; choose float32 or bfloat16")
-  autocast = (
-    (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
-    if dtype == "bfloat16"
-    else contextlib.nullcontext
-  )
 
   def run(batch):
     t = {k: torch.from_numpy(v) for k, v in batch.items()}
     pos_BxP = t["masked_lm_positions"].long()
-    with autocast():
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
       out = model.bert(
         t["input_ids"].long(),
         attention_mask=t["input_mask"],
