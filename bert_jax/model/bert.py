@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.model import matmul
 from bert_jax.model.config import BertConfig
 from bert_jax.model.dropout import Dropout
 
@@ -56,20 +57,34 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
   )
 
 
-def dense(
-  config: BertConfig, features, axes, name: str, axis=-1, initializer=None
-) -> nn.DenseGeneral:
-  """A DenseGeneral whose kernel has logical ``axes`` and whose bias has the output axes."""
-  n_out = 1 if isinstance(features, int) else len(features)
-  return nn.DenseGeneral(
-    features=features,
-    axis=axis,
-    dtype=config.dtype,
-    param_dtype=config.param_dtype,
-    kernel_init=kernel_init(config, axes, initializer),
-    bias_init=bias_init(axes[-n_out:]),
-    name=name,
-  )
+def dense(config: BertConfig, features: int, axes, name: str, initializer=None) -> Dense:
+  """A dense layer over the last axis whose kernel has logical ``axes`` (bias: the last one)."""
+  return Dense(config, features, tuple(axes), initializer, name=name)
+
+
+class Dense(nn.Module):
+  """``x @ kernel + bias`` over the last axis, with ``nn.DenseGeneral``'s parameters (names,
+  shapes, initialisation, the compute dtype's casts) and the same float32 ops; in bfloat16 the
+  product and the bias's gradient take :mod:`bert_jax.model.matmul`'s CPU forms."""
+
+  config: BertConfig
+  features: int
+  kernel_axes: tuple[str | None, ...]
+  initializer: Any = None
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    c = self.config
+    kernel = self.param(
+      "kernel",
+      kernel_init(c, self.kernel_axes, self.initializer),
+      (x.shape[-1], self.features),
+      c.param_dtype,
+    )
+    bias = self.param("bias", bias_init(self.kernel_axes[-1:]), (self.features,), c.param_dtype)
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    y = matmul.dot_general(x.astype(c.dtype), kernel.astype(c.dtype), dims)
+    return matmul.add_bias(y, bias.astype(c.dtype))
 
 
 class Embeddings(nn.Module):
@@ -120,7 +135,11 @@ class Embeddings(nn.Module):
 
   def attend(self, h_xD: Array) -> Array:
     """Logits against the (tied) word embedding table: the MLM decoder."""
-    return self.word_embeddings.attend(h_xD)
+    if jnp.dtype(self.config.dtype) == jnp.float32:
+      return self.word_embeddings.attend(h_xD)
+    rows = "abc"[: h_xD.ndim - 1]  # the same product as Embed.attend, in matmul's CPU form
+    table_VxD = self.word_embeddings.embedding.astype(self.config.dtype)
+    return matmul.einsum(f"{rows}d,vd->{rows}v", h_xD.astype(self.config.dtype), table_VxD)
 
 
 class Projection(nn.Module):
@@ -149,8 +168,8 @@ class Projection(nn.Module):
       self.kernel_shape[-self.bias_ndim :],
       c.param_dtype,
     )
-    y = jnp.einsum(self.equation, x.astype(c.dtype), kernel.astype(c.dtype))
-    return y + bias.astype(c.dtype)
+    y = matmul.einsum(self.equation, x.astype(c.dtype), kernel.astype(c.dtype))
+    return matmul.add_bias(y, bias.astype(c.dtype))
 
 
 def masked_softmax_as(s_f32: Array, mask: Array, dtype) -> Array:

@@ -1,0 +1,151 @@
+"""bert_jax.model.matmul: bfloat16 products in the form XLA:CPU runs natively, the same values.
+
+References: ``lax.dot_general`` / ``jnp.einsum`` (float32, or float64 in numpy), flax's
+``nn.DenseGeneral`` for the dense layer's parameters and float32 outputs, and JAX's own autodiff
+of the plain bfloat16 product for the gradients.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from bert_jax.model import BertConfig, matmul
+from bert_jax.model.bert import dense
+
+BF16_ULP = 2.0**-8  # bfloat16 keeps 8 bits of mantissa: one rounding is within this, relatively
+
+
+def _normal(seed, shape, dtype=jnp.bfloat16):
+  return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype)
+
+
+DOT_CASES = [  # (lhs shape, rhs shape, dimension numbers): Dense's, the projections', batched
+  ((4, 8, 16), (16, 32), (((2,), (0,)), ((), ()))),
+  ((4, 8, 2, 8), (2, 8, 16), (((2, 3), (0, 1)), ((), ()))),
+  ((16, 4, 8), (16, 32), (((0,), (0,)), ((), ()))),
+  ((3, 5, 7, 6), (3, 6, 7, 4), (((3,), (1,)), ((0, 2), (0, 2)))),
+]
+
+
+@pytest.mark.parametrize("lhs_shape, rhs_shape, dims", DOT_CASES)
+def test_dot_general_is_lax_dot_general(lhs_shape, rhs_shape, dims):
+  lhs, rhs = _normal(0, lhs_shape, jnp.float32), _normal(1, rhs_shape, jnp.float32)
+  want = lax.dot_general(lhs, rhs, dims, precision=lax.Precision.HIGHEST)
+  # float32: lax.dot_general itself, op for op.
+  np.testing.assert_array_equal(matmul.dot_general(lhs, rhs, dims), lax.dot_general(lhs, rhs, dims))
+  # bfloat16 (an einsum on the CPU): the same product, rounded once to bfloat16.
+  got = matmul.dot_general(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), dims)
+  assert got.dtype == jnp.bfloat16 and got.shape == want.shape
+  exact = lax.dot_general(
+    lhs.astype(jnp.bfloat16).astype(jnp.float32),
+    rhs.astype(jnp.bfloat16).astype(jnp.float32),
+    dims,
+    precision=lax.Precision.HIGHEST,
+  )
+  np.testing.assert_allclose(
+    np.asarray(got, np.float32), exact, rtol=BF16_ULP, atol=1e-6 * float(jnp.abs(exact).max())
+  )
+
+
+def _grads(fn, a, b, w):
+  return jax.grad(lambda a, b: jnp.sum(fn(a, b).astype(jnp.float32) * w), argnums=(0, 1))(a, b)
+
+
+@pytest.mark.parametrize(
+  "equation, a_shape, b_shape",
+  [
+    ("bld,df->blf", (4, 16, 32), (32, 64)),  # a dense layer
+    ("blhk,hkd->bld", (4, 16, 2, 16), (2, 16, 32)),  # attention's output projection
+    ("bnd,vd->bnv", (2, 5, 32), (97, 32)),  # the MLM decoder
+  ],
+)
+def test_bfloat16_einsum_values_and_gradients(equation, a_shape, b_shape):
+  a, b = _normal(2, a_shape), _normal(3, b_shape)
+  out_shape = jnp.einsum(equation, a, b).shape
+  w = _normal(4, out_shape, jnp.float32)
+  plain = lambda a, b: jnp.einsum(equation, a, b)
+  ours = lambda a, b: matmul.einsum(equation, a, b)
+  # Values: within one bfloat16 rounding of the float32 product of the same inputs.
+  exact = jnp.einsum(
+    equation, a.astype(jnp.float32), b.astype(jnp.float32), precision=lax.Precision.HIGHEST
+  )
+  got = ours(a, b)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(got, np.float32), exact, rtol=BF16_ULP, atol=1e-5)
+  # Gradients: JAX's autodiff of the plain bfloat16 product, to one bfloat16 rounding.
+  for g, g_ref in zip(_grads(ours, a, b, w), _grads(plain, a, b, w)):
+    assert g.dtype == jnp.bfloat16
+    scale = float(jnp.abs(g_ref.astype(jnp.float32)).max())
+    np.testing.assert_allclose(
+      np.asarray(g, np.float32), np.asarray(g_ref, np.float32), rtol=2 * BF16_ULP, atol=1e-2 * scale
+    )
+
+
+def test_float32_and_batched_products_are_left_as_they_are():
+  """No custom gradient (nor a platform switch) unless both operands are bfloat16 and the
+  product has no batch index (attention's products keep JAX's own)."""
+  a32, b32 = _normal(5, (4, 8, 16), jnp.float32), _normal(6, (16, 32), jnp.float32)
+  for fn, args in [
+    (lambda a, b: matmul.einsum("bld,df->blf", a, b), (a32, b32)),
+    (lambda y, bias: matmul.add_bias(y, bias), (a32, b32[0, :16])),
+    (
+      lambda q, k: matmul.einsum("bqhk,bshk->bhqs", q, k, preferred_element_type=jnp.float32),
+      (_normal(7, (2, 8, 2, 4)), _normal(8, (2, 8, 2, 4))),
+    ),
+  ]:
+    text = str(jax.make_jaxpr(jax.grad(lambda *x, f=fn: jnp.sum(f(*x)), argnums=(0, 1)))(*args))
+    assert "custom_vjp" not in text and "platform_index" not in text and "cond" not in text, text
+  bf16 = str(
+    jax.make_jaxpr(lambda a, b: matmul.einsum("bld,df->blf", a, b))(
+      _normal(5, (4, 8, 16)), _normal(6, (16, 32))
+    )
+  )
+  assert "platform_index" in bf16
+
+
+def test_bfloat16_bias_gradient_is_the_float32_sum():
+  y, bias = _normal(9, (8, 64, 2, 16)), _normal(10, (2, 16))
+  g = _normal(11, y.shape)
+  _, vjp = jax.vjp(matmul.add_bias, y, bias)
+  dy, dbias = vjp(g)
+  np.testing.assert_array_equal(np.asarray(dy, np.float32), np.asarray(g, np.float32))
+  want = np.asarray(g, np.float64).sum(axis=(0, 1))
+  assert dbias.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(dbias, np.float64), want, rtol=BF16_ULP, atol=1e-6)
+  np.testing.assert_array_equal(
+    np.asarray(matmul.add_bias(y, bias), np.float32), np.asarray(y + bias, np.float32)
+  )
+
+
+def test_einsum_rejects_what_its_gradient_cannot_express():
+  a, b = _normal(0, (4, 4)), _normal(1, (4, 4))
+  for bad in ["ij,jk", "...j,jk->...k", "ii,ij->j", "ij,jk->k"]:
+    with pytest.raises(ValueError, match="einsum"):
+      matmul.einsum(bad, a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dense_has_dense_generals_parameters_and_float32_outputs(dtype):
+  c = BertConfig.from_preset("tiny", vocab_size=64).replace(dtype=dtype)
+  x = _normal(12, (2, 8, c.hidden_size), jnp.float32)
+  ours = dense(c, 48, ("embed", "mlp"), "intermediate")
+  ref = nn.DenseGeneral(48, dtype=c.dtype, kernel_init=nn.initializers.truncated_normal(0.02))
+  p_ours = nn.unbox(ours.init(jax.random.key(3), x)["params"])
+  p_ref = ref.init(jax.random.key(3), x)["params"]
+  assert jax.tree_util.tree_structure(p_ours) == jax.tree_util.tree_structure(p_ref)
+  for k in p_ref:
+    np.testing.assert_array_equal(p_ours[k], p_ref[k])
+  params = {"kernel": p_ref["kernel"], "bias": _normal(13, p_ref["bias"].shape, jnp.float32)}
+  y, y_ref = ours.apply({"params": params}, x), ref.apply({"params": params}, x)
+  assert y.dtype == y_ref.dtype == jnp.dtype(dtype)
+  if dtype == "float32":
+    np.testing.assert_array_equal(y, y_ref)
+  else:
+    np.testing.assert_allclose(
+      np.asarray(y, np.float32), np.asarray(y_ref, np.float32), rtol=2 * BF16_ULP, atol=1e-2
+    )
