@@ -24,34 +24,6 @@ def _normal(seed, shape, dtype=jnp.bfloat16):
   return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype)
 
 
-DOT_CASES = [  # (lhs shape, rhs shape, dimension numbers): Dense's, the projections', batched
-  ((4, 8, 16), (16, 32), (((2,), (0,)), ((), ()))),
-  ((4, 8, 2, 8), (2, 8, 16), (((2, 3), (0, 1)), ((), ()))),
-  ((16, 4, 8), (16, 32), (((0,), (0,)), ((), ()))),
-  ((3, 5, 7, 6), (3, 6, 7, 4), (((3,), (1,)), ((0, 2), (0, 2)))),
-]
-
-
-@pytest.mark.parametrize("lhs_shape, rhs_shape, dims", DOT_CASES)
-def test_dot_general_is_lax_dot_general(lhs_shape, rhs_shape, dims):
-  lhs, rhs = _normal(0, lhs_shape, jnp.float32), _normal(1, rhs_shape, jnp.float32)
-  want = lax.dot_general(lhs, rhs, dims, precision=lax.Precision.HIGHEST)
-  # float32: lax.dot_general itself, op for op.
-  np.testing.assert_array_equal(matmul.dot_general(lhs, rhs, dims), lax.dot_general(lhs, rhs, dims))
-  # bfloat16 (an einsum on the CPU): the same product, rounded once to bfloat16.
-  got = matmul.dot_general(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), dims)
-  assert got.dtype == jnp.bfloat16 and got.shape == want.shape
-  exact = lax.dot_general(
-    lhs.astype(jnp.bfloat16).astype(jnp.float32),
-    rhs.astype(jnp.bfloat16).astype(jnp.float32),
-    dims,
-    precision=lax.Precision.HIGHEST,
-  )
-  np.testing.assert_allclose(
-    np.asarray(got, np.float32), exact, rtol=BF16_ULP, atol=1e-6 * float(jnp.abs(exact).max())
-  )
-
-
 def _grads(fn, a, b, w):
   return jax.grad(lambda a, b: jnp.sum(fn(a, b).astype(jnp.float32) * w), argnums=(0, 1))(a, b)
 
@@ -69,7 +41,7 @@ def test_bfloat16_einsum_values_and_gradients(equation, a_shape, b_shape):
   out_shape = jnp.einsum(equation, a, b).shape
   w = _normal(4, out_shape, jnp.float32)
   plain = lambda a, b: jnp.einsum(equation, a, b)
-  ours = lambda a, b: matmul.einsum(equation, a, b)
+  ours = lambda a, b: matmul.einsum(equation, a, b, jnp.bfloat16)
   # Values: within one bfloat16 rounding of the float32 product of the same inputs.
   exact = jnp.einsum(
     equation, a.astype(jnp.float32), b.astype(jnp.float32), precision=lax.Precision.HIGHEST
@@ -91,42 +63,61 @@ def test_float32_and_batched_products_are_left_as_they_are():
   product has no batch index (attention's products keep JAX's own)."""
   a32, b32 = _normal(5, (4, 8, 16), jnp.float32), _normal(6, (16, 32), jnp.float32)
   for fn, args in [
-    (lambda a, b: matmul.einsum("bld,df->blf", a, b), (a32, b32)),
+    (lambda a, b: matmul.einsum("bld,df->blf", a, b, jnp.float32), (a32, b32)),
     (lambda y, bias: matmul.add_bias(y, bias), (a32, b32[0, :16])),
     (
-      lambda q, k: matmul.einsum("bqhk,bshk->bhqs", q, k, preferred_element_type=jnp.float32),
+      lambda q, k: matmul.einsum(
+        "bqhk,bshk->bhqs", q, k, jnp.bfloat16, preferred_element_type=jnp.float32
+      ),
       (_normal(7, (2, 8, 2, 4)), _normal(8, (2, 8, 2, 4))),
     ),
   ]:
     text = str(jax.make_jaxpr(jax.grad(lambda *x, f=fn: jnp.sum(f(*x)), argnums=(0, 1)))(*args))
     assert "custom_vjp" not in text and "platform_index" not in text and "cond" not in text, text
   bf16 = str(
-    jax.make_jaxpr(lambda a, b: matmul.einsum("bld,df->blf", a, b))(
+    jax.make_jaxpr(lambda a, b: matmul.einsum("bld,df->blf", a, b, jnp.bfloat16))(
       _normal(5, (4, 8, 16)), _normal(6, (16, 32))
     )
   )
   assert "platform_index" in bf16
 
 
-def test_bfloat16_bias_gradient_is_the_float32_sum():
-  y, bias = _normal(9, (8, 64, 2, 16)), _normal(10, (2, 16))
-  g = _normal(11, y.shape)
-  _, vjp = jax.vjp(matmul.add_bias, y, bias)
-  dy, dbias = vjp(g)
-  np.testing.assert_array_equal(np.asarray(dy, np.float32), np.asarray(g, np.float32))
-  want = np.asarray(g, np.float64).sum(axis=(0, 1))
-  assert dbias.dtype == jnp.bfloat16
-  np.testing.assert_allclose(np.asarray(dbias, np.float64), want, rtol=BF16_ULP, atol=1e-6)
-  np.testing.assert_array_equal(
-    np.asarray(matmul.add_bias(y, bias), np.float32), np.asarray(y + bias, np.float32)
+def test_a_float32_operands_gradient_is_not_rounded_to_bfloat16():
+  """A float32 kernel multiplied in bfloat16: its gradient is the float32 product of the
+  bfloat16 operands (not rounded to bfloat16, as autodiff through the cast would)."""
+  x, kernel = _normal(14, (4, 16, 32)), _normal(15, (32, 64), jnp.float32)
+  g = _normal(16, (4, 16, 64))
+  _, vjp = jax.vjp(lambda x, k: matmul.einsum("bld,df->blf", x, k, jnp.bfloat16), x, kernel)
+  dx, dkernel = vjp(g)
+  assert dx.dtype == jnp.bfloat16 and dkernel.dtype == jnp.float32
+  want = np.einsum("bld,blf->df", np.asarray(x, np.float64), np.asarray(g, np.float64))
+  np.testing.assert_allclose(np.asarray(dkernel, np.float64), want, rtol=1e-5, atol=1e-5)
+  assert not np.array_equal(
+    np.asarray(dkernel), np.asarray(dkernel.astype(jnp.bfloat16), np.float32)
   )
+
+
+def test_bfloat16_bias_gradient_is_the_float32_sum():
+  y, g = _normal(9, (8, 64, 2, 16)), _normal(11, (8, 64, 2, 16))
+  want = np.asarray(g, np.float64).sum(axis=(0, 1))
+  for bias_dtype, rtol in [(jnp.bfloat16, BF16_ULP), (jnp.float32, 1e-6)]:
+    bias = _normal(10, (2, 16), bias_dtype)
+    _, vjp = jax.vjp(matmul.add_bias, y, bias)
+    dy, dbias = vjp(g)
+    np.testing.assert_array_equal(np.asarray(dy, np.float32), np.asarray(g, np.float32))
+    assert dbias.dtype == bias_dtype
+    np.testing.assert_allclose(np.asarray(dbias, np.float64), want, rtol=rtol, atol=1e-6)
+    np.testing.assert_array_equal(
+      np.asarray(matmul.add_bias(y, bias), np.float32),
+      np.asarray(y + bias.astype(jnp.bfloat16), np.float32),
+    )
 
 
 def test_einsum_rejects_what_its_gradient_cannot_express():
   a, b = _normal(0, (4, 4)), _normal(1, (4, 4))
   for bad in ["ij,jk", "...j,jk->...k", "ii,ij->j", "ij,jk->k"]:
     with pytest.raises(ValueError, match="einsum"):
-      matmul.einsum(bad, a, b)
+      matmul.einsum(bad, a, b, jnp.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -82,9 +82,9 @@ class Dense(nn.Module):
       c.param_dtype,
     )
     bias = self.param("bias", bias_init(self.kernel_axes[-1:]), (self.features,), c.param_dtype)
-    dims = (((x.ndim - 1,), (0,)), ((), ()))
-    y = matmul.dot_general(x.astype(c.dtype), kernel.astype(c.dtype), dims)
-    return matmul.add_bias(y, bias.astype(c.dtype))
+    rows = "abcdefgh"[: x.ndim - 1]
+    y = matmul.einsum(f"{rows}y,yz->{rows}z", x, kernel, c.dtype)
+    return matmul.add_bias(y, bias)
 
 
 class Embeddings(nn.Module):
@@ -138,8 +138,9 @@ class Embeddings(nn.Module):
     if jnp.dtype(self.config.dtype) == jnp.float32:
       return self.word_embeddings.attend(h_xD)
     rows = "abc"[: h_xD.ndim - 1]  # the same product as Embed.attend, in matmul's CPU form
-    table_VxD = self.word_embeddings.embedding.astype(self.config.dtype)
-    return matmul.einsum(f"{rows}d,vd->{rows}v", h_xD.astype(self.config.dtype), table_VxD)
+    return matmul.einsum(
+      f"{rows}d,vd->{rows}v", h_xD, self.word_embeddings.embedding, self.config.dtype
+    )
 
 
 class Projection(nn.Module):
@@ -168,8 +169,7 @@ class Projection(nn.Module):
       self.kernel_shape[-self.bias_ndim :],
       c.param_dtype,
     )
-    y = matmul.einsum(self.equation, x.astype(c.dtype), kernel.astype(c.dtype))
-    return matmul.add_bias(y, bias.astype(c.dtype))
+    return matmul.add_bias(matmul.einsum(self.equation, x, kernel, c.dtype), bias)
 
 
 def masked_softmax_as(s_f32: Array, mask: Array, dtype) -> Array:

@@ -24,90 +24,62 @@ import jax.numpy as jnp
 from jax import lax
 
 Array = jax.Array
-_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def einsum(equation: str, a: Array, b: Array, preferred_element_type=None) -> Array:
-  """``jnp.einsum(equation, a, b, preferred_element_type=...)`` for two operands.
+def einsum(equation: str, a: Array, b: Array, dtype, preferred_element_type=None) -> Array:
+  """``jnp.einsum(equation, a.astype(dtype), b.astype(dtype), preferred_element_type=...)``.
 
-  On a CPU, bfloat16 operands multiply with a float32 result (see the module docstring),
-  rounded to ``preferred_element_type`` (default: the operands' dtype).
+  On a CPU with ``dtype`` bfloat16: the product with a float32 result, rounded to
+  ``preferred_element_type`` (default ``dtype``), and each operand's gradient a product with a
+  float32 result returned in that operand's own dtype (a float32 kernel's gradient is not
+  rounded to bfloat16 on the way, as autodiff through the cast would).
   """
+  dtype = jnp.dtype(dtype)
 
   def plain(a, b):
-    return jnp.einsum(equation, a, b, preferred_element_type=preferred_element_type)
+    return jnp.einsum(
+      equation, a.astype(dtype), b.astype(dtype), preferred_element_type=preferred_element_type
+    )
 
-  if not (a.dtype == b.dtype == jnp.bfloat16):
+  if dtype != jnp.bfloat16:
     return plain(a, b)
   _check_equation(equation)
   if _has_batch_index(equation):
     return plain(a, b)
-  out_dtype = jnp.dtype(preferred_element_type or a.dtype)
-  return lax.platform_dependent(
-    a, b, cpu=lambda a, b: _float32_result_einsum(equation, out_dtype, a, b), default=plain
-  )
-
-
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-  """``lax.dot_general`` with :func:`einsum`'s CPU form for bfloat16 operands.
-
-  Takes ``lax.dot_general``'s arguments (Flax's ``DenseGeneral(dot_general=...)`` calls it so).
-  """
-  if precision is not None or not (lhs.dtype == rhs.dtype == jnp.bfloat16):
-    return lax.dot_general(
-      lhs, rhs, dimension_numbers, precision, preferred_element_type=preferred_element_type
-    )
-  return einsum(
-    _equation(lhs.ndim, rhs.ndim, dimension_numbers),
-    lhs,
-    rhs,
-    preferred_element_type=preferred_element_type,
-  )
+  out_dtype = jnp.dtype(preferred_element_type or dtype)
+  cpu = functools.partial(_float32_result_einsum, equation, dtype, out_dtype)
+  return lax.platform_dependent(a, b, cpu=cpu, default=plain)
 
 
 def add_bias(y: Array, bias: Array) -> Array:
-  """``y + bias``, ``bias`` over ``y``'s trailing axes.
+  """``y + bias.astype(y.dtype)``, ``bias`` over ``y``'s trailing axes.
 
-  On a CPU in bfloat16 the bias's gradient is summed in float32 explicitly: autodiff's sum of a
-  bfloat16 cotangent is a bfloat16 reduction, which XLA:CPU rewrites into a tree of
-  reduce-windows (42 ms for BERT-small's 4,096 x 2,048 intermediate layer, against 0.25 ms for
-  the float32 sum of the same values).
+  On a CPU in bfloat16 the bias's gradient is summed in float32 and returned in the bias's own
+  dtype: autodiff's sum of a bfloat16 cotangent is a bfloat16 reduction, which XLA:CPU rewrites
+  into a tree of reduce-windows (42 ms for BERT-small's 4,096 x 2,048 intermediate layer,
+  against 0.25 ms for the float32 sum of the same values).
   """
-  if not (y.dtype == bias.dtype == jnp.bfloat16) or y.shape[y.ndim - bias.ndim :] != bias.shape:
-    return y + bias
-  cpu = functools.partial(_add_bias_summed_in_float32, bias.ndim)
-  return lax.platform_dependent(y, bias, cpu=cpu, default=jnp.add)
+  if y.dtype != jnp.bfloat16 or y.shape[y.ndim - bias.ndim :] != bias.shape:
+    return y + bias.astype(y.dtype)
+  cpu = functools.partial(_add_bias_summed_in_float32, bias.ndim, bias.dtype)
+  return lax.platform_dependent(y, bias, cpu=cpu, default=lambda y, b: y + b.astype(y.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _add_bias_summed_in_float32(bias_ndim: int, y: Array, bias: Array) -> Array:
-  return y + bias
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _add_bias_summed_in_float32(bias_ndim: int, bias_dtype, y: Array, bias: Array) -> Array:
+  return y + bias.astype(y.dtype)
 
 
-def _add_bias_fwd(bias_ndim, y, bias):
-  return y + bias, None
+def _add_bias_fwd(bias_ndim, bias_dtype, y, bias):
+  return _add_bias_summed_in_float32(bias_ndim, bias_dtype, y, bias), None
 
 
-def _add_bias_bwd(bias_ndim, _, g):
+def _add_bias_bwd(bias_ndim, bias_dtype, _, g):
   rows = tuple(range(g.ndim - bias_ndim))
-  return g, jnp.sum(g, axis=rows, dtype=jnp.float32).astype(g.dtype)
+  return g, jnp.sum(g, axis=rows, dtype=jnp.float32).astype(bias_dtype)
 
 
 _add_bias_summed_in_float32.defvjp(_add_bias_fwd, _add_bias_bwd)
-
-
-def _equation(lhs_ndim: int, rhs_ndim: int, dimension_numbers) -> str:
-  """The einsum equation of a ``dot_general``: batch dims, then lhs's free, then rhs's free."""
-  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
-  lhs = list(_LETTERS[:lhs_ndim])
-  rhs = list(_LETTERS[lhs_ndim : lhs_ndim + rhs_ndim])
-  for i, j in zip(list(lhs_contract) + list(lhs_batch), list(rhs_contract) + list(rhs_batch)):
-    rhs[j] = lhs[i]
-  paired = set(lhs_contract) | set(lhs_batch)
-  out = [lhs[i] for i in lhs_batch]
-  out += [lhs[i] for i in range(lhs_ndim) if i not in paired]
-  out += [rhs[j] for j in range(rhs_ndim) if j not in set(rhs_contract) | set(rhs_batch)]
-  return f"{''.join(lhs)},{''.join(rhs)}->{''.join(out)}"
 
 
 def _has_batch_index(equation: str) -> bool:
@@ -134,23 +106,30 @@ def _check_equation(equation: str) -> None:
     raise ValueError(f"einsum {equation!r}: an index appears in one term only")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _float32_result_einsum(equation: str, out_dtype, a: Array, b: Array) -> Array:
+def _float32_result_einsum(equation: str, dtype, out_dtype, a: Array, b: Array) -> Array:
+  """The CPU form; the operands' own dtypes are fixed for the gradient (static arguments)."""
+  return _float32_result_einsum_typed(equation, dtype, out_dtype, a.dtype, b.dtype, a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _float32_result_einsum_typed(equation, dtype, out_dtype, a_dtype, b_dtype, a, b) -> Array:
+  a, b = a.astype(dtype), b.astype(dtype)
   return jnp.einsum(equation, a, b, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
-def _float32_result_einsum_fwd(equation, out_dtype, a, b):
-  return _float32_result_einsum(equation, out_dtype, a, b), (a, b)
+def _float32_result_einsum_fwd(equation, dtype, out_dtype, a_dtype, b_dtype, a, b):
+  y = _float32_result_einsum_typed(equation, dtype, out_dtype, a_dtype, b_dtype, a, b)
+  return y, (a.astype(dtype), b.astype(dtype))  # the operands in the compute dtype
 
 
-def _float32_result_einsum_bwd(equation, out_dtype, residuals, g):
+def _float32_result_einsum_bwd(equation, dtype, out_dtype, a_dtype, b_dtype, residuals, g):
   del out_dtype
   a, b = residuals
   ta, tb, out = equation.replace(" ", "").replace("->", ",").split(",")
-  g = g.astype(a.dtype)
+  g = g.astype(dtype)
   da = jnp.einsum(f"{out},{tb}->{ta}", g, b, preferred_element_type=jnp.float32)
   db = jnp.einsum(f"{ta},{out}->{tb}", a, g, preferred_element_type=jnp.float32)
-  return da.astype(a.dtype), db.astype(b.dtype)
+  return da.astype(a_dtype), db.astype(b_dtype)
 
 
-_float32_result_einsum.defvjp(_float32_result_einsum_fwd, _float32_result_einsum_bwd)
+_float32_result_einsum_typed.defvjp(_float32_result_einsum_fwd, _float32_result_einsum_bwd)
