@@ -1,6 +1,6 @@
 """bert_jax.model.matmul: bfloat16 products in the form XLA:CPU runs natively, the same values.
 
-References: ``lax.dot_general`` / ``jnp.einsum`` (float32, or float64 in numpy), flax's
+References: ``jnp.einsum`` in float32 (or ``np.einsum`` in float64), flax's
 ``nn.DenseGeneral`` for the dense layer's parameters and float32 outputs, and JAX's own autodiff
 of the plain bfloat16 product for the gradients.
 """
@@ -59,7 +59,7 @@ def test_bfloat16_einsum_values_and_gradients(equation, a_shape, b_shape):
 
 
 def test_float32_and_batched_products_are_left_as_they_are():
-  """No custom gradient (nor a platform switch) unless both operands are bfloat16 and the
+  """No custom gradient (nor a platform switch) unless the compute dtype is bfloat16 and the
   product has no batch index (attention's products keep JAX's own)."""
   a32, b32 = _normal(5, (4, 8, 16), jnp.float32), _normal(6, (16, 32), jnp.float32)
   for fn, args in [
