@@ -2,7 +2,7 @@
 
 The one table of names in this package: every bert_jax parameter path beside the Hugging Face
 (PyTorch) tensor name it corresponds to and how the array is laid out there. PyTorch ``Linear``
-weights are ``[out, in]``; bert_jax ``DenseGeneral`` kernels are ``[in..., out...]`` (the
+weights are ``[out, in]``; bert_jax's dense kernels are ``[in..., out...]`` (the
 attention projections split the hidden axis into heads x head_dim). TensorFlow checkpoints
 (``tf.py``) are first renamed onto the Hugging Face names, so both imports share one validation.
 

@@ -14,7 +14,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.model.bert import BertEncoder, activation, dense, gather_positions, layer_norm
+from bert_jax.model.bert import (
+  BertEncoder,
+  Dense,
+  activation,
+  dense,
+  gather_positions,
+  layer_norm,
+)
 from bert_jax.model.config import BertConfig
 from bert_jax.model.dropout import Dropout
 
@@ -22,7 +29,7 @@ Array = jax.Array
 HEAD_INITS = ("normal", "truncated_normal")
 
 
-def head_dense(c: BertConfig, features: int, name: str, head_init: str) -> nn.DenseGeneral:
+def head_dense(c: BertConfig, features: int, name: str, head_init: str) -> Dense:
   """A new fine-tuning head's output layer (kernel [embed, features], bias zeros).
 
   ``head_init`` (the fine-tuning configs' ``head_init``): "normal" draws the kernel from

@@ -66,8 +66,8 @@ def init_train_state(
   if shardings is None:
     _, shardings = abstract_train_state(init_params, tx, mesh, rules, seed)
   make = _boxed_state_fn(init_params, tx)
-  # Not under mesh_context: flax's DenseGeneral initialises its kernel flat and would apply the
-  # N-d logical constraint to the flat array. out_shardings places every array anyway.
+  # Not under mesh_context: out_shardings places every array anyway, and a flax layer that
+  # initialises its kernel flat (nn.DenseGeneral) would get the N-d logical constraint there.
   return jax.jit(lambda rng: nn.meta.unbox(make(rng)), out_shardings=shardings)(
     jax.random.PRNGKey(seed)
   )
