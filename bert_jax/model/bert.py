@@ -134,10 +134,9 @@ class Embeddings(nn.Module):
     return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
 
   def attend(self, h_xD: Array) -> Array:
-    """Logits against the (tied) word embedding table: the MLM decoder."""
-    if jnp.dtype(self.config.dtype) == jnp.float32:
-      return self.word_embeddings.attend(h_xD)
-    rows = "abc"[: h_xD.ndim - 1]  # the same product as Embed.attend, in matmul's CPU form
+    """Logits against the (tied) word embedding table: the MLM decoder (``Embed.attend``'s
+    product, the same values, in :mod:`bert_jax.model.matmul`'s form)."""
+    rows = "abc"[: h_xD.ndim - 1]
     return matmul.einsum(
       f"{rows}d,vd->{rows}v", h_xD, self.word_embeddings.embedding, self.config.dtype
     )
