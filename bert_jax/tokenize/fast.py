@@ -193,16 +193,3 @@ class FastWordPieceTokenizer(wordpiece.WordPieceTokenizer):
     for i, ids in zip(slow_idx, super().encode_batch([texts[i] for i in slow_idx])):
       out[i] = ids
     return out
-
-  def tokenize_batch(self, texts: Sequence[str]) -> list[list[str]]:
-    texts = list(texts)
-    fast_idx, slow_idx = split_eligible(texts)
-    if len(fast_idx) < MIN_FAST_BATCH:
-      return super().tokenize_batch(texts)
-    vocab = self._tokens
-    out: list = [None] * len(texts)
-    for i, ids in zip(fast_idx, self._fast_ids([texts[i] for i in fast_idx])):
-      out[i] = [vocab[j] for j in ids]
-    for i, tokens in zip(slow_idx, super().tokenize_batch([texts[i] for i in slow_idx])):
-      out[i] = tokens
-    return out

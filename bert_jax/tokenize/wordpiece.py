@@ -21,7 +21,7 @@ from absl import logging
 from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as RustTokenizer
 
-from bert_jax.tokenize import base, charclasses
+from bert_jax.tokenize import base, charclasses, piece_cache
 
 VOCAB_FILE = "vocab.txt"
 CONTINUATION_PREFIX = "##"
@@ -156,6 +156,8 @@ class WordPieceTokenizer(base.Tokenizer):
     )
     ascii_rust.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     self._ascii_rust = self._with_special_tokens(ascii_rust)
+    # Batches are tokenized a distinct whitespace piece at a time (piece_cache.py).
+    self._piece_cache = piece_cache.PieceCache()
     _warn_on_case_mismatch(self._tokens, self.do_lower_case, source)
 
   @functools.cached_property
@@ -270,10 +272,21 @@ class WordPieceTokenizer(base.Tokenizer):
     return self._encode([text], fast=True)[0].ids
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return [e.ids for e in self._encode(list(texts), fast=True)]
+    """The ids of each text; each distinct whitespace piece is tokenized once per cache
+    lifetime (piece_cache.py: the same ids as tokenizing each text whole)."""
+    return self._piece_cache.encode(texts, self._encode_uncached)
 
   def tokenize_batch(self, texts: Sequence[str]) -> list[list[str]]:
-    return [e.tokens for e in self._encode(list(texts), fast=False)]
+    vocab = self._tokens
+    return [[vocab[i] for i in ids] for ids in self.encode_batch(texts)]
+
+  def clear_cache(self) -> None:
+    """Empties the cache of tokenized pieces that encode_batch keeps (bounded in size)."""
+    self._piece_cache.clear()
+
+  def _encode_uncached(self, texts: list[str]) -> list[list[int]]:
+    """The ids of each text, tokenized whole (what the cache is filled from)."""
+    return [e.ids for e in self._encode(texts, fast=True)]
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     """Ids -> text: pieces joined with spaces, "##" pieces glued on, then the spaces before
