@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 MAX_ENTRIES = 1 << 18
 
 EncodeFn = Callable[[list[str]], list[list[int]]]
+# A piece -> the smaller pieces whose ids, one after the other, are its ids (or None).
+SplitFn = Callable[[str], list[str] | None]
 
 
 # The characters ``str.split()`` splits at and BERT's clean-up does not treat as whitespace (it
@@ -70,7 +72,12 @@ class PieceCache:
   def __setstate__(self, state):
     self.__init__(state["max_entries"])
 
-  def encode(self, texts: Sequence[str], encode_fn: EncodeFn) -> list[list[int]]:
+  def encode(
+    self, texts: Sequence[str], encode_fn: EncodeFn, split_fn: SplitFn | None = None
+  ) -> list[list[int]]:
+    """The ids of each text. ``split_fn``, where given, splits a new piece further (e.g. "Hello,"
+    into "hello" and ","), so that the encoder sees fewer distinct strings; its parts are cached
+    too. It must keep the ids: a piece's ids are its parts' ids one after the other."""
     texts = list(texts)
     mismatch = SPLIT_MISMATCH
     try:
@@ -78,19 +85,21 @@ class PieceCache:
     except TypeError:
       return encode_fn(texts)  # the encoder names the bad text
     if clean:
-      return self._encode_split(texts, encode_fn)
+      return self._encode_split(texts, encode_fn, split_fn)
     out: list = [None] * len(texts)
     split_idx = [i for i, t in enumerate(texts) if mismatch.search(t) is None]
     whole_idx = sorted(set(range(len(texts))).difference(split_idx))
     for idx, ids in (
-      (split_idx, self._encode_split([texts[i] for i in split_idx], encode_fn)),
+      (split_idx, self._encode_split([texts[i] for i in split_idx], encode_fn, split_fn)),
       (whole_idx, encode_fn([texts[i] for i in whole_idx])),
     ):
       for i, row in zip(idx, ids):
         out[i] = row
     return out
 
-  def _encode_split(self, texts: list[str], encode_fn: EncodeFn) -> list[list[int]]:
+  def _encode_split(
+    self, texts: list[str], encode_fn: EncodeFn, split_fn: SplitFn | None
+  ) -> list[list[int]]:
     chain = itertools.chain.from_iterable
     # Many small lists that hold only ints: the cyclic GC's passes over them are wasted work.
     enabled = gc.isenabled()
@@ -109,16 +118,33 @@ class PieceCache:
             redo.append(len(rows))
             append(None)
         if redo:
-          new = set(chain(pieces[i] for i in redo))
-          if len(self._ids) + len(new) > self.max_entries:
-            self._ids.clear()
-          else:
-            new.difference_update(self._ids)
-          new = list(new)
-          self._ids.update(zip(new, encode_fn(new)))
+          new = set(chain(pieces[i] for i in redo)).difference(self._ids)
+          self._add(new, encode_fn, split_fn, [pieces[i] for i in redo])
           for i in redo:
             rows[i] = list(chain(map(get, pieces[i])))
         return rows
     finally:
       if enabled:
         gc.enable()
+
+  def _add(self, new: set[str], encode_fn: EncodeFn, split_fn: SplitFn | None, needed) -> None:
+    """Caches the ids of the pieces ``new`` (none of them cached; the lock held). Where that
+    would pass max_entries, the cache starts again empty with the pieces of ``needed`` (lists
+    of pieces) alone."""
+    chain = itertools.chain.from_iterable
+    parts_of = {}
+    if split_fn is not None:
+      parts_of = {p: parts for p in new if (parts := split_fn(p)) is not None}
+    direct = new.difference(parts_of)
+    direct.update(set(chain(parts_of.values())).difference(self._ids))
+    if len(self._ids) + len(direct) + len(parts_of) > self.max_entries:
+      self._ids.clear()
+      new = set(chain(needed))
+      parts_of = {p: parts_of.get(p) or split_fn(p) for p in new} if split_fn else {}
+      parts_of = {p: parts for p, parts in parts_of.items() if parts is not None}
+      direct = new.difference(parts_of)
+      direct.update(chain(parts_of.values()))
+    direct = list(direct)
+    self._ids.update(zip(direct, encode_fn(direct)))
+    get = self._ids.__getitem__
+    self._ids.update({p: list(chain(map(get, parts))) for p, parts in parts_of.items()})

@@ -39,6 +39,11 @@ _CLEAN_UP = (
   (" 're", "'re"),
 )
 _SURROGATES = re.compile("[\ud800-\udfff]")
+# BERT's split of ASCII without whitespace or control characters: runs of letters and digits,
+# and every other character alone (each printable ASCII character that is not a letter, digit
+# or space is punctuation to the reference's _is_punctuation).
+_ASCII_WORDS = re.compile("[A-Za-z0-9]+|[^A-Za-z0-9]")
+_ASCII_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def read_vocab(path: str | os.PathLike) -> list[str]:
@@ -274,7 +279,8 @@ class WordPieceTokenizer(base.Tokenizer):
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """The ids of each text; each distinct whitespace piece is tokenized once per cache
     lifetime (piece_cache.py: the same ids as tokenizing each text whole)."""
-    return self._piece_cache.encode(texts, self._encode_uncached)
+    split = self._ascii_words if self.split_special_tokens else None
+    return self._piece_cache.encode(texts, self._encode_uncached, split)
 
   def tokenize_batch(self, texts: Sequence[str]) -> list[list[str]]:
     vocab = self._tokens
@@ -283,6 +289,16 @@ class WordPieceTokenizer(base.Tokenizer):
   def clear_cache(self) -> None:
     """Empties the cache of tokenized pieces that encode_batch keeps (bounded in size)."""
     self._piece_cache.clear()
+
+  def _ascii_words(self, piece: str) -> list[str] | None:
+    """The words BERT splits a whitespace-free piece of ASCII into, lower-cased when uncased
+    (all that normalization does to ASCII); None for a piece with a non-ASCII or control
+    character. The cache then tokenizes "Hello," and "hello" as "hello" and "," (fewer
+    distinct strings through the pipeline; the same ids). Not with split_special_tokens=False,
+    where "[MASK]" must stay whole."""
+    if not piece.isascii() or _ASCII_CONTROL.search(piece):
+      return None
+    return _ASCII_WORDS.findall(piece.lower() if self.do_lower_case else piece)
 
   def _encode_uncached(self, texts: list[str]) -> list[list[int]]:
     """The ids of each text, tokenized whole (what the cache is filled from)."""
