@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from bert_jax.data import generate, tfrecord
+from bert_jax.data import generate, tfrecord, tfrecord_writer
 from bert_jax.tokenize import vocab
 
 
@@ -66,42 +66,33 @@ def test_output_dir_that_is_a_file_writes_nothing(tmp_path, inputs, minilm_dir):
   assert out.read_text() == "a file"
 
 
-class _DiskFullWriter:
-  """A TFRecordWriter that creates its file, writes part of it, then fails as a full disk does."""
+class _DiskFullWrites:
+  """write_records that, on call ``fail_at``, writes part of its file, then fails as a full
+  disk does."""
 
-  real = None
-  calls = 0
-  fail_at = 3  # the files come train, eval (empty: eval_fraction 0) per shard: shard 1's train
+  def __init__(self, real, fail_at=3):
+    # The files come train, eval (empty: eval_fraction 0) per shard: 3 is shard 1's train.
+    self.real, self.fail_at, self.calls = real, fail_at, 0
 
-  def __init__(self, path):
-    type(self).calls += 1
-    self._writer = type(self).real(path)
-    self._fail = type(self).calls == type(self).fail_at
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self._writer.close()
-
-  def write(self, record):
-    self._writer.write(record)
-    if self._fail:
-      self._writer.flush()
-      raise OSError(errno.ENOSPC, "No space left on device")
+  def __call__(self, path, records):
+    self.calls += 1
+    if self.calls != self.fail_at:
+      return self.real(path, records)
+    records = list(records)
+    self.real(path, records[: len(records) // 2])
+    raise OSError(errno.ENOSPC, "No space left on device")
 
 
 def test_failed_shard_write_leaves_no_temp_file_and_the_rerun_matches_a_clean_run(
   tmp_path, inputs, minilm_dir, monkeypatch
 ):
   config = _config(minilm_dir / "vocab.txt")
-  monkeypatch.setattr(_DiskFullWriter, "real", tfrecord.tf.io.TFRecordWriter)
-  monkeypatch.setattr(_DiskFullWriter, "calls", 0)
-  monkeypatch.setattr(tfrecord.tf.io, "TFRecordWriter", _DiskFullWriter)
+  failing = _DiskFullWrites(tfrecord_writer.write_records)
+  monkeypatch.setattr(tfrecord_writer, "write_records", failing)
   out = tmp_path / "data"
   with pytest.raises(OSError, match="No space left"):
     generate.generate(inputs, str(out), config, num_workers=1, progress=False)
-  assert _DiskFullWriter.calls == 3
+  assert failing.calls == 3
   assert not [f for f in _all_files(out) if ".tmp" in f], _all_files(out)
   # What a reader's glob sees is only complete shards.
   for path in glob.glob(str(out / "seq_128" / "train-*")):

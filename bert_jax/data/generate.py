@@ -36,15 +36,16 @@ import time
 from absl import logging
 from tqdm import tqdm
 
-from bert_jax.data import corpus, masking, shard_records
+from bert_jax.data import corpus, masking, shard_records, tfrecord_writer
 from bert_jax.tokenize import load_tokenizer
 
 SPLITS = ("train", "eval")
 AUTO_PARALLEL_MIN_BYTES = 4 << 20
-# Input per worker from which workers tokenize with tensorflow-text (importing TensorFlow, some
-# seconds once per worker) rather than the TensorFlow-free reference (about 6x slower per byte):
-# the import pays for itself after about 17 MB (docs/pretraining_data.md).
-WORKER_FAST_TOKENIZER_MIN_BYTES = 32 << 20
+# Input per worker from which workers tokenize with tensorflow-text (importing TensorFlow, 3.5-7
+# s once per worker, 0.4 GB more each) rather than the TensorFlow-free reference with its cache
+# of pieces (about 0.8x tensorflow-text's rate on a large corpus): the import pays for itself
+# from about 450 MB per worker (docs/pretraining_data.md).
+WORKER_FAST_TOKENIZER_MIN_BYTES = 512 << 20
 # Sentences per tokenizer call: documents are tokenized many at a time (same ids as one at a
 # time), so a batch tokenizer's per-call cost is paid per few thousand lines, not per document.
 ENCODE_BATCH_LINES = 4096
@@ -149,8 +150,9 @@ def _load_tokenizer_and_spec(
 
 
 def _tokenizer_backend() -> str:
-  """The fast WordPiece path (tensorflow-text; same ids) where TensorFlow is already imported,
-  i.e. in this process when it generates alone; else the reference, which needs no TensorFlow
+  """The fast WordPiece path (tensorflow-text; same ids) where TensorFlow is already imported
+  (a caller such as the pre-training entry point's default corpus); else the reference, which
+  needs no TensorFlow: generation itself, tokenizer and writer included, never imports it
   (fork-server workers are told which to use: `generate`, WORKER_FAST_TOKENIZER_MIN_BYTES)."""
   return "auto" if "tensorflow" in sys.modules else "reference"
 
@@ -229,7 +231,7 @@ def make_shard_records(
 
   Returns (stats, {output path: serialized records}). Runs in worker processes too, which import
   TensorFlow only for a tokenizer ``backend`` other than "reference" (example_proto serializes);
-  the parent writes the files. ``backend`` "": as `_tokenizer_backend` says.
+  the parent writes the files (tfrecord_writer, no TensorFlow either). ``backend`` "": as `_tokenizer_backend` says.
   """
   stats = _new_stats()
   tokenizer, spec = _load_tokenizer_and_spec(
@@ -419,10 +421,6 @@ def generate(
     tfds_data_dir=tfds_data_dir,
     tfds_text_key=tfds_text_key,
   )
-  # TensorFlow only in this process: the workers (a fork server preloading this module) must
-  # not import it (see example_proto).
-  from bert_jax.data import tfrecord  # noqa: PLC0415 (TensorFlow, kept out of the workers)
-
   mine = [s for s in shards if s.index % process_count == process_index]
   input_bytes = _input_bytes(mine, config)
   if not num_workers:
@@ -474,7 +472,7 @@ def generate(
     for shard_stats, outputs in results:
       for path, records in outputs.items():
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        _write_atomically(path, functools.partial(tfrecord.write_records, records=records))
+        _write_atomically(path, functools.partial(tfrecord_writer.write_records, records=records))
       _merge(stats, shard_stats)
       bar.update(1)
       bar.set_postfix(documents=stats["documents"])

@@ -4,11 +4,11 @@ Every record is a `tf.train.Example` with int64 features `input_ids`, `input_mas
 `segment_ids` [max_seq_length], `masked_lm_positions`, `masked_lm_ids`
 [max_predictions_per_seq], `next_sentence_labels` [1] and a float feature
 `masked_lm_weights` [max_predictions_per_seq]. `next_sentence_labels` is 1 when segment B is a
-random segment ("is_random_next"), 0 when it is the real continuation. Records are written by
-`example_proto.serialize_arrays` (no TensorFlow needed) and `write_records`.
+random segment ("is_random_next"), 0 when it is the real continuation. Records are serialized by
+`example_proto.serialize_arrays` and written by `tfrecord_writer.write_records`, neither of
+which needs TensorFlow; reading and checking them here does.
 """
 
-import os
 import struct
 
 import tensorflow as tf
@@ -140,13 +140,3 @@ def records_have_sentence_pairs(
   if not seen:
     raise ValueError(f"{files}: no records to read")
   return False
-
-
-def write_records(path: str, records: list[bytes]) -> None:
-  """Writes serialized records to `path` atomically (a temp file renamed when complete), so an
-  interrupted run never leaves a truncated shard under the final name."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with tf.io.TFRecordWriter(tmp) as writer:
-    for record in records:
-      writer.write(record)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
