@@ -69,13 +69,13 @@ def test_separators_in_context_match_reference(pair):
   assert_same(ours, ref, texts, "separators, cached")  # the second pass reads the cache
 
 
-def test_random_texts_match_reference(pair):
+def random_texts_match(ours, ref):
   """Words from a small pool (so pieces repeat) joined by random separators, many batches."""
-  ours, ref = pair
   ours.clear_cache()
   rng = random.Random(0)
   seps = separators()
   words = ["The", "café", "DON'T", "x,y", "中文", "e\u0301", "ΟΔΟΣ", "[MASK]", "a" * 101, "naïve."]
+  words += ["x[SEP]y", "[CLS]", "Hello,", "(a)."]
   for batch in range(6):
     texts = []
     for _ in range(200):
@@ -85,6 +85,18 @@ def test_random_texts_match_reference(pair):
         parts.append(rng.choice(seps) if rng.random() < 0.2 else " " * rng.randint(1, 2))
       texts.append("".join(parts))
     assert_same(ours, ref, texts, f"batch {batch}")
+
+
+def test_random_texts_match_reference(pair):
+  random_texts_match(*pair)
+
+
+def test_random_texts_with_special_tokens_matched(minilm_dir):
+  """split_special_tokens=False ("[MASK]" in text is the mask id): pieces are cached whole."""
+  vocab = minilm_dir / "vocab.txt"
+  ours = WordPieceTokenizer.from_file(vocab, split_special_tokens=False)
+  random_texts_match(ours, hf_reference(vocab, do_lower_case=True, split_special_tokens=False))
+  assert ours.mask_id in ours.encode_batch(["a [MASK] b"])[0]
 
 
 def test_eviction_keeps_ids_and_bounds_memory(pair, shared_data):
