@@ -231,7 +231,8 @@ def make_shard_records(
 
   Returns (stats, {output path: serialized records}). Runs in worker processes too, which import
   TensorFlow only for a tokenizer ``backend`` other than "reference" (example_proto serializes);
-  the parent writes the files (tfrecord_writer, no TensorFlow either). ``backend`` "": as `_tokenizer_backend` says.
+  the parent writes the files (tfrecord_writer, no TensorFlow either). ``backend`` "": as
+  `_tokenizer_backend` says.
   """
   stats = _new_stats()
   tokenizer, spec = _load_tokenizer_and_spec(

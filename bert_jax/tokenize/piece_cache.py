@@ -13,10 +13,11 @@ call.
 The one difference between ``str.split()`` and BERT's idea of whitespace: Python also splits at
 nine characters the reference deletes as control characters (or, for U+2028 / U+2029, keeps):
 "a\\x1cb" is the one word "ab" to BERT. A text holding any of them is tokenized whole, uncached
-(:data:`SPLIT_MISMATCH`).
-NFC cannot join characters across whitespace (no canonical composition starts with a space).
-tests/test_tokenize_cache.py checks the ids against Hugging Face's slow reference on the shared
-data, on random text mixing those characters, and on every code point between two words.
+(:data:`SPLIT_MISMATCH`). NFC cannot join characters across whitespace (no canonical
+composition starts with a space). tests/test_tokenize_cache.py checks the ids against Hugging
+Face's slow reference with every whitespace, control and format character between and inside
+words, on random text mixing them, and with a cache emptied between batches; the tokenizer
+tests (shared corpora, every code point) all run through the cache too.
 
 Memory is bounded: at ``max_entries`` distinct pieces the cache starts again empty (about 50 MB
 at the default; a corpus's frequent pieces come back within a batch or two).
