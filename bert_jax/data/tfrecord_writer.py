@@ -25,7 +25,7 @@ _CHUNK_BYTES = 1 << 22
 
 def masked_crc32c(data: bytes) -> int:
   crc = google_crc32c.value(data)
-  return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+  return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF  # rotate right 15, add
 
 
 def write_records(path: str, records: Iterable[bytes]) -> None:
@@ -33,7 +33,7 @@ def write_records(path: str, records: Iterable[bytes]) -> None:
 
   Callers that need the file to appear whole write to a temporary name and rename it (as
   bert_jax.data.generate does)."""
-  crc32c, pack_crc = google_crc32c.value, _CRC.pack
+  pack_crc = _CRC.pack
   headers: dict[int, bytes] = {}  # length -> its 12 framing bytes (records repeat lengths)
   with open(path, "wb") as f:
     parts, size = [], 0
@@ -43,8 +43,7 @@ def write_records(path: str, records: Iterable[bytes]) -> None:
       if header is None:
         length = _LENGTH.pack(n)
         header = headers[n] = length + pack_crc(masked_crc32c(length))
-      crc = crc32c(record)
-      parts += (header, record, pack_crc((((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF))
+      parts += (header, record, pack_crc(masked_crc32c(record)))
       size += n
       if size >= _CHUNK_BYTES:
         f.write(b"".join(parts))

@@ -10,6 +10,8 @@ clean-up then deletes).
 from __future__ import annotations
 
 import abc
+import contextlib
+import gc
 import json
 import os
 import pathlib
@@ -68,6 +70,29 @@ def read_tokenizer_config(directory: str | os.PathLike) -> dict:
       f"{path}: key 'do_lower_case' must be true or false, got {config['do_lower_case']!r}"
     )
   return config
+
+
+def in_batch_order(count: int, *parts) -> list:
+  """Results computed for parts of a batch, put back in the batch's order. Each part is
+  (indices into the batch, one result per index); together the parts cover ``count`` items."""
+  out: list = [None] * count
+  for indices, results in parts:
+    for i, result in zip(indices, results):
+      out[i] = result
+  return out
+
+
+@contextlib.contextmanager
+def gc_paused():
+  """The cyclic garbage collector off while a batch's many small lists of ints are built (its
+  passes over them are wasted work), as it was after."""
+  enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    if enabled:
+      gc.enable()
 
 
 def check_text(text) -> str:

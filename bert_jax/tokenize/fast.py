@@ -25,7 +25,6 @@ more than a short text's tokenization).
 
 from __future__ import annotations
 
-import gc
 import re
 from collections.abc import Sequence
 
@@ -170,14 +169,8 @@ class FastWordPieceTokenizer(wordpiece.WordPieceTokenizer):
     for start in range(0, len(texts), CHUNK):
       values, splits = self._tf_run(self._tf.constant(texts[start : start + CHUNK]))
       values, splits = values.numpy().tolist(), splits.numpy().tolist()
-      # Thousands of new lists: without the cyclic GC's passes over them (they hold only ints).
-      enabled = gc.isenabled()
-      gc.disable()
-      try:
+      with base.gc_paused():  # thousands of new lists of ints
         out.extend([values[a:b] for a, b in zip(splits, splits[1:])])
-      finally:
-        if enabled:
-          gc.enable()
     return out
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -187,9 +180,8 @@ class FastWordPieceTokenizer(wordpiece.WordPieceTokenizer):
       return super().encode_batch(texts)
     if not slow_idx:
       return self._fast_ids(texts)
-    out: list = [None] * len(texts)
-    for i, ids in zip(fast_idx, self._fast_ids([texts[i] for i in fast_idx])):
-      out[i] = ids
-    for i, ids in zip(slow_idx, super().encode_batch([texts[i] for i in slow_idx])):
-      out[i] = ids
-    return out
+    return base.in_batch_order(
+      len(texts),
+      (fast_idx, self._fast_ids([texts[i] for i in fast_idx])),
+      (slow_idx, super().encode_batch([texts[i] for i in slow_idx])),
+    )

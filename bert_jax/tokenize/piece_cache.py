@@ -25,11 +25,12 @@ at the default; a corpus's frequent pieces come back within a batch or two).
 
 from __future__ import annotations
 
-import gc
 import itertools
 import re
 import threading
 from collections.abc import Callable, Sequence
+
+from bert_jax.tokenize import base
 
 MAX_ENTRIES = 1 << 18
 
@@ -80,72 +81,66 @@ class PieceCache:
     into "hello" and ","), so that the encoder sees fewer distinct strings; its parts are cached
     too. It must keep the ids: a piece's ids are its parts' ids one after the other."""
     texts = list(texts)
-    mismatch = SPLIT_MISMATCH
     try:
-      clean = mismatch.search("".join(texts)) is None  # also the type check: join takes str
+      clean = SPLIT_MISMATCH.search("".join(texts)) is None  # also the type check: join takes str
     except TypeError:
       return encode_fn(texts)  # the encoder names the bad text
     if clean:
       return self._encode_split(texts, encode_fn, split_fn)
-    out: list = [None] * len(texts)
-    split_idx = [i for i, t in enumerate(texts) if mismatch.search(t) is None]
-    whole_idx = sorted(set(range(len(texts))).difference(split_idx))
-    for idx, ids in (
+    split_idx, whole_idx = [], []
+    for i, text in enumerate(texts):
+      (whole_idx if SPLIT_MISMATCH.search(text) else split_idx).append(i)
+    return base.in_batch_order(
+      len(texts),
       (split_idx, self._encode_split([texts[i] for i in split_idx], encode_fn, split_fn)),
       (whole_idx, encode_fn([texts[i] for i in whole_idx])),
-    ):
-      for i, row in zip(idx, ids):
-        out[i] = row
-    return out
+    )
 
   def _encode_split(
     self, texts: list[str], encode_fn: EncodeFn, split_fn: SplitFn | None
   ) -> list[list[int]]:
     chain = itertools.chain.from_iterable
-    # Many small lists that hold only ints: the cyclic GC's passes over them are wasted work.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with base.gc_paused(), self._lock:  # many new lists of ints
       pieces = [t.split() for t in texts]
-      with self._lock:
-        get = self._ids.__getitem__
-        rows: list = []
-        append = rows.append
-        redo = []  # the rows holding a piece not in the cache
-        for p in pieces:
-          try:
-            append(list(chain(map(get, p))))
-          except KeyError:
-            redo.append(len(rows))
-            append(None)
-        if redo:
-          new = set(chain(pieces[i] for i in redo)).difference(self._ids)
-          self._add(new, encode_fn, split_fn, [pieces[i] for i in redo])
-          for i in redo:
-            rows[i] = list(chain(map(get, pieces[i])))
-        return rows
-    finally:
-      if enabled:
-        gc.enable()
+      get = self._ids.__getitem__
+      rows: list = []
+      append = rows.append
+      redo = []  # the rows holding a piece not in the cache
+      for p in pieces:
+        try:
+          append(list(chain(map(get, p))))
+        except KeyError:
+          redo.append(len(rows))
+          append(None)
+      if redo:
+        needed = set(chain(pieces[i] for i in redo))
+        self._add(needed.difference(self._ids), needed, encode_fn, split_fn)
+        for i in redo:
+          rows[i] = list(chain(map(get, pieces[i])))
+      return rows
 
-  def _add(self, new: set[str], encode_fn: EncodeFn, split_fn: SplitFn | None, needed) -> None:
+  def _add(
+    self, new: set[str], needed: set[str], encode_fn: EncodeFn, split_fn: SplitFn | None
+  ) -> None:
     """Caches the ids of the pieces ``new`` (none of them cached; the lock held). Where that
-    would pass max_entries, the cache starts again empty with the pieces of ``needed`` (lists
-    of pieces) alone."""
-    chain = itertools.chain.from_iterable
-    parts_of = {}
-    if split_fn is not None:
-      parts_of = {p: parts for p in new if (parts := split_fn(p)) is not None}
-    direct = new.difference(parts_of)
-    direct.update(set(chain(parts_of.values())).difference(self._ids))
+    would pass max_entries, the cache starts again empty with the pieces ``needed`` alone."""
+    parts_of, direct = _plan(new, split_fn)
+    direct.difference_update(self._ids)
     if len(self._ids) + len(direct) + len(parts_of) > self.max_entries:
       self._ids.clear()
-      new = set(chain(needed))
-      parts_of = {p: parts_of.get(p) or split_fn(p) for p in new} if split_fn else {}
-      parts_of = {p: parts for p, parts in parts_of.items() if parts is not None}
-      direct = new.difference(parts_of)
-      direct.update(chain(parts_of.values()))
+      parts_of, direct = _plan(needed, split_fn)
     direct = list(direct)
     self._ids.update(zip(direct, encode_fn(direct)))
-    get = self._ids.__getitem__
+    get, chain = self._ids.__getitem__, itertools.chain.from_iterable
     self._ids.update({p: list(chain(map(get, parts))) for p, parts in parts_of.items()})
+
+
+def _plan(pieces: set[str], split_fn: SplitFn | None) -> tuple[dict[str, list[str]], set[str]]:
+  """({piece: its parts} for the pieces split_fn splits, the strings the encoder must see: the
+  other pieces and every part)."""
+  parts_of = {}
+  if split_fn is not None:
+    parts_of = {p: parts for p in pieces if (parts := split_fn(p)) is not None}
+  direct = pieces.difference(parts_of)
+  direct.update(itertools.chain.from_iterable(parts_of.values()))
+  return parts_of, direct

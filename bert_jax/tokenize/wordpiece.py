@@ -253,11 +253,13 @@ class WordPieceTokenizer(base.Tokenizer):
       return self._run(self._rust, texts, fast)
     is_ascii = set(ascii_idx)
     other_idx = [i for i in range(len(texts)) if i not in is_ascii]
-    out = [None] * len(texts)
-    for idx, rust in ((ascii_idx, self._ascii_rust), (other_idx, self._rust)):
-      for i, e in zip(idx, self._run(rust, [texts[i] for i in idx], fast)):
-        out[i] = e
-    return out
+    return base.in_batch_order(
+      len(texts),
+      *(
+        (idx, self._run(rust, [texts[i] for i in idx], fast))
+        for idx, rust in ((ascii_idx, self._ascii_rust), (other_idx, self._rust))
+      ),
+    )
 
   @staticmethod
   def _run(rust: RustTokenizer, texts: list[str], fast: bool) -> list:
