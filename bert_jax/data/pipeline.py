@@ -4,9 +4,9 @@ Training order, per epoch e (a pure function of seed, host, e):
   this host's files, shuffled by (seed, e) -> interleaved records (deterministic) ->
   [record-level host split when files < hosts] -> shuffle buffer seeded by (seed, e) ->
   numbered 0, 1, ... . Epochs are chained without a gap, then batched (drop_remainder: every
-batch is full); each batch is parsed (+ dynamically masked, seeded by seed, host, and the epoch
-and number of its first record) with vector ops, batches in parallel and in order; then
-prefetched. The state is {"epoch", "position"}: the epoch and the number of records of it already
+batch is full); each batch is parsed with vector ops, batches in parallel and in order, and
+prefetched; the consumer's `next` then masks it (`dynamic_masking`, NumPy vector ops, seeded by
+seed, host, and the epoch and number of the batch's first record). The state is {"epoch", "position"}: the epoch and the number of records of it already
 delivered; `set_state` rebuilds the stream and skips `position` serialized records of that epoch
 before any parsing, so a resumed run sees exactly the batches it would have seen.
 
@@ -181,23 +181,27 @@ class PretrainInput:
     return ds.map(lambda position, record: (epoch, position, record))
 
   def _parse_batch(self, epoch_B, position_B, records_B):
-    """A batch of serialized records -> parsed (+ masked) features and the meta keys."""
+    """A batch of serialized records -> parsed features and the meta keys."""
     features = tfrecord.parse_batch(records_B, self.max_seq_length, self.max_predictions_per_seq)
-    if self.masker is not None:
-      # One seed pair per batch, from its first example (a resumed run restarts at a batch
-      # boundary, so it draws the same masks).
-      seed = tf.stack(
-        [
-          tf.cast(self.seed * 4099 + self.process_index, tf.int64) * 7919 + epoch_B[0],
-          position_B[0],
-        ]
-      )
-      features = self.masker(features, seed)
-    if self.unmask:
-      features = dynamic_masking_lib.unmask(features)
     features["_epoch"] = epoch_B
     features["_position"] = position_B
     return features
+
+  def _mask(self, batch: dict) -> dict:
+    """A parsed NumPy batch with its masks re-drawn or undone (`dynamic_masking`, `unmask`)."""
+    if self.masker is not None:
+      # One seed per batch, from its first example (a resumed run restarts at a batch
+      # boundary, so it draws the same masks).
+      seed = [
+        self.seed % 2**64,
+        self.process_index,
+        int(batch["_epoch"][0]),
+        int(batch["_position"][0]),
+      ]
+      return self.masker(batch, seed)
+    if self.unmask:
+      return dynamic_masking_lib.unmask(batch)
+    return batch
 
   def _build(self):
     start_epoch = tf.constant(self._state["epoch"], tf.int64)
@@ -205,8 +209,8 @@ class PretrainInput:
     ds = tf.data.Dataset.counter(start=self._state["epoch"]).flat_map(
       lambda e: self._epoch_records(e, tf.where(e == start_epoch, start_position, 0))
     )
-    # Batch the serialized records, then parse and mask whole batches (vector ops per batch,
-    # batches in parallel over the host's cores, in order).
+    # Batch the serialized records, then parse whole batches (vector ops per batch, batches in
+    # parallel over the host's cores, in order); `__next__` masks them.
     ds = ds.batch(self.batch_size, drop_remainder=True)
     ds = ds.map(self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.prefetch(self.prefetch)
@@ -240,19 +244,11 @@ class PretrainInput:
     epoch = int(batch["_epoch"][-1])
     position = int(batch["_position"][-1])
     self._state = {"epoch": epoch, "position": position + 1}
-    return {k: v.numpy() for k, v in batch.items() if k not in _META_KEYS}
-
-
-def unmask_batch(batch: dict) -> dict:
-  """A numpy batch with its static masks undone and masked_lm_* zeroed (see `unmask`)."""
-  out = dict(batch)
-  ids = batch["input_ids"].copy()
-  rows, slots = np.nonzero(batch["masked_lm_weights"] > 0)
-  ids[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
-  out["input_ids"] = ids
-  for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
-    out[key] = np.zeros_like(batch[key])
-  return out
+    return {
+      k: v
+      for k, v in self._mask({k: v.numpy() for k, v in batch.items()}).items()
+      if k not in _META_KEYS
+    }
 
 
 def eval_batches(
@@ -290,7 +286,7 @@ def eval_batches(
       ) from None
     batch = {k: v.numpy() for k, v in batch.items()}
     if unmask:
-      batch = unmask_batch(batch)
+      batch = dynamic_masking_lib.unmask(batch)
     n = batch["input_ids"].shape[0]
     weights = np.ones([batch_size], np.float32)
     if n < batch_size:
