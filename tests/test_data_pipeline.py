@@ -301,3 +301,47 @@ def test_fast_stable_argsort_matches_numpys_stable_argsort():
       score[0, 0] = -1.0  # A negative score: the general sort.
       want = np.argsort(score, axis=1, kind="stable")
       np.testing.assert_array_equal(dynamic_masking._stable_argsort(score), want)
+
+
+@pytest.mark.parametrize("position", [L, -1])
+def test_static_mask_outside_the_sequence_is_named(tmp_path, tokenizer, position):
+  """A record whose masked_lm_positions point outside the sequence: dynamic masking (which
+  restores the static masks first) refuses it with the files and the position, the reader's
+  position unchanged."""
+  n = 4
+  path = str(tmp_path / "bad.tfrecord")
+  with tf.io.TFRecordWriter(path) as writer:
+    for row in range(n):
+      ids = [tokenizer.cls_id] + [2000 + i for i in range(8)] + [tokenizer.sep_id]
+      ints = {
+        "input_ids": ids + [0] * (L - 10),
+        "input_mask": [1] * 10 + [0] * (L - 10),
+        "segment_ids": [0] * L,
+        "masked_lm_positions": [3, position if row == 2 else 4] + [0] * (P - 2),
+        "masked_lm_ids": [2000] * 2 + [0] * (P - 2),
+        "next_sentence_labels": [0],
+      }
+      feature = {
+        k: tf.train.Feature(int64_list=tf.train.Int64List(value=v)) for k, v in ints.items()
+      }
+      feature["masked_lm_weights"] = tf.train.Feature(
+        float_list=tf.train.FloatList(value=[1.0, 1.0] + [0.0] * (P - 2))
+      )
+      writer.write(
+        tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+      )
+  inp = pipeline.PretrainInput(
+    path,
+    n,
+    L,
+    P,
+    seed=0,
+    shuffle=False,
+    process_index=0,
+    process_count=1,
+    dynamic_masking=True,
+    tokenizer=tokenizer,
+  )
+  with pytest.raises(ValueError, match=rf"bad\.tfrecord.*holds {position} .*outside \[0, {L}\)"):
+    next(inp)
+  assert inp.get_state() == {"epoch": 0, "position": 0}

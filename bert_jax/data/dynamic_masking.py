@@ -62,6 +62,13 @@ def restore_static_masks(features: dict) -> np.ndarray:
   ids_BxL = np.array(features["input_ids"])
   rows_N, slots_N = np.nonzero(features["masked_lm_weights"] > 0)
   positions_N = features["masked_lm_positions"][rows_N, slots_N]
+  outside_N = (positions_N < 0) | (positions_N >= ids_BxL.shape[1])
+  if outside_N.any():
+    i = int(np.argmax(outside_N))
+    raise ValueError(
+      f"masked_lm_positions holds {int(positions_N[i])} (row {int(rows_N[i])} of the batch, slot "
+      f"{int(slots_N[i])}), outside [0, {ids_BxL.shape[1]}): not a position of the sequence"
+    )
   ids_BxL[rows_N, positions_N] = features["masked_lm_ids"][rows_N, slots_N]
   return ids_BxL
 

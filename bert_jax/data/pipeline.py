@@ -241,14 +241,12 @@ class PretrainInput:
           f"{e.message}"
         )
       ) from None
-    epoch = int(batch["_epoch"][-1])
-    position = int(batch["_position"][-1])
-    self._state = {"epoch": epoch, "position": position + 1}
-    return {
-      k: v
-      for k, v in self._mask({k: v.numpy() for k, v in batch.items()}).items()
-      if k not in _META_KEYS
-    }
+    try:
+      batch = self._mask({k: v.numpy() for k, v in batch.items()})
+    except ValueError as e:
+      raise ValueError(f"records of {self.files}: {e}") from None
+    self._state = {"epoch": int(batch["_epoch"][-1]), "position": int(batch["_position"][-1]) + 1}
+    return {k: v for k, v in batch.items() if k not in _META_KEYS}
 
 
 def eval_batches(
