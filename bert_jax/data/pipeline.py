@@ -6,9 +6,10 @@ Training order, per epoch e (a pure function of seed, host, e):
   numbered 0, 1, ... . Epochs are chained without a gap, then batched (drop_remainder: every
 batch is full); each batch is parsed with vector ops, batches in parallel and in order, and
 prefetched; the consumer's `next` then masks it (`dynamic_masking`, NumPy vector ops, seeded by
-seed, host, and the epoch and number of the batch's first record). The state is {"epoch", "position"}: the epoch and the number of records of it already
-delivered; `set_state` rebuilds the stream and skips `position` serialized records of that epoch
-before any parsing, so a resumed run sees exactly the batches it would have seen.
+seed, host, and the epoch and number of the batch's first record). The state is {"epoch",
+"position"}: the epoch and the number of records of it already delivered; `set_state` rebuilds
+the stream and skips `position` serialized records of that epoch before any parsing, so a resumed
+run sees exactly the batches it would have seen.
 
 Masks: the files' static masks as they are; `dynamic_masking` draws fresh ones per read (with
 `masked_lm_prob`, `whole_word_mask`, `mask_rates`); `unmask` undoes the static masks and zeroes
@@ -284,7 +285,10 @@ def eval_batches(
       ) from None
     batch = {k: v.numpy() for k, v in batch.items()}
     if unmask:
-      batch = dynamic_masking_lib.unmask(batch)
+      try:
+        batch = dynamic_masking_lib.unmask(batch)
+      except ValueError as e:
+        raise ValueError(f"records of {files}: {e}") from None
     n = batch["input_ids"].shape[0]
     weights = np.ones([batch_size], np.float32)
     if n < batch_size:
