@@ -345,3 +345,27 @@ def test_static_mask_outside_the_sequence_is_named(tmp_path, tokenizer, position
   with pytest.raises(ValueError, match=rf"bad\.tfrecord.*holds {position} .*outside \[0, {L}\)"):
     next(inp)
   assert inp.get_state() == {"epoch": 0, "position": 0}
+
+
+def test_dynamic_masking_with_more_prediction_slots_than_positions(tokenizer):
+  """Sequences of 8 with 20 prediction slots: every slot array keeps its 20 columns, and the six
+  maskable tokens are all chosen (the budget, round(8 x 0.9) = 7, exceeds them)."""
+  from bert_jax.data import dynamic_masking, masking
+
+  rows, length, slots = 3, 8, 20
+  ids = np.full((rows, length), 2000, np.int32)
+  ids[:, 0], ids[:, -1] = tokenizer.cls_id, tokenizer.sep_id
+  batch = {
+    "input_ids": ids,
+    "input_mask": np.ones((rows, length), np.int32),
+    "masked_lm_positions": np.zeros((rows, slots), np.int32),
+    "masked_lm_ids": np.zeros((rows, slots), np.int32),
+    "masked_lm_weights": np.zeros((rows, slots), np.float32),
+  }
+  spec = masking.MaskingSpec.from_tokenizer(tokenizer)
+  out = dynamic_masking.DynamicMasker(spec, 0.9, slots, False)(batch, [1, 2])
+  for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+    assert out[key].shape == (rows, slots), key
+  np.testing.assert_array_equal(out["masked_lm_weights"].sum(axis=1), [6] * rows)
+  np.testing.assert_array_equal(out["masked_lm_positions"][:, :6], [[1, 2, 3, 4, 5, 6]] * rows)
+  np.testing.assert_array_equal(out["masked_lm_ids"][:, :6], 2000)
