@@ -125,7 +125,7 @@ class PieceCache:
     """Caches the ids of the pieces ``new`` (none of them cached; the lock held). Where that
     would pass max_entries, the cache starts again empty with the pieces ``needed`` alone."""
     parts_of, direct = _plan(new, split_fn)
-    direct = {p for p in direct if p not in self._ids}  # O(len(direct)), not O(len(cache))
+    direct = direct.difference(self._ids)  # walks `direct` (difference_update walks the cache)
     if len(self._ids) + len(direct) + len(parts_of) > self.max_entries:
       self._ids.clear()
       parts_of, direct = _plan(needed, split_fn)
