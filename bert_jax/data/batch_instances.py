@@ -229,6 +229,7 @@ def instances_from_documents(
     document_of_token = np.repeat(np.repeat(np.arange(len(documents)), counts), lengths)
     stream[np.arange(len(tokens)) + document_of_token] = tokens
     tokens = stream
+  tokens = np.append(tokens, np.int32(spec.pad_id))  # Read by `_assemble` at padding.
 
   rows, passes = [], []
   for p in range(dupe_factor):
@@ -295,69 +296,68 @@ def _empty(L: int, P: int) -> InstanceArrays:
   )  # fmt: skip
 
 
-def _assemble(tokens, a0, la, b0, lb, L, spec, pairs=True):
+def _assemble(tokens_T, a0, la, b0, lb, L, spec, pairs=True):
   """[CLS] A [SEP] B [SEP] (or without pairs [CLS] A [SEP]) [PAD]... and segment ids, for B
-  rows at once."""
-  p_1xL = np.arange(L, dtype=np.int32)[None]
-  la, lb = la[:, None].astype(np.int32), lb[:, None].astype(np.int32)
-  if not pairs:
-    inside = (p_1xL >= 1) & (p_1xL <= la)
-    ids = np.where(inside, tokens[np.where(inside, a0[:, None] - 1 + p_1xL, 0)], spec.pad_id)
-    ids = ids.astype(np.int32)
-    ids[:, 0] = spec.cls_id
-    ids[p_1xL == la + 1] = spec.sep_id
-    return ids, np.zeros(ids.shape, np.int8)
-  b_start = la + 2
-  end = b_start + lb  # The final [SEP]'s position.
-  # Position p reads A's token p - 1, or B's token p - la - 2 (offsets into `tokens`).
-  src = np.where(p_1xL < b_start, a0[:, None] - 1, b0[:, None] - b_start) + p_1xL
-  inside = ((p_1xL >= 1) & (p_1xL <= la)) | ((p_1xL >= b_start) & (p_1xL < end))
-  ids = np.where(inside, tokens[np.where(inside, src, 0)], spec.pad_id).astype(np.int32)
+  rows at once. ``tokens_T`` ends with one [PAD], which the padding positions read."""
+  rows_B = np.arange(len(la))
+  p_1xL = np.arange(L, dtype=np.int64)[None]
+  la_Bx1 = la[:, None].astype(np.int64)
+  if pairs:  # Position p reads A's token p - 1, or B's token p - la - 2 (offsets into tokens).
+    b_start_Bx1 = la_Bx1 + 2
+    end_Bx1 = b_start_Bx1 + lb[:, None]  # The final [SEP]'s position.
+    src_BxL = np.where(p_1xL < b_start_Bx1, a0[:, None] - 1, b0[:, None] - b_start_Bx1)
+  else:
+    end_Bx1 = la_Bx1 + 1
+    src_BxL = np.broadcast_to(a0[:, None] - 1, (len(la), L)).astype(np.int64)
+  src_BxL += p_1xL
+  src_BxL[p_1xL > end_Bx1] = len(tokens_T) - 1
+  ids = tokens_T.take(src_BxL)  # [CLS] and [SEP] positions read anything; set below.
   ids[:, 0] = spec.cls_id
-  ids[(p_1xL == la + 1) | (p_1xL == end)] = spec.sep_id
-  segment = ((p_1xL >= b_start) & (p_1xL <= end)).astype(np.int8)
-  return ids, segment
+  ids[rows_B, la + 1] = spec.sep_id
+  ids[rows_B, end_Bx1[:, 0]] = spec.sep_id
+  if not pairs:
+    return ids, np.zeros(ids.shape, np.int8)
+  return ids, ((p_1xL >= b_start_Bx1) & (p_1xL <= end_Bx1)).view(np.int8)
 
 
 def mask_batch(ids_BxL, lengths_B, spec, masked_lm_prob, max_predictions, whole_word, rates, rng):
   """Static masking of B padded rows (see the module docstring). Returns (masked ids, positions
   [B, P] ascending then 0, original ids there then 0, count per row)."""
   B, L = ids_BxL.shape
-  p_1xL = np.arange(L)[None]
-  candidate = (p_1xL < lengths_B[:, None]) & ~np.isin(
-    ids_BxL, [spec.cls_id, spec.sep_id, spec.pad_id]
-  )
+  candidate = np.arange(L)[None] < lengths_B[:, None]
+  for special in (spec.cls_id, spec.sep_id, spec.pad_id):
+    candidate &= ids_BxL != special
   budget_B = np.minimum(
     max_predictions, np.maximum(1, np.rint(lengths_B.astype(np.float64) * masked_lm_prob))
   ).astype(np.int64)
   keys = rng.random((B, L), dtype=np.float32)
   if whole_word:
     chosen = _choose_whole_words(ids_BxL, candidate, keys, budget_B, spec)
-  else:
-    keys[~candidate] = 2.0
-    rank = np.empty((B, L), np.int64)
-    np.put_along_axis(rank, np.argsort(keys, axis=1), np.broadcast_to(p_1xL, (B, L)), axis=1)
-    chosen = candidate & (rank < budget_B[:, None])
-  rows, cols = np.nonzero(chosen)  # Row-major: each row's positions ascending.
-  count_B = chosen.sum(axis=1)
+  else:  # The lowest keys (ties: the lower position); the original shuffles and takes a prefix.
+    chosen = masking.lowest_scores(keys, candidate, budget_B)
+  flat = np.flatnonzero(chosen)  # Row-major: each row's positions ascending.
+  rows, cols = np.divmod(flat, L)
+  count_B = np.bincount(rows, minlength=B)
   slot = np.arange(len(rows)) - np.repeat(np.cumsum(count_B) - count_B, count_B)
   positions = np.zeros((B, max_predictions), np.int32)
   labels = np.zeros((B, max_predictions), np.int32)
-  positions[rows, slot] = cols
-  labels[rows, slot] = ids_BxL[rows, cols]
+  at_slot = rows * max_predictions + slot
+  positions.reshape(-1)[at_slot] = cols
+  labels.reshape(-1)[at_slot] = ids_BxL.reshape(-1)[flat]
   masked = ids_BxL.copy()
   k = len(rows)
   to_mask = rng.random(k) < rates.mask
   replace = ~to_mask & (rng.random(k) >= rates.same_share)
-  masked[rows[to_mask], cols[to_mask]] = spec.mask_id
+  masked.reshape(-1)[flat[to_mask]] = spec.mask_id
   pick = rng.integers(0, len(spec.replacement_ids), int(replace.sum()))
-  masked[rows[replace], cols[replace]] = spec.replacement_ids[pick]
+  masked.reshape(-1)[flat[replace]] = spec.replacement_ids[pick]
   return masked, positions, labels, count_B.astype(np.int32)
 
 
 def _choose_whole_words(ids_BxL, candidate, keys, budget_B, spec):
-  """The original's walk over shuffled whole words, every row at once: groups in key order,
-  each taken if it still fits the budget (one that would overflow is skipped)."""
+  """The original's walk over shuffled whole words, every row at once: groups in key order
+  (ties: the lower position), each taken if it still fits the budget (one that would overflow
+  is skipped)."""
   B, L = ids_BxL.shape
   previous = np.zeros_like(candidate)
   previous[:, 1:] = candidate[:, :-1]
@@ -366,14 +366,8 @@ def _choose_whole_words(ids_BxL, candidate, keys, budget_B, spec):
   group_start = np.maximum.accumulate(np.where(starts, p_BxL, 0), axis=1)
   flat_start = (np.arange(B)[:, None] * L + group_start)[candidate]
   size_BxL = np.bincount(flat_start, minlength=B * L).reshape(B, L)
-  order = np.argsort(np.where(starts, keys, 2.0), axis=1)
-  size_sorted = np.take_along_axis(size_BxL, order, axis=1)
-  used = np.zeros(B, np.int64)
+  order = masking.stable_argsort(np.where(starts, keys, np.float32(2.0)))
+  take_sorted = masking.greedy_take(np.take_along_axis(size_BxL, order, axis=1), budget_B)
   taken = np.zeros((B, L), bool)
-  row = np.arange(B)
-  for r in range(int(starts.sum(axis=1).max(initial=0))):
-    size = size_sorted[:, r]
-    take = (size > 0) & (used + size <= budget_B)
-    used += np.where(take, size, 0)
-    taken[row, order[:, r]] = take
-  return candidate & taken[row[:, None], group_start]
+  np.put_along_axis(taken, order, take_sorted, axis=1)
+  return candidate & np.take_along_axis(taken, group_start, axis=1)

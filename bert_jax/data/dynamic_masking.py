@@ -28,35 +28,6 @@ from bert_jax.data import masking
 _MASKED_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
 
 
-def _greedy_take(length_BxW, budget_B):
-  """Which words to take, per row visiting them in order and taking each one that still fits.
-
-  The sequential rule (skip a word that would overflow, keep going) computed in a few vector
-  steps: a word longer than the remaining budget can never be taken later (the budget only
-  shrinks), so each step drops those, takes the longest prefix of the rest that fits, and
-  repeats with the smaller budget. Each step takes at least one word of every unfinished row or
-  finishes it. Accepts an unbatched [W] / scalar pair too.
-  """
-  length_BxW, budget_B = np.asarray(length_BxW), np.asarray(budget_B)
-  if length_BxW.ndim == 1:
-    return _greedy_take(length_BxW[None], budget_B.reshape(1))[0]
-  remaining_B = budget_B.astype(np.int64)
-  decided_BxW = np.zeros(length_BxW.shape, bool)
-  taken_BxW = np.zeros(length_BxW.shape, bool)
-  while True:
-    active_B = (remaining_B > 0) & ~decided_BxW.all(axis=1)
-    if not active_B.any():
-      return taken_BxW
-    active_Bx1, remaining_Bx1 = active_B[:, None], remaining_B[:, None]
-    candidate_BxW = active_Bx1 & ~decided_BxW & (length_BxW <= remaining_Bx1)
-    decided_BxW |= active_Bx1 & (length_BxW > remaining_Bx1)
-    cumulative_BxW = np.cumsum(np.where(candidate_BxW, length_BxW, 0), axis=1)
-    take_BxW = candidate_BxW & (cumulative_BxW <= remaining_Bx1)
-    remaining_B -= np.where(take_BxW, length_BxW, 0).sum(axis=1)
-    decided_BxW |= take_BxW
-    taken_BxW |= take_BxW
-
-
 def restore_static_masks(features: dict) -> np.ndarray:
   """input_ids [B, L] of a batch with its static masks undone (the original tokens)."""
   ids_BxL = np.array(features["input_ids"])
@@ -80,35 +51,6 @@ def unmask(features: dict) -> dict:
   for key in _MASKED_KEYS:
     out[key] = np.zeros_like(features[key])
   return out
-
-
-def _lowest_scores(score_BxL, valid_BxL, budget_B):
-  """Boolean [B, L]: per row the `budget` valid positions of lowest score, ties broken by the
-  lower position (the order of a stable sort)."""
-  score_BxL = np.where(valid_BxL, score_BxL, np.inf)
-  budget_B = np.minimum(budget_B, score_BxL.shape[1])
-  rows_B = np.arange(score_BxL.shape[0])
-  threshold_Bx1 = np.sort(score_BxL, axis=1)[rows_B, budget_B - 1][:, None]
-  chosen_BxL = valid_BxL & (score_BxL <= threshold_Bx1)
-  tied_R = np.flatnonzero(chosen_BxL.sum(axis=1) > budget_B)
-  if tied_R.size:  # Of the positions scored at the threshold, the first ones the budget leaves.
-    below_RxL = score_BxL[tied_R] < threshold_Bx1[tied_R]
-    tie_RxL = chosen_BxL[tied_R] & ~below_RxL
-    left_Rx1 = (budget_B[tied_R] - below_RxL.sum(axis=1))[:, None]
-    chosen_BxL[tied_R] = below_RxL | (tie_RxL & (np.cumsum(tie_RxL, axis=1) <= left_Rx1))
-  return chosen_BxL
-
-
-def _stable_argsort(score_BxW):
-  """np.argsort(score_BxW, axis=1, kind="stable") for float32 scores >= 0, ~10x faster: such a
-  float's bits, read as an integer, order as the float does; with the column index appended
-  below them the keys are distinct, and NumPy sorts 64-bit integers with SIMD."""
-  bits_BxW = score_BxW.view(np.int32).astype(np.int64)
-  if (bits_BxW < 0).any():  # A negative score (or -0.0): the general sort.
-    return np.argsort(score_BxW, axis=1, kind="stable")
-  shift = max(1, (score_BxW.shape[1] - 1).bit_length())
-  keys_BxW = (bits_BxW << shift) | np.arange(score_BxW.shape[1])
-  return (np.sort(keys_BxW, axis=1) & ((1 << shift) - 1)).astype(np.intp)
 
 
 class DynamicMasker:
@@ -161,8 +103,10 @@ class DynamicMasker:
     word_score_BxW[start_rows_N, word_BxL[start_rows_N, start_cols_N]] = score_BxL[
       start_rows_N, start_cols_N
     ]
-    order_BxW = _stable_argsort(word_score_BxW)
-    take_sorted_BxW = _greedy_take(np.take_along_axis(word_len_BxW, order_BxW, axis=1), budget_B)
+    order_BxW = masking.stable_argsort(word_score_BxW)
+    take_sorted_BxW = masking.greedy_take(
+      np.take_along_axis(word_len_BxW, order_BxW, axis=1), budget_B
+    )
     take_BxW = np.zeros((rows, length + 1), bool)  # The last slot: positions outside words.
     np.put_along_axis(take_BxW, order_BxW, take_sorted_BxW, axis=1)  # Back to word order.
     take_BxW[:, :length] &= np.arange(length) < num_words_B[:, None]
@@ -180,7 +124,7 @@ class DynamicMasker:
     if self.whole_word_mask:
       chosen_BxL = self._select_words(ids_BxL, valid_BxL, budget_B, randoms["score"])
     else:
-      chosen_BxL = _lowest_scores(randoms["score"], valid_BxL, budget_B)
+      chosen_BxL = masking.lowest_scores(randoms["score"], valid_BxL, budget_B)
 
     # Prediction slots: a row's chosen positions in increasing order (sorting the positions,
     # with `length` for those not chosen, lists them first), at most the budget <= P of them.

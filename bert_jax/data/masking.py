@@ -1,4 +1,6 @@
-"""Masked-LM masking (BERT appendix A.1), static (numpy/python, at generation) and dynamic (tf).
+"""Masked-LM masking (BERT appendix A.1): the rule, one instance at a time (`mask_tokens`), and
+the vector selection steps the batched maskers share (static at generation, `batch_instances`;
+dynamic in the reader, `dynamic_masking`): `lowest_scores`, `stable_argsort`, `greedy_take`.
 
 Both follow google-research/bert's `create_masked_lm_predictions`:
 
@@ -170,3 +172,61 @@ def mask_tokens(
       chosen.append(index)
   chosen.sort()
   return output, chosen, [ids[i] for i in chosen]
+
+
+def greedy_take(length_BxW, budget_B):
+  """Which words to take, per row visiting them in order and taking each one that still fits.
+
+  The sequential rule (skip a word that would overflow, keep going) computed in a few vector
+  steps: a word longer than the remaining budget can never be taken later (the budget only
+  shrinks), so each step drops those, takes the longest prefix of the rest that fits, and
+  repeats with the smaller budget. Each step takes at least one word of every unfinished row or
+  finishes it. Accepts an unbatched [W] / scalar pair too.
+  """
+  length_BxW, budget_B = np.asarray(length_BxW), np.asarray(budget_B)
+  if length_BxW.ndim == 1:
+    return greedy_take(length_BxW[None], budget_B.reshape(1))[0]
+  remaining_B = budget_B.astype(np.int64)
+  decided_BxW = np.zeros(length_BxW.shape, bool)
+  taken_BxW = np.zeros(length_BxW.shape, bool)
+  while True:
+    active_B = (remaining_B > 0) & ~decided_BxW.all(axis=1)
+    if not active_B.any():
+      return taken_BxW
+    active_Bx1, remaining_Bx1 = active_B[:, None], remaining_B[:, None]
+    candidate_BxW = active_Bx1 & ~decided_BxW & (length_BxW <= remaining_Bx1)
+    decided_BxW |= active_Bx1 & (length_BxW > remaining_Bx1)
+    cumulative_BxW = np.cumsum(np.where(candidate_BxW, length_BxW, 0), axis=1)
+    take_BxW = candidate_BxW & (cumulative_BxW <= remaining_Bx1)
+    remaining_B -= np.where(take_BxW, length_BxW, 0).sum(axis=1)
+    decided_BxW |= take_BxW
+    taken_BxW |= take_BxW
+
+
+def lowest_scores(score_BxL, valid_BxL, budget_B):
+  """Boolean [B, L]: per row the `budget` valid positions of lowest score, ties broken by the
+  lower position (the order of a stable sort)."""
+  score_BxL = np.where(valid_BxL, score_BxL, np.inf)
+  budget_B = np.minimum(budget_B, score_BxL.shape[1])
+  rows_B = np.arange(score_BxL.shape[0])
+  threshold_Bx1 = np.sort(score_BxL, axis=1)[rows_B, budget_B - 1][:, None]
+  chosen_BxL = valid_BxL & (score_BxL <= threshold_Bx1)
+  tied_R = np.flatnonzero(chosen_BxL.sum(axis=1) > budget_B)
+  if tied_R.size:  # Of the positions scored at the threshold, the first ones the budget leaves.
+    below_RxL = score_BxL[tied_R] < threshold_Bx1[tied_R]
+    tie_RxL = chosen_BxL[tied_R] & ~below_RxL
+    left_Rx1 = (budget_B[tied_R] - below_RxL.sum(axis=1))[:, None]
+    chosen_BxL[tied_R] = below_RxL | (tie_RxL & (np.cumsum(tie_RxL, axis=1) <= left_Rx1))
+  return chosen_BxL
+
+
+def stable_argsort(score_BxW):
+  """np.argsort(score_BxW, axis=1, kind="stable") for float32 scores >= 0, ~10x faster: such a
+  float's bits, read as an integer, order as the float does; with the column index appended
+  below them the keys are distinct, and NumPy sorts 64-bit integers with SIMD."""
+  bits_BxW = score_BxW.view(np.int32).astype(np.int64)
+  if (bits_BxW < 0).any():  # A negative score (or -0.0): the general sort.
+    return np.argsort(score_BxW, axis=1, kind="stable")
+  shift = max(1, (score_BxW.shape[1] - 1).bit_length())
+  keys_BxW = (bits_BxW << shift) | np.arange(score_BxW.shape[1])
+  return (np.sort(keys_BxW, axis=1) & ((1 << shift) - 1)).astype(np.intp)
