@@ -320,3 +320,60 @@ def test_fast_truncation_drops_from_both_ends_of_the_longer_segment(spec):
     drops += 44
   assert drops >= 390 * 44
   assert within_binomial(fronts, drops, 0.5)
+
+
+class _KeysThenRandom:
+  """A generator whose first `random` call returns the given keys, the rest a real stream."""
+
+  def __init__(self, keys_BxL, seed):
+    self.keys_BxL, self.rng = keys_BxL, np.random.default_rng(seed)
+
+  def random(self, shape, dtype=np.float64):
+    if self.keys_BxL is not None:
+      keys, self.keys_BxL = self.keys_BxL, None
+      return keys
+    return self.rng.random(shape, dtype=dtype)
+
+  def integers(self, *args):
+    return self.rng.integers(*args)
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_fast_masking_walks_candidates_in_key_order_ties_to_the_lower_position(
+  documents, spec, whole_word
+):
+  # google-research/bert's walk (masking.candidate_groups, then take each group that fits),
+  # visiting the groups by their first position's key, equal keys by position; coarse keys tie.
+  rows = [d[0] + d[1] for d in documents if len(d) > 1 and len(d[0] + d[1]) <= 120][:300]
+  B, L = len(rows), 128
+  ids_BxL = np.full((B, L), spec.pad_id, np.int32)
+  lengths_B = np.array([len(r) + 3 for r in rows], np.int32)
+  for i, r in enumerate(rows):
+    ids_BxL[i, : len(r) + 3] = [spec.cls_id, *r[: len(r) // 2], spec.sep_id, *r[len(r) // 2 :]] + [
+      spec.sep_id
+    ]
+  keys_BxL = (np.random.default_rng(0).integers(0, 6, (B, L)) / 8).astype(np.float32)
+  got = batch_instances.mask_batch(
+    ids_BxL,
+    lengths_B,
+    spec,
+    0.15,
+    20,
+    whole_word,
+    masking.MaskRates(),
+    _KeysThenRandom(keys_BxL, 1),
+  )
+  tied = 0
+  for i in range(B):
+    n = int(lengths_B[i])
+    groups = masking.candidate_groups(ids_BxL[i, :n].tolist(), spec, whole_word)
+    groups.sort(key=lambda g: (keys_BxL[i, g[0]], g[0]))
+    budget = expected_num_masks(n, 20)
+    chosen = []
+    for g in groups:
+      if len(chosen) + len(g) <= budget:
+        chosen += g
+    tied += len({keys_BxL[i, g[0]] for g in groups}) < len(groups)
+    assert got[1][i, : got[3][i]].tolist() == sorted(chosen), i
+    assert got[2][i, : got[3][i]].tolist() == ids_BxL[i, sorted(chosen)].tolist()
+  assert tied > B // 2
