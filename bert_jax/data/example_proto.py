@@ -92,7 +92,10 @@ def _encode_block(features) -> list[bytes]:
     else:  # Int64List: packed varints, field 3 of Feature.
       payload, payload_used = _varint_slots(values)
       kind = 0x1A
-    size = payload_used.sum(axis=1, dtype=np.int64)
+    if kind == 0x1A and payload.shape[1] > values.shape[1]:  # Varint slots of 2+ bytes.
+      size = payload_used.sum(axis=1, dtype=np.int64)
+    else:  # Every slot used: fixed32 floats, or varints of one byte.
+      size = np.full(n, payload.shape[1], np.int64)
     list_size = 1 + _varint_size(size) + size  # Int64List / FloatList: field 1, packed.
     feature_size = 1 + _varint_size(list_size) + list_size
     key = name.encode()
@@ -114,5 +117,5 @@ def _encode_block(features) -> list[bytes]:
   slots = np.concatenate([s for s, _ in parts], axis=1)
   used = np.concatenate([u for _, u in parts], axis=1)
   data = slots[used].tobytes()  # Row by row: each row's used slots are its message.
-  ends = np.cumsum(used.sum(axis=1)).tolist()
+  ends = np.cumsum(1 + _varint_size(features_size) + features_size).tolist()  # Each row's size.
   return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]
