@@ -11,8 +11,9 @@ i), so a resumed run draws exactly the keys an uninterrupted one would. With
 ``grad_accum_steps=k`` the global batch is split into k micro-batches (row i*k+j goes to
 micro-batch j, so each micro-batch keeps the batch's sharding); their gradients are averaged by
 a ``lax.scan`` and one optimizer update is made. Metrics are averaged over micro-batches and
-gain ``loss``, ``grad_norm`` (before clipping), ``update_norm`` (the loop stops when it is not
-finite: the new params would be NaN) and ``learning_rate``.
+gain ``loss``, ``grad_norm`` (before clipping), ``update_norm`` (of the change applied, new
+minus old parameters; the loop stops when it is not finite: the new params are not) and
+``learning_rate``.
 """
 
 from __future__ import annotations
@@ -84,8 +85,12 @@ def make_train_step(
       metrics = jax.tree_util.tree_map(jnp.mean, metrics)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    # The update's norm as applied (new minus old parameters): the norm of `updates` itself made
+    # XLA:CPU recompute or keep the whole update beside the optimizer's fused pass (2.5x the
+    # optimizer's time at BERT-tiny), where this difference fuses with the new parameters.
+    applied = jax.tree_util.tree_map(jnp.subtract, params, state.params)
     metrics = dict(
-      metrics, loss=loss, grad_norm=optax.global_norm(grads), update_norm=optax.global_norm(updates)
+      metrics, loss=loss, grad_norm=optax.global_norm(grads), update_norm=optax.global_norm(applied)
     )
     if learning_rate_fn is not None:
       metrics["learning_rate"] = learning_rate_fn(state.step)
