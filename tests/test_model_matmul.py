@@ -140,3 +140,22 @@ def test_dense_has_dense_generals_parameters_and_float32_outputs(dtype):
     np.testing.assert_allclose(
       np.asarray(y, np.float32), np.asarray(y_ref, np.float32), rtol=2 * BF16_ULP, atol=1e-2
     )
+
+
+@pytest.mark.parametrize("h_shape", [(2, 5, 32), (7, 32)])
+def test_tied_logits_values_and_gradients_against_float64(h_shape):
+  """The decoder product with its CPU form of the table's gradient: the float64 products."""
+  h, table = _normal(20, h_shape, jnp.float32), _normal(21, (97, 32), jnp.float32)
+  g = _normal(22, h_shape[:-1] + (97,), jnp.float32)
+  logits, vjp = jax.vjp(lambda h, t: matmul.tied_logits(h, t, jnp.float32), h, table)
+  dh, dtable = vjp(g)
+  h64, t64, g64 = (np.asarray(x, np.float64) for x in (h, table, g))
+  np.testing.assert_allclose(np.asarray(logits), h64 @ t64.T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(dh), g64 @ t64, rtol=1e-5, atol=1e-5)
+  rows_g, rows_h = g64.reshape(-1, 97), h64.reshape(-1, 32)
+  np.testing.assert_allclose(np.asarray(dtable), rows_g.T @ rows_h, rtol=1e-5, atol=1e-5)
+  assert dh.dtype == dtable.dtype == jnp.float32 and dtable.shape == table.shape
+  text = str(jax.make_jaxpr(lambda h, t: matmul.tied_logits(h, t, jnp.float32))(h, table))
+  assert "platform_index" in text  # the CPU form only where lowered for a CPU
+  bf16 = matmul.tied_logits(h.astype(jnp.bfloat16), table, jnp.bfloat16)  # einsum's form
+  assert bf16.dtype == jnp.bfloat16 and bf16.shape == logits.shape

@@ -136,10 +136,7 @@ class Embeddings(nn.Module):
   def attend(self, h_xD: Array) -> Array:
     """Logits against the (tied) word embedding table: the MLM decoder (``Embed.attend``'s
     product, the same values, in :mod:`bert_jax.model.matmul`'s form)."""
-    rows = "abc"[: h_xD.ndim - 1]
-    return matmul.einsum(
-      f"{rows}d,vd->{rows}v", h_xD, self.word_embeddings.embedding, self.config.dtype
-    )
+    return matmul.tied_logits(h_xD, self.word_embeddings.embedding, self.config.dtype)
 
 
 class Projection(nn.Module):
