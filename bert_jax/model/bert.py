@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from bert_jax.model import matmul
 from bert_jax.model.config import BertConfig
 from bert_jax.model.dropout import Dropout
+from bert_jax.model.layer_norm import FastLayerNorm
 
 Array = jax.Array
 
@@ -43,15 +44,19 @@ def bias_init(axes: tuple[str | None, ...]):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+def layer_norm(config: BertConfig, name: str) -> nn.Module:
   # Variance as mean((x - mean)^2), as BERT and PyTorch compute it: Flax's default
-  # E[x^2] - E[x]^2 loses float32 precision on hidden states whose mean is large.
+  # E[x^2] - E[x]^2 loses float32 precision on hidden states whose mean is large. In float32,
+  # FastLayerNorm: nn.LayerNorm's parameters and values, its gradient written out on CPUs.
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",))
+  if jnp.dtype(config.dtype) == jnp.float32 and jnp.dtype(config.param_dtype) == jnp.float32:
+    return FastLayerNorm(config.layer_norm_eps, scale_init, bias_init(("embed",)), name=name)
   return nn.LayerNorm(
     epsilon=config.layer_norm_eps,
     dtype=config.dtype,
     param_dtype=config.param_dtype,
     use_fast_variance=False,
-    scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+    scale_init=scale_init,
     bias_init=bias_init(("embed",)),
     name=name,
   )

@@ -1,0 +1,74 @@
+"""Float32 LayerNorm with flax's parameters and values, and on a CPU a written-out gradient.
+
+``FastLayerNorm`` has ``nn.LayerNorm``'s parameters (``scale``, ``bias``, shape [D]) and computes
+what it computes with ``use_fast_variance=False``, op for op: the mean, the variance as the mean
+of the squared deviations, then ``(x - mean) * (rsqrt(var + eps) * scale) + bias``. On a CPU its
+gradient is the textbook one, ``dx = r * (gs - mean(gs) - xhat * mean(gs * xhat))`` with
+``gs = g * scale``, ``xhat = (x - mean) * r``, ``r = rsqrt(var + eps)``, computed from the saved
+``xhat`` and ``r`` in one pass over the rows; autodiff of the forward made XLA:CPU run several
+passes and materialise the scale's broadcast. Elsewhere (GPUs, TPUs) autodiff's, unchanged.
+Measured: BERT-base / 128 float32 train step 482 -> 489-498 tokens/s (two rounds, old and new
+in alternating processes); at mini and small within the noise. bfloat16 keeps nn.LayerNorm.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def _forward(epsilon, x, scale, bias):
+  mean = x.mean(-1, keepdims=True)
+  var = lax.square(x - mean).mean(-1, keepdims=True)
+  r = lax.rsqrt(var + epsilon)
+  return (x - mean) * (r * scale) + bias, (x - mean) * r, r
+
+
+def _plain(epsilon, x, scale, bias):
+  return _forward(epsilon, x, scale, bias)[0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _with_written_gradient(epsilon, x, scale, bias):
+  return _forward(epsilon, x, scale, bias)[0]
+
+
+def _fwd(epsilon, x, scale, bias):
+  y, xhat, r = _forward(epsilon, x, scale, bias)
+  return y, (xhat, r, scale)
+
+
+def _bwd(epsilon, residuals, g):
+  del epsilon
+  xhat, r, scale = residuals
+  gs = g * scale
+  dx = r * (gs - gs.mean(-1, keepdims=True) - xhat * (gs * xhat).mean(-1, keepdims=True))
+  rows = tuple(range(g.ndim - 1))
+  return dx, jnp.sum(g * xhat, axis=rows), jnp.sum(g, axis=rows)
+
+
+_with_written_gradient.defvjp(_fwd, _bwd)
+
+
+class FastLayerNorm(nn.Module):
+  """``nn.LayerNorm(use_fast_variance=False)`` over the last axis, float32 only."""
+
+  epsilon: float
+  scale_init: Callable[..., Any]
+  bias_init: Callable[..., Any]
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    features = x.shape[-1]
+    scale = self.param("scale", self.scale_init, (features,), jnp.float32)
+    bias = self.param("bias", self.bias_init, (features,), jnp.float32)
+    x = x.astype(jnp.float32)
+    cpu = functools.partial(_with_written_gradient, self.epsilon)
+    default = functools.partial(_plain, self.epsilon)
+    return lax.platform_dependent(x, scale, bias, cpu=cpu, default=default)
