@@ -327,31 +327,24 @@ def mask_batch(ids_BxL, lengths_B, spec, masked_lm_prob, max_predictions, whole_
   candidate = np.arange(L)[None] < lengths_B[:, None]
   for special in (spec.cls_id, spec.sep_id, spec.pad_id):
     candidate &= ids_BxL != special
-  budget_B = np.minimum(
-    max_predictions, np.maximum(1, np.rint(lengths_B.astype(np.float64) * masked_lm_prob))
-  ).astype(np.int64)
+  budget_B = masking.budgets(lengths_B, masked_lm_prob, max_predictions)
   keys = rng.random((B, L), dtype=np.float32)
   if whole_word:
     chosen = _choose_whole_words(ids_BxL, candidate, keys, budget_B, spec)
   else:  # The lowest keys (ties: the lower position); the original shuffles and takes a prefix.
     chosen = masking.lowest_scores(keys, candidate, budget_B)
-  flat = np.flatnonzero(chosen)  # Row-major: each row's positions ascending.
-  rows, cols = np.divmod(flat, L)
-  count_B = np.bincount(rows, minlength=B)
-  slot = np.arange(len(rows)) - np.repeat(np.cumsum(count_B) - count_B, count_B)
-  positions = np.zeros((B, max_predictions), np.int32)
+  positions, used = masking.chosen_slots(chosen, max_predictions)
+  flat = (np.arange(B)[:, None] * L + positions)[used]  # Row by row, ascending: slot order.
   labels = np.zeros((B, max_predictions), np.int32)
-  at_slot = rows * max_predictions + slot
-  positions.reshape(-1)[at_slot] = cols
-  labels.reshape(-1)[at_slot] = ids_BxL.reshape(-1)[flat]
+  labels[used] = ids_BxL.reshape(-1)[flat]
   masked = ids_BxL.copy()
-  k = len(rows)
+  k = len(flat)
   to_mask = rng.random(k) < rates.mask
   replace = ~to_mask & (rng.random(k) >= rates.same_share)
   masked.reshape(-1)[flat[to_mask]] = spec.mask_id
   pick = rng.integers(0, len(spec.replacement_ids), int(replace.sum()))
   masked.reshape(-1)[flat[replace]] = spec.replacement_ids[pick]
-  return masked, positions, labels, count_B.astype(np.int32)
+  return masked, positions, labels, used.sum(axis=1).astype(np.int32)
 
 
 def _choose_whole_words(ids_BxL, candidate, keys, budget_B, spec):

@@ -116,25 +116,17 @@ class DynamicMasker:
     """The batch masked with the given random numbers (see `draw`)."""
     spec = self.spec
     ids_BxL = restore_static_masks(features)
-    length, predictions = ids_BxL.shape[1], self.max_predictions_per_seq
+    predictions = self.max_predictions_per_seq
     in_seq_BxL = features["input_mask"] > 0
     valid_BxL = in_seq_BxL & (ids_BxL != spec.cls_id) & (ids_BxL != spec.sep_id)
-    budget_B = np.round(in_seq_BxL.sum(axis=1) * self.masked_lm_prob)  # Half to even.
-    budget_B = np.minimum(predictions, np.maximum(1, budget_B.astype(np.int64)))
+    budget_B = masking.budgets(in_seq_BxL.sum(axis=1), self.masked_lm_prob, predictions)
     if self.whole_word_mask:
       chosen_BxL = self._select_words(ids_BxL, valid_BxL, budget_B, randoms["score"])
     else:
       chosen_BxL = masking.lowest_scores(randoms["score"], valid_BxL, budget_B)
 
-    # Prediction slots: a row's chosen positions in increasing order (sorting the positions,
-    # with `length` for those not chosen, lists them first), at most the budget <= P of them.
-    order_BxL = np.where(chosen_BxL, np.arange(length, dtype=np.int32), np.int32(length))
-    sorted_BxP = np.sort(order_BxL, axis=1)[:, :predictions]
-    if sorted_BxP.shape[1] < predictions:  # More slots than positions.
-      pad = predictions - sorted_BxP.shape[1]
-      sorted_BxP = np.pad(sorted_BxP, ((0, 0), (0, pad)), constant_values=length)
-    weight_BxP = sorted_BxP < length
-    positions_BxP = np.where(weight_BxP, sorted_BxP, 0)
+    # Prediction slots: a row's chosen positions in increasing order (at most the budget <= P).
+    positions_BxP, weight_BxP = masking.chosen_slots(chosen_BxL, predictions)
     positions_BxP = positions_BxP.astype(features["masked_lm_positions"].dtype)
     labels_BxP = np.where(weight_BxP, np.take_along_axis(ids_BxL, positions_BxP, axis=1), 0)
     # Per slot: r1 < mask: [MASK]; else r2 >= same / (same + random): a random token; else kept.

@@ -174,6 +174,27 @@ def mask_tokens(
   return output, chosen, [ids[i] for i in chosen]
 
 
+def budgets(num_tokens_B, masked_lm_prob: float, max_predictions_per_seq: int) -> np.ndarray:
+  """`num_to_predict` for a batch of sequence lengths (int64; np.rint rounds half to even, as
+  Python's round)."""
+  budget_B = np.rint(np.asarray(num_tokens_B, np.float64) * masked_lm_prob)
+  return np.minimum(max_predictions_per_seq, np.maximum(1, budget_B)).astype(np.int64)
+
+
+def chosen_slots(chosen_BxL, num_slots: int) -> tuple[np.ndarray, np.ndarray]:
+  """Each row's chosen positions in increasing order in its first slots: (positions [B, S]
+  int32, then 0; used [B, S] bool). A row must choose at most `num_slots` positions."""
+  rows, length = chosen_BxL.shape
+  row_N, position_N = np.divmod(np.flatnonzero(chosen_BxL), length)  # Row-major: ascending.
+  count_B = np.bincount(row_N, minlength=rows)
+  if count_B.max(initial=0) > num_slots:
+    raise ValueError(f"a row chose {count_B.max()} positions, more than its {num_slots} slots")
+  slot_N = np.arange(len(row_N)) - np.repeat(np.cumsum(count_B) - count_B, count_B)
+  positions_BxS = np.zeros((rows, num_slots), np.int32)
+  positions_BxS.reshape(-1)[row_N * num_slots + slot_N] = position_N
+  return positions_BxS, np.arange(num_slots) < count_B[:, None]
+
+
 def greedy_take(length_BxW, budget_B):
   """Which words to take, per row visiting them in order and taking each one that still fits.
 

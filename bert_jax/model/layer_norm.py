@@ -24,10 +24,9 @@ from jax import lax
 
 
 def _forward(epsilon, x, scale, bias):
-  mean = x.mean(-1, keepdims=True)
-  var = lax.square(x - mean).mean(-1, keepdims=True)
-  r = lax.rsqrt(var + epsilon)
-  return (x - mean) * (r * scale) + bias, (x - mean) * r, r
+  centred = x - x.mean(-1, keepdims=True)
+  r = lax.rsqrt(lax.square(centred).mean(-1, keepdims=True) + epsilon)
+  return centred * (r * scale) + bias, centred * r, r
 
 
 def _plain(epsilon, x, scale, bias):
