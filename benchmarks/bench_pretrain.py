@@ -6,11 +6,14 @@ r"""Pre-training train-step throughput: bert_jax vs Hugging Face's FlaxBertForPr
   python -m benchmarks.bench_pretrain --dtype=bfloat16     # mixed precision on every side
   python -m benchmarks.bench_pretrain --sizes=base --seq_lens=128 --profile \
       --peers=torch_masked --steps=2          # where each step's time goes, per op and kind
+  python -m benchmarks.bench_pretrain --sizes=base --dtype=bfloat16 --tokens_per_step=32768 \
+      --peers=hf_flax_masked,torch_masked --peak_flops=989e12   # on a GPU host (H100 / H200)
 
 Both sides train the same BERT (vocab 30,522, dropout 0.1) on the same batches (random tokens,
 15% masked, at most max_predictions_per_seq predictions) with the same optimizer (bert_jax's
 AdamW: clip 1.0, weight decay 0.01 without LayerNorm/bias) and the same MLM + NSP loss, each
-step one jitted function with donated params/optimizer state, on one device. The differences
+step one jitted function with donated params/optimizer state, on one device (jax's default
+device; PyTorch runs on the GPU when jax does, else on the CPU). The differences
 are bert_jax's: it computes MLM logits only at the masked positions (as google-research/bert),
 and so the last encoder layer too (only [CLS] and the masked rows are read), while HF's model
 computes them at every position and the loss masks the rest; and its dropout draws 16 random
@@ -124,8 +127,9 @@ def _hf(variant: str, bert: BertConfig):
 
 
 def _torch(bert: BertConfig):
-  run = peers.torch_step(bert, dtype=bert.dtype)
-  return lambda host_batch: float(run(host_batch))
+  """On jax's platform: a CPU, or the GPU when jax runs on one (CUDA)."""
+  device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+  return peers.torch_step(bert, dtype=bert.dtype, device=device)
 
 
 def _time(run, batches, steps) -> float:
@@ -133,7 +137,7 @@ def _time(run, batches, steps) -> float:
   t = time.perf_counter()
   for i in range(steps):
     loss = run(batches[i % len(batches)])
-  jax.block_until_ready(loss)
+  float(loss)  # waits for the last step: a jax array or a torch tensor, on any device
   return (time.perf_counter() - t) / steps
 
 
@@ -178,7 +182,7 @@ def main(argv):
       runners = {n: _runner(n, bert, batch_size, seq, preds) for n in names}
       for run, wants_host in runners.values():  # compile + warm up
         for b in host if wants_host else device:
-          jax.block_until_ready(run(b))
+          float(run(b))
       if _PROFILE.value:
         print(f"\n{size}, seq {seq}, batch {batch_size}:")
         _profile(runners, host, device)

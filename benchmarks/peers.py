@@ -130,13 +130,15 @@ def hf_train_step(model, variant: str, tx):
   return train_step
 
 
-def torch_step(bert, seed: int = 0, dtype: str = "float32"):
+def torch_step(bert, seed: int = 0, dtype: str = "float32", device: str = "cpu"):
   """PyTorch (transformers' ``BertForPreTraining``, SDPA attention, eager, float32) with the MLM
   head at the masked positions, AdamW (lr 1e-4, wd 0.01 without LayerNorm/bias, eps 1e-6) and
   gradient clipping at 1.0 as bert_jax: ``run(batch of numpy arrays) -> loss``.
 
   ``dtype="bfloat16"``: mixed precision as PyTorch users run it on a CPU, the forward pass under
   ``torch.autocast("cpu", torch.bfloat16)`` (matmuls in bfloat16, float32 weights and optimizer).
+  ``device="cuda"``: the same on an NVIDIA GPU (autocast on "cuda"; SDPA then picks its fused
+  attention kernels); ``run`` returns the loss as a tensor on that device, not yet synchronised.
   """
   import torch
   from transformers import BertForPreTraining
@@ -145,7 +147,7 @@ def torch_step(bert, seed: int = 0, dtype: str = "float32"):
     raise ValueError(f"unknown dtype {dtype!r}; choose float32 or bfloat16")
   torch.manual_seed(seed)
   cfg = _hf_config(bert, attn_implementation="sdpa")
-  model = BertForPreTraining(cfg).train()
+  model = BertForPreTraining(cfg).to(device).train()
   no_decay = [p for n, p in model.named_parameters() if "LayerNorm" in n or n.endswith("bias")]
   decay = [p for n, p in model.named_parameters() if not ("LayerNorm" in n or n.endswith("bias"))]
   opt = torch.optim.AdamW(
@@ -156,9 +158,9 @@ def torch_step(bert, seed: int = 0, dtype: str = "float32"):
   xent = torch.nn.CrossEntropyLoss(reduction="none")
 
   def run(batch):
-    t = {k: torch.from_numpy(v) for k, v in batch.items()}
+    t = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
     pos_BxP = t["masked_lm_positions"].long()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
       out = model.bert(
         t["input_ids"].long(),
         attention_mask=t["input_mask"],

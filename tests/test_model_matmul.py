@@ -82,12 +82,30 @@ def test_float32_and_batched_products_are_left_as_they_are():
   assert "platform_index" in bf16
 
 
+def _on_cpu() -> bool:
+  """The tests run on JAX's default platform: the CPU in CI; a GPU where JAX_PLATFORMS names one
+  (the non-CPU lowering, JAX's own ops, is then what runs)."""
+  return jax.default_backend() == "cpu"
+
+
+def _assert_same_vjp(fn, plain, args, g):
+  """Off the CPU: ``fn``'s gradient is autodiff's of the plain ops, to the bit."""
+  for got, want in zip(jax.vjp(fn, *args)[1](g), jax.vjp(plain, *args)[1](g)):
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 def test_a_float32_operands_gradient_is_not_rounded_to_bfloat16():
-  """A float32 kernel multiplied in bfloat16: its gradient is the float32 product of the
-  bfloat16 operands (not rounded to bfloat16, as autodiff through the cast would)."""
+  """A float32 kernel multiplied in bfloat16 on a CPU: its gradient is the float32 product of
+  the bfloat16 operands (not rounded to bfloat16, as autodiff through the cast would). Off the
+  CPU: autodiff's, as before (module docstring)."""
   x, kernel = _normal(14, (4, 16, 32)), _normal(15, (32, 64), jnp.float32)
   g = _normal(16, (4, 16, 64))
-  _, vjp = jax.vjp(lambda x, k: matmul.einsum("bld,df->blf", x, k, jnp.bfloat16), x, kernel)
+  ours = lambda x, k: matmul.einsum("bld,df->blf", x, k, jnp.bfloat16)
+  if not _on_cpu():
+    plain = lambda x, k: jnp.einsum("bld,df->blf", x, k.astype(jnp.bfloat16))
+    return _assert_same_vjp(ours, plain, (x, kernel), g)
+  _, vjp = jax.vjp(ours, x, kernel)
   dx, dkernel = vjp(g)
   assert dx.dtype == jnp.bfloat16 and dkernel.dtype == jnp.float32
   want = np.einsum("bld,blf->df", np.asarray(x, np.float64), np.asarray(g, np.float64))
@@ -98,10 +116,15 @@ def test_a_float32_operands_gradient_is_not_rounded_to_bfloat16():
 
 
 def test_bfloat16_bias_gradient_is_the_float32_sum():
+  """On a CPU; off it, autodiff's bfloat16 sum as before (module docstring)."""
   y, g = _normal(9, (8, 64, 2, 16)), _normal(11, (8, 64, 2, 16))
   want = np.asarray(g, np.float64).sum(axis=(0, 1))
   for bias_dtype, rtol in [(jnp.bfloat16, BF16_ULP), (jnp.float32, 1e-6)]:
     bias = _normal(10, (2, 16), bias_dtype)
+    if not _on_cpu():
+      plain = lambda y, b: y + b.astype(y.dtype)
+      _assert_same_vjp(matmul.add_bias, plain, (y, bias), g)
+      continue
     _, vjp = jax.vjp(matmul.add_bias, y, bias)
     dy, dbias = vjp(g)
     np.testing.assert_array_equal(np.asarray(dy, np.float32), np.asarray(g, np.float32))
