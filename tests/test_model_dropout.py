@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend.random import threefry_2x32
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bert_jax.model.dropout import Dropout, keep_mask, keep_threshold
@@ -31,19 +32,63 @@ def test_keep_rate_scale_and_independence(rate):
   # Kept values are x / (realised keep probability): E[y] = x exactly.
   np.testing.assert_allclose(y[kept], 65536 / keep_threshold(rate), rtol=1e-6)
   assert abs(y.mean() - 1.0) < 6 * sigma / n / p
-  # Independence where the two 16-bit halves of one draw land (first and second half of the
-  # last axis) and between neighbours: P(both kept) = p^2.
-  half = (33 + 1) // 2
-  pairs = {
-    "halves": (kept[..., :16], kept[..., half : half + 16]),
-    "neighbours": (kept[..., :-1], kept[..., 1:]),
-  }
+  # Independence where the four 16-bit parts of one threefry evaluation land on a CPU (rows i,
+  # i + q, i + 2q, i + 3q with q = ceil(31 / 4)), where the two halves of a word land elsewhere
+  # (columns c and c + 17), and between neighbours: P(both kept) = p^2.
+  q = (31 + 3) // 4
+  parts = [kept[..., g * q : g * q + 7, :] for g in range(4)]  # the last part has 31 - 3q = 7
+  pairs = {f"parts {a}, {b}": (parts[a], parts[b]) for a in range(4) for b in range(a + 1, 4)}
+  pairs["halves"] = (kept[..., :16], kept[..., 17:33])
+  pairs["neighbours"] = (kept[..., :-1], kept[..., 1:])
   for name, (a, b) in pairs.items():
     both, m = np.logical_and(a, b).sum(), a.size
     assert abs(both - m * p * p) < 6 * np.sqrt(m * p * p * (1 - p * p)), name
   # Per-position keep rates do not depend on the position within the last axis.
   per_col = kept.reshape(-1, 33).mean(0)
   assert np.all(np.abs(per_col - p) < 6 * np.sqrt(p * (1 - p) / (n / 33)))
+
+
+def test_draws_are_threefry_of_the_documented_counters():
+  """On a CPU, the mask against JAX's threefry-2x32 hash (``jax.extend.random.threefry_2x32``)
+  applied to the counters the module documents: hi = the leading axes' flat index, lo = i * last
+  + column for i < Q = ceil(rows / 4); row g * Q + i is 16-bit part g of that evaluation (the
+  low then high half of the first output word, then of the second)."""
+  lead, rows, last = (3, 2), 7, 33
+  if jax.default_backend() != "cpu":  # TPUs and GPUs: the two-way form, as for other keys
+    return _assert_two_way_draw(jax.random.key(7), (*lead, rows, last))
+  q = (rows + 3) // 4
+  hi, i, c = np.meshgrid(np.arange(6), np.arange(q), np.arange(last), indexing="ij")
+  lo = i * last + c
+  count = np.concatenate([hi.ravel(), lo.ravel()]).astype(np.uint32)
+  for key in [jax.random.PRNGKey(7), jax.random.key(7)]:
+    words = np.asarray(jax.random.key_data(key)) if key.shape == () else np.asarray(key)
+    out = np.asarray(threefry_2x32((words[0], words[1]), count)).astype(np.uint32)
+    first, second = out[: hi.size].reshape(hi.shape), out[hi.size :].reshape(hi.shape)
+    parts = [first & 0xFFFF, first >> 16, second & 0xFFFF, second >> 16]
+    draws = np.concatenate(parts, axis=1)[:, :rows].reshape(*lead, rows, last)
+    want = draws < keep_threshold(0.1)
+    got = np.asarray(jax.jit(lambda k: keep_mask(k, (*lead, rows, last), 0.1))(key))
+    np.testing.assert_array_equal(got, want)
+
+
+def _assert_two_way_draw(key, shape):
+  """The mask is ``jax.random.bits`` over ``shape`` with the last axis halved, element c of a
+  row the low 16 bits of word c and element half + c the high 16 bits."""
+  half = (shape[-1] + 1) // 2
+  words = np.asarray(jax.random.bits(key, (*shape[:-1], 1, half), jnp.uint32))
+  draws = np.concatenate([words & 0xFFFF, words >> 16], axis=-1)
+  draws = draws.reshape(*shape[:-1], 2 * half)[..., : shape[-1]]
+  got = np.asarray(keep_mask(key, shape, 0.1))
+  np.testing.assert_array_equal(got, draws < keep_threshold(0.1))
+  return got
+
+
+def test_other_prng_implementations_draw_with_jax_random_bits():
+  """An ``rbg`` key (not threefry's): the mask comes from ``jax.random.bits``, two 16-bit halves
+  per word, and still keeps each element with probability threshold / 65536."""
+  got = _assert_two_way_draw(jax.random.key(0, impl="rbg"), (64, 4, 31, 33))
+  n, p = got.size, 1 - 0.1
+  assert abs(got.sum() - n * p) < 6 * np.sqrt(n * p * (1 - p))
 
 
 def test_realised_rate_is_within_2_pow_minus_17():

@@ -3,24 +3,38 @@
 ``flax.linen.Dropout`` draws a 32-bit uniform per element (``jax.random.bernoulli``). With
 ``jax_threefry_partitionable`` (jax's default) every element then costs one threefry-2x32
 evaluation, and on CPU the attention-probability dropout (B x H x L x L) was a quarter of the
-tiny preset's train step at sequence length 512. Here one 32-bit draw serves two elements (its
-low and high halves): a third of the time of flax's dropout in a micro-benchmark on CPU.
+tiny preset's train step at sequence length 512. Here each 32-bit word of ``jax.random.bits``
+serves two elements (its low and high 16 bits): a third of the time of flax's dropout in a
+micro-benchmark on CPU. On a CPU one threefry-2x32 evaluation serves four elements instead:
+``jax.random.bits`` XORs the hash's two 32-bit output words into one, and this form calls the
+hash (``jax.extend.random.threefry2x32_p``) and uses both: rows ``g * Q + i`` (Q a quarter of
+the rows, rounded up) take 16-bit part g of the evaluation at counter (the leading axes' flat
+index, ``i * last + column``), iotas over the array's global shape. Not elsewhere: compiled for
+a TPU the four-way form needed more memory (BERT-base / 512 on v5e: 3.63-3.75 GB of temporaries
+per chip against 3.33; the compiler's buffer assignment was not read), so
+``lax.platform_dependent`` keeps the two-way form for TPUs and GPUs. The masks (a random
+stream) differ between the two forms.
+Keys of another PRNG implementation (``rbg``) take the two-way form everywhere. Either form is
+drawn over the global shape, so the mask is the same on 1 or N devices.
 
 The keep decision is ``bits16 < round((1 - rate) * 65536)`` and the kept values are scaled by
 ``65536 / threshold``, so ``E[y] = x`` exactly and the realised rate is within 2^-17 of
-``rate`` (0.1 becomes 0.1000061). The random bits are drawn with ``x``'s shape except for the last
-axis (halved), so the draw is sharded like ``x`` and is the same on 1 or N devices. The halves
-are spread over the row by broadcasting against the two shifts rather than by concatenating
-them (the same mask bit for bit): the concatenation kept the TPU compiler from fusing the draw
-into its consumers, and was slower on CPU too (docs/pretraining.md). Same interface as
-``nn.Dropout`` (a "dropout" rng stream, ``deterministic``).
+``rate`` (0.1 becomes 0.1000061). The 16-bit parts are spread over the array by broadcasting
+against selections and shifts rather than by concatenating them: a concatenation kept the TPU
+compiler from fusing the draw into its consumers, and was slower on CPU too
+(docs/pretraining.md). Same interface as ``nn.Dropout`` (a "dropout" rng stream,
+``deterministic``).
 """
 
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.extend.random import threefry2x32_p
 
 _ONE = 1 << 16
 
@@ -32,15 +46,68 @@ def keep_threshold(rate: float) -> int:
 
 def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
   """Boolean keep mask of ``shape``: each element kept with probability threshold / 65536."""
-  shape_1 = tuple(shape) or (1,)
-  last, half = shape_1[-1], (shape_1[-1] + 1) // 2
-  words_Nx1xW = jax.random.bits(key, shape_1[:-1] + (1, half), jnp.uint32)
+  shape_2 = (1, 1, *shape)[-max(2, len(shape)) :]  # at least (rows, last)
+  threshold = jnp.uint32(keep_threshold(rate))
+  bits = lambda key: (_bits_draws(key, shape_2) < threshold).reshape(shape)
+  if _threefry_words(key) is None or not _fits_two_counters(shape_2):
+    return bits(key)
+  cpu = lambda key: (_threefry_draws(key, shape_2) < threshold).reshape(shape)
+  return lax.platform_dependent(key, cpu=cpu, default=bits)
+
+
+def _threefry_words(key: jax.Array):
+  """The key's two uint32 words if it is a threefry-2x32 key (jax's default), else None."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if str(jax.random.key_impl(key)) != "threefry2x32":
+      return None
+    key = jax.random.key_data(key)
+  elif key.shape != (2,) or jax.config.jax_default_prng_impl != "threefry2x32":
+    return None
+  return key[0], key[1]
+
+
+def _fits_two_counters(shape: tuple[int, ...]) -> bool:
+  *lead, rows, last = shape
+  return math.prod(lead) < 2**32 and -(-rows // 4) * last < 2**32
+
+
+def _threefry_draws(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """16-bit draws (uint32) of ``shape`` (at least 2-d), four per threefry-2x32 evaluation."""
+  words = _threefry_words(key)
+  *lead, rows, last = shape
+  quarter = -(-rows // 4)
+  # Counters, one per (leading index, row < quarter, column): hi = the leading axes' flat
+  # index, lo = row * last + column. Iotas over the global shape: partitioned by XLA.
+  shape_W = (*lead, 1, 1, quarter, last)
+  n = len(lead)
+  hi = jnp.zeros(shape_W, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(n)):
+    hi = hi + lax.broadcasted_iota(jnp.uint32, shape_W, axis) * jnp.uint32(stride)
+    stride *= lead[axis]
+  lo = lax.broadcasted_iota(jnp.uint32, shape_W, n + 2) * jnp.uint32(last)
+  lo = lo + lax.broadcasted_iota(jnp.uint32, shape_W, n + 3)
+  first, second = threefry2x32_p.bind(words[0], words[1], hi, lo)
+  # Row r = g * quarter + i of the array takes 16-bit part g of evaluation (i, column): output
+  # word g // 2, its low half for even g, high for odd. The parts are stacked over rows (major
+  # axes; the last two axes, a TPU's tiled ones, keep their layout), by broadcasting selections
+  # and shifts (fusible), not by concatenating.
+  word_2x1x1x1 = lax.broadcasted_iota(jnp.uint32, (2, 1, 1, 1), 0)
+  shifts_2x1x1 = jnp.array([0, 16], jnp.uint32).reshape(2, 1, 1)
+  words_2x1xQxL = jnp.where(word_2x1x1x1 == 0, first, second)
+  parts_2x2xQxL = (words_2x1xQxL >> shifts_2x1x1) & jnp.uint32(0xFFFF)
+  return parts_2x2xQxL.reshape((*lead, 4 * quarter, last))[..., :rows, :]
+
+
+def _bits_draws(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """16-bit draws (uint32) of ``shape``, two per 32-bit word of ``jax.random.bits``."""
+  last, half = shape[-1], (shape[-1] + 1) // 2
+  words_Nx1xW = jax.random.bits(key, shape[:-1] + (1, half), jnp.uint32)
   # Element j of a row takes the low 16 bits of word j (j < half), the high 16 bits of word
   # j - half otherwise: a broadcast against the two shifts (fusible), not a concatenation.
   shifts_2x1 = jnp.array([[0], [16]], jnp.uint32)
   halves_Nx2xW = (words_Nx1xW >> shifts_2x1) & jnp.uint32(0xFFFF)
-  halves = halves_Nx2xW.reshape(shape_1[:-1] + (2 * half,))[..., :last]
-  return (halves < jnp.uint32(keep_threshold(rate))).reshape(shape)
+  return halves_Nx2xW.reshape(shape[:-1] + (2 * half,))[..., :last]
 
 
 class Dropout(nn.Module):
