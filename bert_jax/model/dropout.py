@@ -13,9 +13,9 @@ index, ``i * last + column``), iotas over the array's global shape. Not elsewher
 a TPU the four-way form needed more memory (BERT-base / 512 on v5e: 3.63-3.75 GB of temporaries
 per chip against 3.33; the compiler's buffer assignment was not read), so
 ``lax.platform_dependent`` keeps the two-way form for TPUs and GPUs. The masks (a random
-stream) differ between the two forms.
-Keys of another PRNG implementation (``rbg``) take the two-way form everywhere. Either form is
-drawn over the global shape, so the mask is the same on 1 or N devices.
+stream) differ between the two forms. Keys of another PRNG implementation (``rbg``) take the
+two-way form everywhere. Either form is drawn over the global shape, so the mask is the same on
+1 or N devices.
 
 The keep decision is ``bits16 < round((1 - rate) * 65536)`` and the kept values are scaled by
 ``65536 / threshold``, so ``E[y] = x`` exactly and the realised rate is within 2^-17 of
@@ -89,9 +89,9 @@ def _threefry_draws(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   lo = lo + lax.broadcasted_iota(jnp.uint32, shape_W, n + 3)
   first, second = threefry2x32_p.bind(words[0], words[1], hi, lo)
   # Row r = g * quarter + i of the array takes 16-bit part g of evaluation (i, column): output
-  # word g // 2, its low half for even g, high for odd. The parts are stacked over rows (major
-  # axes; the last two axes, a TPU's tiled ones, keep their layout), by broadcasting selections
-  # and shifts (fusible), not by concatenating.
+  # word g // 2, its low half for even g, high for odd. Stacked over rows by broadcasting
+  # selections and shifts (fusible), not by concatenating; over rows rather than columns, which
+  # was slower on this CPU (mask applied: 3.5 against 2.4 ms for 8 x 2 x 512 x 512).
   word_2x1x1x1 = lax.broadcasted_iota(jnp.uint32, (2, 1, 1, 1), 0)
   shifts_2x1x1 = jnp.array([0, 16], jnp.uint32).reshape(2, 1, 1)
   words_2x1xQxL = jnp.where(word_2x1x1x1 == 0, first, second)
