@@ -55,7 +55,8 @@ def test_draws_are_threefry_of_the_documented_counters():
   low then high half of the first output word, then of the second)."""
   lead, rows, last = (3, 2), 7, 33
   if jax.default_backend() != "cpu":  # TPUs and GPUs: the two-way form, as for other keys
-    return _assert_two_way_draw(jax.random.key(7), (*lead, rows, last))
+    _assert_two_way_draw(jax.random.key(7), (*lead, rows, last))
+    return
   q = (rows + 3) // 4
   hi, i, c = np.meshgrid(np.arange(6), np.arange(q), np.arange(last), indexing="ij")
   lo = i * last + c
