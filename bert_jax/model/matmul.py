@@ -70,14 +70,16 @@ def tied_logits(h_xD: Array, table_VxD: Array, dtype) -> Array:
   dtype = jnp.dtype(dtype)
   if dtype == jnp.bfloat16:
     return einsum(equation, h_xD, table_VxD, dtype)
-  plain = lambda h, t: jnp.einsum(equation, h.astype(dtype), t.astype(dtype))
+  plain = functools.partial(_logits, rows, dtype)
   cpu = functools.partial(_logits_with_transposed_table_grad, rows, dtype)
   return lax.platform_dependent(h_xD, table_VxD, cpu=cpu, default=plain)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _logits_with_transposed_table_grad(rows: str, dtype, h: Array, table: Array) -> Array:
+def _logits(rows: str, dtype, h: Array, table: Array) -> Array:
   return jnp.einsum(f"{rows}d,vd->{rows}v", h.astype(dtype), table.astype(dtype))
+
+
+_logits_with_transposed_table_grad = jax.custom_vjp(_logits, nondiff_argnums=(0, 1))
 
 
 def _logits_fwd(rows, dtype, h, table):
