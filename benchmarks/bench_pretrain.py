@@ -25,6 +25,10 @@ masked positions) for both, so it compares useful work; the peak is measured her
 float32 matmul (or given with --peak_flops), also for ``--dtype=bfloat16`` runs. ``--profile``: instead of the table, each
 implementation's step profiled per op (benchmarks/step_profile.py: XLA:CPU's thunks, PyTorch's
 profiler) and grouped into matmul / reduce / elementwise / random bits / gather-scatter / copy.
+
+Like the entry points, the benchmark first restarts itself with glibc's malloc on transparent
+huge pages where that helps (bert_jax/hugepages.py), so every implementation in the process
+runs with the same host allocator; ``BERT_JAX_HUGEPAGES=0`` measures them all without it.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from absl import app, flags
 
 from benchmarks import peers, step_profile
 from benchmarks.host_peak import measure_peak_flops
-from bert_jax import parallel
+from bert_jax import hugepages, parallel
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.tasks.pretraining_loss import make_pretraining_loss
 from bert_jax.tasks.synthetic_input import SyntheticPretrainInput
@@ -163,12 +167,14 @@ def _profile(runners, host, device) -> None:
 
 def main(argv):
   del argv
+  hugepages.restart_with_hugepages()  # before any work: it re-executes this command
   if _PROFILE.value:  # before JAX starts its CPU backend
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {step_profile.TRACEME_FLAG}"
   peak = _PEAK.value or measure_peak_flops()
   print(
     f"device: {jax.devices()[0].device_kind} x1, jax {jax.__version__}, {_DTYPE.value}; "
-    f"peak (measured f32 matmul): {peak / 1e9:.1f} GFLOP/s"
+    f"peak (measured f32 matmul): {peak / 1e9:.1f} GFLOP/s; "
+    f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}"
   )
   names = ["bert_jax", *_PEERS.value]
   rows = []

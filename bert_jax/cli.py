@@ -38,6 +38,7 @@ from typing import Any, NoReturn
 from absl import app, flags
 from ml_collections import config_flags
 
+from bert_jax import hugepages
 from bert_jax.config_files import add_config_import_roots
 
 USAGE_EXIT = 2
@@ -61,7 +62,14 @@ def run(
   prog: str,
   user_errors: Sequence[type[BaseException]] = (),
 ) -> None:
-  """Runs ``main`` under ``absl.app.run``, reporting user errors as ``prog: error: ...``."""
+  """Runs ``main`` under ``absl.app.run``, reporting user errors as ``prog: error: ...``.
+
+  Started as an entry point (``python -m bert_jax.<name>``, ``bert-jax-<name>``), the process
+  first re-executes itself once with huge pages for glibc's malloc where that helps
+  (:mod:`bert_jax.hugepages`; ``BERT_JAX_HUGEPAGES=0`` opts out).
+  """
+  if hugepages.is_entry_point_command(sys.orig_argv):
+    hugepages.restart_with_hugepages()
   if _VERBOSE_FLAG not in flags.FLAGS:
     flags.DEFINE_bool(
       _VERBOSE_FLAG, False, "On a user error, print the traceback as well as the one-line error."
