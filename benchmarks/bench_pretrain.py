@@ -20,7 +20,7 @@ computes them at every position and the loss masks the rest; and its dropout dra
 bits per element instead of 32 (bert_jax/model/dropout.py), which matters where the attention
 probabilities (B x H x L x L) are large next to the matmuls (small models, seq 512). Runs are
 interleaved (ours, HF, ours, HF, ...) and the median of ``--repeats`` timings of ``--steps``
-steps is reported. MFU uses bert_jax's model-FLOPs formula (bert_jax/train/flops.py, MLM head at the
+steps, each after one untimed step, is reported. MFU uses bert_jax's model-FLOPs formula (bert_jax/train/flops.py, MLM head at the
 masked positions) for both, so it compares useful work; the peak is measured here with a large
 float32 matmul (or given with --peak_flops), also for ``--dtype=bfloat16`` runs. ``--profile``: instead of the table, each
 implementation's step profiled per op (benchmarks/step_profile.py: XLA:CPU's thunks, PyTorch's
@@ -137,6 +137,10 @@ def _torch(bert: BertConfig):
 
 
 def _time(run, batches, steps) -> float:
+  """Seconds per step over ``steps`` steps, after one untimed step: each run is timed in its
+  steady state, not paying for the memory the implementation before it left behind (an HF
+  Flax run right after bert_jax's measured ~12% slower without it)."""
+  float(run(batches[-1]))
   loss = None
   t = time.perf_counter()
   for i in range(steps):
