@@ -139,7 +139,7 @@ def _torch(bert: BertConfig):
 def _time(run, batches, steps) -> float:
   """Seconds per step over ``steps`` steps, after one untimed step: each run is timed in its
   steady state, not paying for the memory the implementation before it left behind (an HF
-  Flax run right after bert_jax's measured ~12% slower without it)."""
+  Flax run right after bert_jax's measured 12-19% slower without it)."""
   float(run(batches[-1]))
   loss = None
   t = time.perf_counter()
