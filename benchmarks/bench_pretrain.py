@@ -20,10 +20,11 @@ computes them at every position and the loss masks the rest; and its dropout dra
 bits per element instead of 32 (bert_jax/model/dropout.py), which matters where the attention
 probabilities (B x H x L x L) are large next to the matmuls (small models, seq 512). Runs are
 interleaved (ours, HF, ours, HF, ...) and the median of ``--repeats`` timings of ``--steps``
-steps, each after one untimed step, is reported. MFU uses bert_jax's model-FLOPs formula (bert_jax/train/flops.py, MLM head at the
-masked positions) for both, so it compares useful work; the peak is measured here with a large
-float32 matmul (or given with --peak_flops), also for ``--dtype=bfloat16`` runs. ``--profile``: instead of the table, each
-implementation's step profiled per op (benchmarks/step_profile.py: XLA:CPU's thunks, PyTorch's
+steps, each after one untimed step, is reported. MFU uses bert_jax's model-FLOPs formula
+(bert_jax/train/flops.py, MLM head at the masked positions) for both, so it compares useful
+work; the peak is measured here with a large float32 matmul (or given with --peak_flops), also
+for ``--dtype=bfloat16`` runs. ``--profile``: instead of the table, each implementation's step
+profiled per op (benchmarks/step_profile.py: XLA:CPU's thunks, PyTorch's
 profiler) and grouped into matmul / reduce / elementwise / random bits / gather-scatter / copy.
 
 Like the entry points, the benchmark first restarts itself with glibc's malloc on transparent

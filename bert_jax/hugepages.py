@@ -69,11 +69,10 @@ def tunables_with_hugepages(
   first_platform = environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
   if first_platform not in ("", "cpu"):
     return None
-  current = environ.get("GLIBC_TUNABLES", "")
-  names = [item.partition("=")[0] for item in current.split(":") if item]
-  if TUNABLE in names:
+  items = [item for item in environ.get("GLIBC_TUNABLES", "").split(":") if item]
+  if any(item.partition("=")[0] == TUNABLE for item in items):
     return None
-  return ":".join([*(item for item in current.split(":") if item), f"{TUNABLE}=1"])
+  return ":".join([*items, f"{TUNABLE}=1"])
 
 
 def restart_command(orig_argv: Sequence[str], executable: str) -> tuple[str, list[str]] | None:
@@ -97,12 +96,11 @@ def is_entry_point_command(orig_argv: Sequence[str]) -> bool:
   return bool(args) and os.path.basename(args[0]).startswith("bert-jax-")
 
 
-def restart_with_hugepages(orig_argv: Sequence[str] | None = None) -> None:
+def restart_with_hugepages() -> None:
   """Re-executes this process with the tunable set, where it can help (see the module's doc);
   otherwise returns. Call it first, before any work: ``execv`` replaces the process."""
-  orig_argv = list(sys.orig_argv if orig_argv is None else orig_argv)
   tunables = tunables_with_hugepages(os.environ, thp_mode(), glibc_version())
-  command = restart_command(orig_argv, sys.executable)
+  command = restart_command(sys.orig_argv, sys.executable)
   if tunables is None or command is None:
     return
   os.environ["GLIBC_TUNABLES"] = tunables
