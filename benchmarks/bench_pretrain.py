@@ -25,7 +25,8 @@ steps, each after one untimed step, is reported. MFU uses bert_jax's model-FLOPs
 work; the peak is measured here with a large float32 matmul (or given with --peak_flops), also
 for ``--dtype=bfloat16`` runs. ``--profile``: instead of the table, each implementation's step
 profiled per op (benchmarks/step_profile.py: XLA:CPU's thunks, PyTorch's
-profiler) and grouped into matmul / reduce / elementwise / random bits / gather-scatter / copy.
+profiler) and grouped into matmul / reduce / elementwise / random bits / gather-scatter / copy,
+with the ``--profile_ops`` longest ops listed.
 
 Like the entry points, the benchmark first restarts itself with glibc's malloc on transparent
 huge pages where that helps (bert_jax/hugepages.py), so every implementation in the process
@@ -78,6 +79,9 @@ _DTYPE = flags.DEFINE_enum(
   "config.dtype, HF Flax's dtype, PyTorch's autocast to bfloat16",
 )
 _PROFILE = flags.DEFINE_bool("profile", False, "profile each step per op instead of timing it")
+_PROFILE_OPS = flags.DEFINE_integer(
+  "profile_ops", 10, "with --profile: how many of the longest ops (and non-matmul ops) to list"
+)
 _PREDICTIONS = {128: 20, 512: 80}
 
 
@@ -163,10 +167,10 @@ def _profile(runners, host, device) -> None:
   profiles = {}
   for name, (run, wants_host) in runners.items():
     if wants_host:
-      profiles[name] = step_profile.torch_profile(run, host, _STEPS.value)
+      profiles[name] = step_profile.torch_profile(run, host, _STEPS.value, _PROFILE_OPS.value)
     else:
       text = run.hlo(device[0])
-      profiles[name] = step_profile.jax_profile(run, device, _STEPS.value, text)
+      profiles[name] = step_profile.jax_profile(run, device, _STEPS.value, text, _PROFILE_OPS.value)
   print(step_profile.format_profiles(profiles), flush=True)
 
 

@@ -1,8 +1,8 @@
 """Where a training step's time goes, per op: XLA:CPU's thunks for a jitted JAX step, PyTorch's
 profiler for an eager one, both grouped into the same few kinds of work.
 
-  jax_profile(run, batches, steps, compiled_text)  -> Profile   (needs the XLA flag below)
-  torch_profile(run, batches, steps)               -> Profile
+  jax_profile(run, batches, steps, compiled_text, top=10)  -> Profile   (needs the XLA flag below)
+  torch_profile(run, batches, steps, top=10)               -> Profile
   print(format_profiles({"bert_jax": p1, "torch_masked": p2}, steps))
 
 XLA:CPU emits one profiler event per executed thunk (the compiled HLO's top-level instruction:
@@ -123,7 +123,7 @@ def _short(names: list[str]) -> str:
   return "; ".join(seen[:2])
 
 
-def jax_profile(run, batches, steps: int, compiled_text: str) -> Profile:
+def jax_profile(run, batches, steps: int, compiled_text: str, top: int = 10) -> Profile:
   import jax
   from jax._src.lib import _profile_data  # jax.profiler's own reader of its traces
 
@@ -146,7 +146,8 @@ def jax_profile(run, batches, steps: int, compiled_text: str) -> Profile:
         stats = dict(ev.stats)
         if "hlo_op" in stats:
           per_op[stats["hlo_op"]] += ev.duration_ns / 1e9 / steps
-  return _summarise(wall, {op: (s, *kinds.get(op, ("other", ""))) for op, s in per_op.items()})
+  rows = {op: (s, *kinds.get(op, ("other", ""))) for op, s in per_op.items()}
+  return _summarise(wall, rows, top)
 
 
 _TORCH_KINDS = (
@@ -158,7 +159,7 @@ _TORCH_KINDS = (
 )
 
 
-def torch_profile(run, batches, steps: int) -> Profile:
+def torch_profile(run, batches, steps: int, top: int = 10) -> Profile:
   import torch
 
   run(batches[0])  # warm
@@ -176,23 +177,23 @@ def torch_profile(run, batches, steps: int) -> Profile:
     if op.startswith("_foreach"):
       kind = "elementwise"  # the optimizer's fused updates
     rows[op] = (e.self_cpu_time_total / 1e6 / steps, kind, "")
-  return _summarise(wall, rows)
+  return _summarise(wall, rows, top)
 
 
-def _summarise(wall: float, rows: dict[str, tuple[float, str, str]]) -> Profile:
+def _summarise(wall: float, rows: dict[str, tuple[float, str, str]], top: int) -> Profile:
   by_kind = dict.fromkeys(KINDS, 0.0)
   for seconds, kind, _ in rows.values():
     by_kind[kind] += seconds
   ranked = sorted(((op, kind, s) for op, (s, kind, _) in rows.items()), key=lambda r: -r[2])
   # the longest ops, and the longest that are not matmuls (where a step's overhead hides)
-  top = ranked[:10] + [r for r in ranked if r[1] != "matmul"][:10]
-  named = [(f"{op} [{rows[op][2]}]" if rows[op][2] else op, k, s) for op, k, s in top]
+  longest = ranked[:top] + [r for r in ranked if r[1] != "matmul"][:top]
+  named = [(f"{op} [{rows[op][2]}]" if rows[op][2] else op, k, s) for op, k, s in longest]
   sources: collections.Counter = collections.Counter()
   for op, (seconds, kind, source) in rows.items():
     if kind != "matmul":
       first = (source or op).split("; ")[0]
       sources[re.sub(r"layer_\d+", "layer_N", re.sub(r"[._]\d+$", "", first))] += seconds
-  return Profile(wall, by_kind, list(dict.fromkeys(named)), sources.most_common(15))
+  return Profile(wall, by_kind, list(dict.fromkeys(named)), sources.most_common(max(15, top)))
 
 
 def format_profiles(profiles: dict[str, Profile]) -> str:
