@@ -57,7 +57,7 @@ def _torch_steps(minilm_dir, num_labels, classifier, batches):
     opt.step()
     sched.step()
     opt.zero_grad()
-    losses.append(float(out.loss))
+    losses.append(out.loss.item())
   named = dict(model.named_parameters())
   return losses, {
     k: named[k].detach().numpy()
