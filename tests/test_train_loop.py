@@ -91,3 +91,40 @@ def test_ctrl_c_asks_for_a_save_and_a_second_one_aborts():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
   finally:
     signal.signal(signal.SIGINT, inherited)
+
+
+def test_each_phases_first_step_is_timed_apart_from_its_throughput():
+  """A phase's first step compiles its own step function: like the run's first step it is logged
+  as first_step_sec, not folded into the next interval's rates (a 128 -> 512 curriculum's first
+  seq-512 interval read a small fraction of its real rate)."""
+  from bert_jax import parallel
+  from bert_jax.train.loop import LoopOptions, Phase, train_loop
+  from configs.common import logical_axis_rules
+
+  mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  rules = parallel.normalize_rules(logical_axis_rules())
+  batch = 8
+
+  def phase(name, end_step, length):
+    def inputs():
+      while True:
+        yield {"input_ids": np.ones((batch, length), np.int32)}
+
+    step_fn = jax.jit(lambda s, b: (_State(s.step + 1), {"loss": jnp.sum(b["input_ids"]) * 0.0}))
+    return Phase(name, end_step, inputs, step_fn, batch, length)
+
+  writer = _Writer()
+  options = LoopOptions(save_every_steps=100, log_every_steps=4)
+  phases = [phase("seq128", 6, 128), phase("seq512", 12, 512)]
+  summary = train_loop(
+    _State(jnp.zeros((), jnp.int32)), phases, _Manager(), options, writer, mesh, rules
+  )
+  assert summary["step"] == 12
+  logged = {step: values for step, values in writer.logged}
+  for first in (1, 7):  # the first step of each phase
+    assert "train/first_step_sec" in logged[first], sorted(logged)
+    assert "train/tokens_per_sec" not in logged[first]
+  # After phase 2's first step, its intervals count only its own later steps at 512 tokens each.
+  m = logged[8]
+  assert m["train/tokens_per_sec"] / m["train/examples_per_sec"] == pytest.approx(512)
+  assert m["train/steps_per_sec"] > 0 and "train/first_step_sec" not in m

@@ -129,6 +129,7 @@ def train_loop(
   step = int(jax.device_get(state.step))
   start_step = step
   current, inputs = -1, None
+  phase_start = step  # the step this process started the current phase at
   pending: list[tuple[int, dict]] = []
   last_train: dict[str, float] = {}
   last_eval: dict[str, float] = {}
@@ -159,8 +160,9 @@ def train_loop(
     phase = phases[phase_index(phases, now_step - 1)]
     elapsed = time.time() - t_last
     n_steps = now_step - step_last
-    if now_step == start_step + 1 and n_steps == 1:
-      last_train["first_step_sec"] = elapsed  # compilation, not throughput
+    if now_step == phase_start + 1 and n_steps == 1:
+      # a phase's first step compiles its step function: its time is not throughput
+      last_train["first_step_sec"] = elapsed
     elif elapsed > 0 and n_steps > 0:
       ex_per_sec = n_steps * phase.global_batch_size / elapsed
       last_train.update(
@@ -218,7 +220,7 @@ def train_loop(
           and input_phase in (None, phases[idx].name)
         ):
           inputs.set_state(input_state)  # resumed mid-phase: continue where the checkpoint was
-        current = idx
+        current, phase_start = idx, step
         t_last, step_last, tokens_since_last = time.time(), step, 0
       batch = make_global_batch(next(inputs), mesh, rules)
       tokens_since_last += (
@@ -230,8 +232,8 @@ def train_loop(
       step += 1
       manager.check_for_errors()  # a failed background save surfaces within one step
       pending.append((step, metrics))
-      if step - start_step == 1:
-        flush(step)  # the first step (compilation) is timed apart from the rest
+      if step - phase_start == 1:
+        flush(step)  # each phase's first step (compilation) is timed apart from the rest
       elif step % options.log_every_steps == 0 or step == total:
         flush(step)
       if step == total or step % options.save_every_steps == 0:
