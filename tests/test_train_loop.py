@@ -63,14 +63,18 @@ def test_tokens_per_sec_counts_each_batch_at_its_own_length():
   )
   assert summary["step"] == len(lengths) and summary["status"] == "completed"
   logged = {step: values for step, values in writer.logged}
-  # Step 1 is timed alone (compilation); steps 2-4 and 5-8 are the two logged intervals.
+  # Step 1 is timed alone (compilation); steps 2-4 and 5-8 are the two logged intervals. The
+  # first batch of each new length (steps 2, 3 and 5: 128, 64, 96) compiles the step again and
+  # is timed apart (compile_sec), out of the rates.
   assert "train/first_step_sec" in logged[1] and "train/tokens_per_sec" not in logged[1]
-  for step, rows in ((4, lengths[1:4]), (8, lengths[4:8])):
+  for step, rows in ((4, [lengths[3]]), (8, lengths[5:8])):
     m = logged[step]
+    assert m["train/compile_sec"] > 0
     # Both rates share the interval's seconds, so their ratio is the tokens per example fed.
     np.testing.assert_allclose(
       m["train/tokens_per_sec"] / m["train/examples_per_sec"], np.mean(rows), rtol=1e-9
     )
+    np.testing.assert_allclose(m["train/steps_per_sec"] * batch, m["train/examples_per_sec"])
 
 
 def test_ctrl_c_asks_for_a_save_and_a_second_one_aborts():
@@ -128,3 +132,41 @@ def test_each_phases_first_step_is_timed_apart_from_its_throughput():
   m = logged[8]
   assert m["train/tokens_per_sec"] / m["train/examples_per_sec"] == pytest.approx(512)
   assert m["train/steps_per_sec"] > 0 and "train/first_step_sec" not in m
+  assert "train/compile_sec" not in m  # one shape per phase: nothing compiles after its first
+
+
+def test_a_step_that_compiles_a_new_shape_is_kept_out_of_the_rates():
+  """A slow first call per batch shape (as a compile is) shows as compile_sec, and the interval's
+  rates are those of the other steps."""
+  import time
+
+  from bert_jax import parallel
+  from bert_jax.train.loop import LoopOptions, Phase, train_loop
+  from configs.common import logical_axis_rules
+
+  mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  rules = parallel.normalize_rules(logical_axis_rules())
+  batch, lengths = 8, [32, 32, 64, 32, 64, 64, 32, 64]
+  jitted = jax.jit(lambda s, b: (_State(s.step + 1), {"loss": jnp.sum(b["input_ids"]) * 0.0}))
+  seen = set()
+
+  def step_fn(state, b):
+    if b["input_ids"].shape not in seen:
+      seen.add(b["input_ids"].shape)
+      time.sleep(0.5)  # a compile
+    return jitted(state, b)
+
+  def inputs():
+    for length in lengths:
+      yield {"input_ids": np.ones((batch, length), np.int32)}
+
+  writer = _Writer()
+  phase = Phase("finetune", len(lengths), inputs, step_fn, batch, 64)
+  options = LoopOptions(save_every_steps=100, log_every_steps=4)
+  train_loop(_State(jnp.zeros((), jnp.int32)), [phase], _Manager(), options, writer, mesh, rules)
+  logged = {step: values for step, values in writer.logged}
+  m = logged[4]  # steps 2-4; step 3 is the first of length 64
+  assert 0.5 <= m["train/compile_sec"] < 5
+  assert m["train/steps_per_sec"] > 20  # 2 steps of milliseconds, not 3 steps in half a second
+  np.testing.assert_allclose(m["train/tokens_per_sec"] / m["train/examples_per_sec"], 32)
+  assert "train/compile_sec" not in logged[8]  # no new shape in steps 5-8

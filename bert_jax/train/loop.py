@@ -7,7 +7,10 @@ and ``{"phase": name}``), checks after every step that no background save has fa
 failure is raised at once, naming the step), calls ``before_save`` (the workdir lock's check)
 before each save, stops cleanly on SIGTERM or Ctrl-C (SIGINT) after saving (a second Ctrl-C
 aborts at once), and stops on a non-finite loss naming the step and the last good checkpoint (a
-state is only saved after every loss up to it was checked finite). It returns the summary dict.
+state is only saved after every loss up to it was checked finite). Throughput (examples, tokens
+and steps per second, MFU) covers steady steps: the run's and each phase's first step, and a
+later step with a batch shape not run before (it compiles the step again), are timed apart
+(``first_step_sec``, ``compile_sec``). It returns the summary dict.
 """
 
 from __future__ import annotations
@@ -135,11 +138,16 @@ def train_loop(
   last_eval: dict[str, float] = {}
   t_last, step_last, t_start = time.time(), step, time.time()
   tokens_since_last = 0  # input_ids elements fed since t_last (bucketed batches are shorter)
+  # Steps since t_last that compiled the step for a new batch shape (a length bucket's first
+  # batch): their seconds, count and tokens, left out of the interval's rates.
+  compile_sec, compile_steps, compile_tokens = 0.0, 0, 0
+  shapes_seen: set = set()  # (phase, the batch's shapes) the steps have run with
   status = "completed"
 
   def flush(now_step: int) -> None:
     """Fetches pending metrics; stops on a non-finite loss; logs the last one."""
     nonlocal pending, last_train, t_last, step_last, tokens_since_last
+    nonlocal compile_sec, compile_steps, compile_tokens
     if not pending:
       return
     fetched = [(s, _to_float(m)) for s, m in pending]
@@ -158,8 +166,10 @@ def train_loop(
         )
     last_train = dict(fetched[-1][1])
     phase = phases[phase_index(phases, now_step - 1)]
-    elapsed = time.time() - t_last
-    n_steps = now_step - step_last
+    elapsed = time.time() - t_last - compile_sec
+    n_steps = now_step - step_last - compile_steps
+    if compile_steps:
+      last_train["compile_sec"] = compile_sec
     if now_step == phase_start + 1 and n_steps == 1:
       # a phase's first step compiles its step function: its time is not throughput
       last_train["first_step_sec"] = elapsed
@@ -167,7 +177,7 @@ def train_loop(
       ex_per_sec = n_steps * phase.global_batch_size / elapsed
       last_train.update(
         examples_per_sec=ex_per_sec,
-        tokens_per_sec=tokens_since_last / elapsed,
+        tokens_per_sec=(tokens_since_last - compile_tokens) / elapsed,
         steps_per_sec=n_steps / elapsed,
         eta_sec=(total - now_step) * elapsed / n_steps,
       )
@@ -178,6 +188,7 @@ def train_loop(
           / (options.peak_flops_per_device * jax.device_count())
         )
     t_last, step_last, tokens_since_last = time.time(), now_step, 0
+    compile_sec, compile_steps, compile_tokens = 0.0, 0, 0
     writer.scalars(now_step, {f"train/{k}": v for k, v in last_train.items()})
     logging.info(progress_line(now_step, total, last_train, phase.name))
 
@@ -223,12 +234,25 @@ def train_loop(
         current, phase_start = idx, step
         t_last, step_last, tokens_since_last = time.time(), step, 0
       batch = make_global_batch(next(inputs), mesh, rules)
-      tokens_since_last += (
+      tokens = (
         batch["input_ids"].size
         if "input_ids" in batch
         else phases[idx].global_batch_size * phases[idx].seq_len
       )
-      state, metrics = phases[idx].train_step(state, batch)
+      tokens_since_last += tokens
+      shapes = (idx, tuple(sorted((k, tuple(v.shape)) for k, v in batch.items())))
+      if shapes not in shapes_seen and step > phase_start:
+        # A new batch shape later in a phase compiles the step again: timed on its own (after
+        # the steps before it have run) and left out of the interval's rates.
+        jax.block_until_ready(state)
+        t_compile = time.time()
+        state, metrics = phases[idx].train_step(state, batch)
+        jax.block_until_ready(metrics)
+        compile_sec += time.time() - t_compile
+        compile_steps, compile_tokens = compile_steps + 1, compile_tokens + tokens
+      else:
+        state, metrics = phases[idx].train_step(state, batch)
+      shapes_seen.add(shapes)
       step += 1
       manager.check_for_errors()  # a failed background save surfaces within one step
       pending.append((step, metrics))

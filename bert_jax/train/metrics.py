@@ -66,6 +66,8 @@ def progress_line(step: int, total: int, m: Mapping[str, float], phase: str = ""
     parts.append(perf)
   if "first_step_sec" in m:
     parts.append(f"first step (compiling) {m['first_step_sec']:.1f}s")
+  if "compile_sec" in m:
+    parts.append(f"compiling new batch shapes {m['compile_sec']:.1f}s (not in the rates)")
   if "eta_sec" in m:
     parts.append(f"eta {_fmt_duration(m['eta_sec'])}")
   return " | ".join(parts)
