@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from bert_jax import hugepages
@@ -66,7 +67,8 @@ def run(
 
   Started as an entry point (``python -m bert_jax.<name>``, ``bert-jax-<name>``), the process
   first re-executes itself once with huge pages for glibc's malloc where that helps
-  (:mod:`bert_jax.hugepages`; ``BERT_JAX_HUGEPAGES=0`` opts out).
+  (:mod:`bert_jax.hugepages`; ``BERT_JAX_HUGEPAGES=0`` opts out). ``main`` runs with Orbax's and
+  jax's INFO chatter kept off the console (``quiet_library_logs``).
   """
   if hugepages.is_entry_point_command(sys.orig_argv):
     hugepages.restart_with_hugepages()
@@ -113,7 +115,28 @@ def parse_flags(prog: str, argv: list[str]) -> list[str]:
   return rest
 
 
+class _LibraryInfoFilter:
+  """Drops INFO (and lower) records logged from inside noisy libraries (Orbax's per-save
+  chatter, jax's backend discovery); warnings and errors still pass."""
+
+  def __init__(self, markers: tuple[str, ...]):
+    self.markers = markers
+
+  def filter(self, record) -> bool:
+    if record.levelno > 20:
+      return True
+    return not any(m in record.pathname for m in self.markers)
+
+
+def quiet_library_logs(markers: tuple[str, ...] = ("orbax", "xla_bridge")) -> None:
+  """Keeps the console to bert_jax's own lines; every entry point's ``main`` runs with it."""
+  handler = absl_logging.get_absl_handler()
+  if not any(isinstance(f, _LibraryInfoFilter) for f in handler.filters):
+    handler.addFilter(_LibraryInfoFilter(markers))
+
+
 def _call_main(main, prog, errors, argv):
+  quiet_library_logs()
   try:
     return main(argv)
   except app.UsageError as e:

@@ -32,7 +32,6 @@ from bert_jax.parallel.topology import TopologyError, parse_topology
 from bert_jax.plan.isolation import compile_for_topology_isolated
 from bert_jax.plan.planner import best_overrides, format_plan, make_plan
 from bert_jax.plan.report import format_report
-from bert_jax.train.metrics import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "A configs/*.py[:preset] file; override keys with --config.<key>=v",
@@ -66,7 +65,6 @@ OUT_OF_MEMORY_EXIT = 3
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  quiet_library_logs()
   topo = parse_topology(_TOPOLOGY.value, _SLICES.value)
   config = _CONFIG.value
   if _PLAN.value:

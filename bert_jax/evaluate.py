@@ -22,7 +22,6 @@ from absl import app, flags
 from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.tasks.runner import evaluate
-from bert_jax.train.metrics import quiet_library_logs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A bert_jax fine-tuning workdir")
 _SPLIT = flags.DEFINE_string("split", "dev", "dev | test | a split name of the task")
@@ -49,7 +48,6 @@ def _parse_overrides(items):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  quiet_library_logs()
   result = evaluate(_WORKDIR.value, _SPLIT.value, _OUTPUT_DIR.value, _parse_overrides(_SET.value))
   print(json.dumps(result["eval"], default=str))
 

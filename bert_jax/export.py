@@ -19,7 +19,6 @@ from absl import app, flags
 from bert_jax import cli
 from bert_jax.formats import FORMATS, export
 from bert_jax.tasks.best_checkpoint import CHOICES, checkpoint_dir
-from bert_jax.train.metrics import quiet_library_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A bert_jax workdir (or a Hugging Face / TF checkpoint).")
@@ -48,7 +47,6 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.workdir or not FLAGS.output:
     raise app.UsageError("--workdir and --output are required")
-  quiet_library_logs()
   source = checkpoint_dir(FLAGS.workdir, FLAGS.checkpoint)
   out = export(source, FLAGS.format, FLAGS.output, FLAGS.task, FLAGS.overwrite)
   print(f"export: wrote {FLAGS.format} to {out}")

@@ -21,7 +21,6 @@ from absl import app, flags
 
 from bert_jax import cli
 from bert_jax.features import extract_features
-from bert_jax.train.metrics import quiet_library_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "UTF-8 text, one sentence (or 'a ||| b') per line.")
@@ -76,7 +75,6 @@ def main(argv):
       ) from None
   elif FLAGS["scalar_mix_gamma"].present:
     raise app.UsageError("--scalar_mix_gamma needs --scalar_mix_weights")
-  quiet_library_logs()
   summary = extract_features(
     FLAGS.input_file,
     FLAGS.output_file,

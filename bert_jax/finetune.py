@@ -27,7 +27,6 @@ from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.tasks.runner import finetune
 from bert_jax.train.loop import NonFiniteLossError
-from bert_jax.train.metrics import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -44,7 +43,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  quiet_library_logs()
   result = finetune(_CONFIG.value, _WORKDIR.value)
   if result.get("status") != "completed":
     logging.warning("Stopped (%s) at step %d; re-run to resume", result["status"], result["step"])

@@ -21,7 +21,6 @@ from absl import app, flags
 
 from bert_jax import cli
 from bert_jax.tasks.next_token import MODES, predict_next
-from bert_jax.train.metrics import quiet_library_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "UTF-8 text, one item per line.")
@@ -52,7 +51,6 @@ def main(argv):
     raise ValueError(f"--input_file={FLAGS.input_file}: no such file")
   if not os.path.exists(FLAGS.checkpoint) and not os.path.exists(FLAGS.checkpoint + ".index"):
     raise ValueError(f"--checkpoint={FLAGS.checkpoint}: no such file or directory")
-  quiet_library_logs()
   summary = predict_next(
     FLAGS.input_file,
     FLAGS.output_file,

@@ -21,7 +21,6 @@ from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.tasks.pretraining import run_pretraining
 from bert_jax.train.loop import NonFiniteLossError
-from bert_jax.train.metrics import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -38,7 +37,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  quiet_library_logs()
   summary = run_pretraining(_CONFIG.value, _WORKDIR.value)
   logging.info(
     "Done (%s) at step %d; summary in %s/summary.json",

@@ -29,7 +29,6 @@ from ml_collections import config_flags
 from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.tasks.probe import run_probe
-from bert_jax.train.metrics import quiet_library_logs
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -44,7 +43,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  quiet_library_logs()
   result = run_probe(_CONFIG.value, _WORKDIR.value)
   test = result["test"]
   main_task = result["main_task"]

@@ -73,28 +73,6 @@ def progress_line(step: int, total: int, m: Mapping[str, float], phase: str = ""
   return " | ".join(parts)
 
 
-class _LibraryInfoFilter:
-  """Drops INFO (and lower) records logged from inside noisy libraries (Orbax's per-save
-  chatter); warnings and errors still pass."""
-
-  def __init__(self, markers: tuple[str, ...]):
-    self.markers = markers
-
-  def filter(self, record) -> bool:
-    if record.levelno > 20:
-      return True
-    return not any(m in record.pathname for m in self.markers)
-
-
-def quiet_library_logs(markers: tuple[str, ...] = ("orbax", "xla_bridge")) -> None:
-  """Keeps the console to bert_jax's own progress lines (call once, from an entry point)."""
-  from absl import logging as absl_logging  # noqa: PLC0415
-
-  handler = absl_logging.get_absl_handler()
-  if not any(isinstance(f, _LibraryInfoFilter) for f in handler.filters):
-    handler.addFilter(_LibraryInfoFilter(markers))
-
-
 def json_safe(x: Any) -> Any:
   """Floats, ints, strings, lists and dicts only (numpy and JAX scalars converted)."""
   if isinstance(x, dict):
