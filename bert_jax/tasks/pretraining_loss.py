@@ -71,7 +71,9 @@ def argmax_is(logits_BxNxV, ids_BxN) -> jax.Array:
   return (label_BxNx1[..., 0] == max_BxNx1[..., 0]) & ~earlier_BxN
 
 
-def _xent_terms(logits_BxNxV, ids_BxN, w_BxN, prefix: str) -> dict[str, jax.Array]:
+def xent_terms(logits_BxNxV, ids_BxN, w_BxN, prefix: str) -> dict[str, jax.Array]:
+  """The weighted cross-entropy sum, correct-prediction count and weight sum of an LM head's
+  logits (float32), as ``{prefix}_loss_sum``, ``{prefix}_correct`` and ``{prefix}_weight``."""
   logits_BxNxV = logits_BxNxV.astype(jnp.float32)
   w_BxN = w_BxN.astype(jnp.float32)
   xent_BxN = optax.softmax_cross_entropy_with_integer_labels(logits_BxNxV, ids_BxN)
@@ -96,8 +98,8 @@ def next_token_targets(batch) -> tuple[jax.Array, jax.Array]:
 def _per_example_terms(out, batch, objective: str):
   if objective == "ltr":
     targets_BxL, w_BxL = next_token_targets(batch)
-    return _xent_terms(out["mlm_logits"], targets_BxL, w_BxL, "lm")
-  terms = _xent_terms(out["mlm_logits"], batch["masked_lm_ids"], batch["masked_lm_weights"], "mlm")
+    return xent_terms(out["mlm_logits"], targets_BxL, w_BxL, "lm")
+  terms = xent_terms(out["mlm_logits"], batch["masked_lm_ids"], batch["masked_lm_weights"], "mlm")
   if objective == "mlm_nsp":
     nsp_logits_Bx2 = out["nsp_logits"].astype(jnp.float32)
     labels_B = batch["next_sentence_labels"].reshape(-1)
