@@ -69,7 +69,8 @@ _TOKENS = flags.DEFINE_integer(
 _PEERS = flags.DEFINE_list(
   "peers",
   ["hf_flax", "hf_flax_masked", "torch_masked"],
-  "peers run beside bert_jax (benchmarks/peers.py): hf_flax, hf_flax_masked, torch_masked",
+  "peers run beside bert_jax (benchmarks/peers.py): hf_flax, hf_flax_masked, torch_masked, "
+  "torch_compiled (torch_masked under torch.compile)",
 )
 _DTYPE = flags.DEFINE_enum(
   "dtype",
@@ -135,10 +136,10 @@ def _hf(variant: str, bert: BertConfig):
   return run
 
 
-def _torch(bert: BertConfig):
+def _torch(bert: BertConfig, compiled: bool):
   """On jax's platform: a CPU, or the GPU when jax runs on one (CUDA)."""
   device = "cuda" if jax.default_backend() == "gpu" else "cpu"
-  return peers.torch_step(bert, dtype=bert.dtype, device=device)
+  return peers.torch_step(bert, dtype=bert.dtype, device=device, compiled=compiled)
 
 
 def _time(run, batches, steps) -> float:
@@ -158,8 +159,8 @@ def _runner(name: str, bert: BertConfig, batch_size: int, seq: int, preds: int):
   """``(run, wants_host_batch)``: torch takes numpy batches, the JAX steps device arrays."""
   if name == "bert_jax":
     return _ours(bert, batch_size, seq, preds), False
-  if name == "torch_masked":
-    return _torch(bert), True
+  if name in ("torch_masked", "torch_compiled"):
+    return _torch(bert, compiled=name == "torch_compiled"), True
   return _hf(name, bert), False
 
 

@@ -130,7 +130,9 @@ def hf_train_step(model, variant: str, tx):
   return train_step
 
 
-def torch_step(bert, seed: int = 0, dtype: str = "float32", device: str = "cpu"):
+def torch_step(
+  bert, seed: int = 0, dtype: str = "float32", device: str = "cpu", compiled: bool = False
+):
   """PyTorch (transformers' ``BertForPreTraining``, SDPA attention, eager, float32) with the MLM
   head at the masked positions, AdamW (lr 1e-4, wd 0.01 without LayerNorm/bias, eps 1e-6) and
   gradient clipping at 1.0 as bert_jax: ``run(batch of numpy arrays) -> loss``.
@@ -139,6 +141,9 @@ def torch_step(bert, seed: int = 0, dtype: str = "float32", device: str = "cpu")
   ``torch.autocast("cpu", torch.bfloat16)`` (matmuls in bfloat16, float32 weights and optimizer).
   ``device="cuda"``: the same on an NVIDIA GPU (autocast on "cuda"; SDPA then picks its fused
   attention kernels); ``run`` returns the loss as a tensor on that device, not yet synchronised.
+  ``compiled``: the forward pass and loss under ``torch.compile`` (TorchInductor's default mode;
+  the backward graph is compiled with it), as a user would try for speed; the first calls
+  compile (tens of seconds on a CPU; a C++ compiler is needed there).
   """
   import torch
   from transformers import BertForPreTraining
@@ -157,8 +162,7 @@ def torch_step(bert, seed: int = 0, dtype: str = "float32", device: str = "cpu")
   )
   xent = torch.nn.CrossEntropyLoss(reduction="none")
 
-  def run(batch):
-    t = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+  def loss_of(t):
     pos_BxP = t["masked_lm_positions"].long()
     with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
       out = model.bert(
@@ -173,7 +177,13 @@ def torch_step(bert, seed: int = 0, dtype: str = "float32", device: str = "cpu")
     w_BxP = t["masked_lm_weights"]
     per = xent(logits_BxPxV.flatten(0, 1), t["masked_lm_ids"].long().flatten())
     mlm = (per * w_BxP.flatten()).sum() / (w_BxP.sum() + 1e-5)
-    loss = mlm + xent(nsp_Bx2, t["next_sentence_labels"].long()).mean()
+    return mlm + xent(nsp_Bx2, t["next_sentence_labels"].long()).mean()
+
+  if compiled:
+    loss_of = torch.compile(loss_of)
+
+  def run(batch):
+    loss = loss_of({k: torch.as_tensor(v, device=device) for k, v in batch.items()})
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
