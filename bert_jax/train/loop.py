@@ -139,15 +139,16 @@ def train_loop(
   t_last, step_last, t_start = time.time(), step, time.time()
   tokens_since_last = 0  # input_ids elements fed since t_last (bucketed batches are shorter)
   # Steps since t_last that compiled the step for a new batch shape (a length bucket's first
-  # batch): their seconds, count and tokens, left out of the interval's rates.
-  compile_sec, compile_steps, compile_tokens = 0.0, 0, 0
+  # batch): their seconds and count, left out of the interval's rates (their tokens are not
+  # added to tokens_since_last).
+  compile_sec, compile_steps = 0.0, 0
   shapes_seen: set = set()  # (phase, the batch's shapes) the steps have run with
   status = "completed"
 
   def flush(now_step: int) -> None:
     """Fetches pending metrics; stops on a non-finite loss; logs the last one."""
     nonlocal pending, last_train, t_last, step_last, tokens_since_last
-    nonlocal compile_sec, compile_steps, compile_tokens
+    nonlocal compile_sec, compile_steps
     if not pending:
       return
     fetched = [(s, _to_float(m)) for s, m in pending]
@@ -177,7 +178,7 @@ def train_loop(
       ex_per_sec = n_steps * phase.global_batch_size / elapsed
       last_train.update(
         examples_per_sec=ex_per_sec,
-        tokens_per_sec=(tokens_since_last - compile_tokens) / elapsed,
+        tokens_per_sec=tokens_since_last / elapsed,
         steps_per_sec=n_steps / elapsed,
         eta_sec=(total - now_step) * elapsed / n_steps,
       )
@@ -188,7 +189,7 @@ def train_loop(
           / (options.peak_flops_per_device * jax.device_count())
         )
     t_last, step_last, tokens_since_last = time.time(), now_step, 0
-    compile_sec, compile_steps, compile_tokens = 0.0, 0, 0
+    compile_sec, compile_steps = 0.0, 0
     writer.scalars(now_step, {f"train/{k}": v for k, v in last_train.items()})
     logging.info(progress_line(now_step, total, last_train, phase.name))
 
@@ -239,7 +240,6 @@ def train_loop(
         if "input_ids" in batch
         else phases[idx].global_batch_size * phases[idx].seq_len
       )
-      tokens_since_last += tokens
       shapes = (idx, tuple(sorted((k, tuple(v.shape)) for k, v in batch.items())))
       if shapes not in shapes_seen and step > phase_start:
         # A new batch shape later in a phase compiles the step again: timed on its own (after
@@ -248,10 +248,10 @@ def train_loop(
         t_compile = time.time()
         state, metrics = phases[idx].train_step(state, batch)
         jax.block_until_ready(metrics)
-        compile_sec += time.time() - t_compile
-        compile_steps, compile_tokens = compile_steps + 1, compile_tokens + tokens
+        compile_sec, compile_steps = compile_sec + time.time() - t_compile, compile_steps + 1
       else:
         state, metrics = phases[idx].train_step(state, batch)
+        tokens_since_last += tokens
       shapes_seen.add(shapes)
       step += 1
       manager.check_for_errors()  # a failed background save surfaces within one step
