@@ -19,7 +19,7 @@ from absl import app, flags
 
 from .job import Job, LaunchError
 from .launch import launch
-from .results import write_results
+from .results import mean_and_spread, write_results
 from .sweep import load_sweep, plan_sweep, run_sweep
 from .targets import TARGETS, make_target, setting_help
 
@@ -87,7 +87,9 @@ def main(argv):
       tables = write_results(FLAGS.workdir, FLAGS.metric, mode)
       print(
         f"best run: {tables.best_run['run']} ({tables.metric} = "
-        f"{tables.best_run[tables.metric]:.4f}); tables in {FLAGS.workdir}/results.md"
+        f"{tables.best_run[tables.metric]:.4f}); tables in {FLAGS.workdir}/results.md\n"
+        f"best configuration: {tables.describe_config(tables.best_config)} ({tables.metric} = "
+        f"{mean_and_spread(tables.best_config, tables.metric)})"
       )
       return 0
     python = FLAGS.python or (sys.executable if FLAGS.target == "local" else "python3")

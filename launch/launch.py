@@ -9,10 +9,13 @@
     status = launch(job, make_target("local", {"num_processes": 2}))
 
 Order: the config is loaded and every override applied (unknown key -> LaunchError), the
-target's settings are checked (missing zone/project/partition/image -> LaunchError), and only
-then (TPU target with an accelerator_type: the job compiled for the slice, refused when it
-does not fit: launch/preflight.py) is ``launch.json`` (command, resolved config, git commit,
-target settings, pre-flight result) written into the workdir and the job started. ``dry_run`` prints exactly what would run and starts nothing.
+target's settings are checked (a missing zone/project/partition/image, an accelerator type or
+GPU no slice / pre-flight knows, a name or quantity the cluster would refuse -> LaunchError;
+the same checks in a dry run), and only then (TPU target with an accelerator_type, SLURM or
+Kubernetes with a gpu_type: the job compiled for it, refused when it does not fit:
+launch/preflight.py) is ``launch.json`` (command, resolved config, git commit, target
+settings, pre-flight result) written into the workdir and the job started. ``dry_run`` prints
+exactly what would run and starts nothing.
 """
 
 from __future__ import annotations

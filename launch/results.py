@@ -6,8 +6,9 @@ overrides come from ``<root>/sweep.json`` (else the run's ``launch.json``). Metr
 flattened to dotted names (``dev.mcc``); the chosen metric defaults to the primary metric of
 the first split holding it. Runs are sorted by that metric (best first), the best run is named,
 and runs that differ only in ``seed`` are aggregated: mean, sample standard deviation
-(ddof=1; empty for a single seed) and the number of seeds. Written as ``results.csv``,
-``results_by_config.csv`` and ``results.md`` in the sweep's root.
+(ddof=1; none for a single seed: an empty CSV cell, "–" in Markdown, "0.5234 (1 seed)" in
+sentences) and the number of seeds. Written as ``results.csv``, ``results_by_config.csv`` and
+``results.md`` in the sweep's root.
 """
 
 from __future__ import annotations
@@ -128,10 +129,21 @@ def choose_metric(results: Sequence[RunResult], metric: str | None) -> str:
   return dev_first[0]
 
 
+NO_SPREAD = "–"  # a Markdown cell with no standard deviation (a single seed)
+
+
 def _fmt(x: Any) -> str:
   if isinstance(x, float):
-    return "" if math.isnan(x) else f"{x:.4f}"
+    return NO_SPREAD if math.isnan(x) else f"{x:.4f}"
   return str(x)
+
+
+def mean_and_spread(row: Mapping[str, Any], metric: str) -> str:
+  """A configuration's metric over its seeds: "0.5332 ± 0.0304 (2 seeds)", "0.5234 (1 seed)"."""
+  mean, std, seeds = row[f"{metric} mean"], row[f"{metric} std"], row["seeds"]
+  if seeds == 1 or math.isnan(std):
+    return f"{mean:.4f} ({seeds} seed{'s' if seeds != 1 else ''})"
+  return f"{mean:.4f} ± {std:.4f} ({seeds} seeds)"
 
 
 @dataclasses.dataclass
@@ -145,6 +157,16 @@ class Tables:
   @property
   def best_run(self) -> dict[str, Any]:
     return self.runs[0]
+
+  @property
+  def best_config(self) -> dict[str, Any]:
+    return self.configs[0]
+
+  def describe_config(self, row: Mapping[str, Any]) -> str:
+    """A configuration's overrides (seeds left out), ``key=value,...``; "every run" when
+    the runs differ only in seed."""
+    keys = [k for k in self.keys if k in row]
+    return ",".join(f"{k}={row[k]}" for k in keys) or "every run"
 
 
 def build_tables(
@@ -206,8 +228,8 @@ def render_markdown(tables: Tables) -> str:
   return (
     f"# Sweep results: {tables.metric} ({direction} is better)\n\n"
     f"Best run: **{best['run']}** with {tables.metric} = {_fmt(best[tables.metric])}.\n\n"
-    f"Best configuration over seeds: {_fmt(best_cfg[tables.metric + ' mean'])} ± "
-    f"{_fmt(best_cfg[tables.metric + ' std'])} ({best_cfg['seeds']} seed(s)).\n\n"
+    f"Best configuration over seeds: {tables.describe_config(best_cfg)}: "
+    f"{mean_and_spread(best_cfg, tables.metric)}.\n\n"
     f"## Configurations (mean and standard deviation over seeds)\n\n"
     f"{_markdown(tables.configs)}\n## Runs\n\n{_markdown(tables.runs)}"
   )

@@ -221,6 +221,8 @@ def run_sweep(
   """Runs (or, dry, prints) every incomplete run; returns {name: exit status} of those run."""
   out = out or sys.stdout
   note = "# sweep:" if dry_run else "sweep:"  # a dry run's output stays a valid script / YAML
+  for i, r in enumerate(runs):  # every run's target settings, before anything is printed
+    run_target(target, i, i == 0).validate(r.job)
   done = completed(runs, dry_run, out)
   todo = [r for r, d in zip(runs, done) if not d]
   for r, d in zip(runs, done):

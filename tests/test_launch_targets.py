@@ -1,9 +1,9 @@
-"""Dry runs for the remote targets: TPU VM pods, SLURM and Kubernetes.
+"""Dry runs for the remote targets: TPU VM pods, SLURM and Kubernetes, and their settings' checks.
 
-Nothing here runs gcloud, sbatch or kubectl. The printed commands, script and manifests are
+Nothing here runs gcloud, sbatch or kubectl. The printed commands and manifests are
 parsed, and the parts that run on the cluster are executed against stand-ins: a fake metadata
-server (``curl``) for TPU workers; fake ``scontrol`` and ``srun`` that start every task the way
-SLURM does; the Indexed Job's completion index for each pod. A fake "python" records the
+server (``curl``) for TPU workers; the Indexed Job's completion index for each pod (the SLURM
+script is run against fake ``scontrol`` and ``srun`` in tests/test_launch_slurm.py). A fake "python" records the
 environment each process would start with, so the test checks that every process gets the
 right coordinator address, process id and process count.
 """
@@ -12,6 +12,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import shlex
 import stat
 import subprocess
@@ -22,7 +23,8 @@ import yaml
 
 from launch.job import Job, LaunchError
 from launch.launch import launch
-from launch.targets import KubernetesTarget, SlurmTarget, TpuTarget, make_target
+from launch.sweep import plan_sweep, run_sweep
+from launch.targets import KubernetesTarget, TpuTarget, make_target
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = "configs/pretrain.py:tiny"
@@ -74,20 +76,25 @@ def test_tpu_dry_run_commands_and_worker_environment(tmp_path, fake_python):
   target = TpuTarget(
     tpu_name="pod",
     zone="us-central2-b",
-    project="proj",
+    project="proj-1",
     create=True,
     accelerator_type="v4-32",
     remote_dir=str(tmp_path),
     log_file=str(tmp_path / "job.log"),
   )
   printed = dry_run(job, target)
-  cmds = [shlex.split(line) for line in printed.splitlines() if not line.startswith("#")]
+  # A shell script: the setup script as a here-document, then the commands.
+  head, _, rest = printed.partition("\nBERT_JAX_EOF\n")
+  assert head.startswith("cat > /tmp/bert_jax_setup_pod.sh <<'BERT_JAX_EOF'\n")
+  assert head.partition("\n")[2] + "\n" == target.setup_script()
+  cmds = [shlex.split(line) for line in rest.splitlines() if not line.startswith("#")]
   assert [c[0] for c in cmds] == ["gcloud", "tar", "gcloud", "gcloud", "gcloud"]
   assert cmds[0][3:6] == ["queued-resources", "create", "pod"]
   assert "--accelerator-type=v4-32" in cmds[0]
+  assert "--runtime-version=tpu-ubuntu2204-base" in cmds[0]
   assert cmds[2][3:5] == ["tpu-vm", "scp"] and cmds[3][3:5] == ["tpu-vm", "ssh"]
   for c in cmds[2:]:
-    assert "--zone=us-central2-b" in c and "--project=proj" in c and "--worker=all" in c
+    assert "--zone=us-central2-b" in c and "--project=proj-1" in c and "--worker=all" in c
   run = cmds[-1]
   command = next(a for a in run if a.startswith("--command="))[len("--command=") :]
   assert "--workdir=gs://bucket/runs/tiny" in command
@@ -120,61 +127,6 @@ esac
     "--workdir=gs://bucket/runs/tiny",
     "--config.num_train_steps=10",
   ]
-
-
-def test_slurm_script_gives_every_task_its_coordinates(tmp_path, fake_python):
-  python, record_dir = fake_python
-  workdir = tmp_path / "run"
-  job = Job("pretrain", CONFIG, str(workdir), python=python)
-  target = SlurmTarget(
-    partition="gpu", nodes=2, gpus_per_node=4, account="acct", time="02:00:00", remote_dir=str(REPO)
-  )
-  printed = dry_run(job, target)
-  assert printed.strip().endswith(f"sbatch {workdir}/launch/sbatch.sh")
-  assert not workdir.exists()  # a dry run writes nothing
-  script = target.script(job)
-  directives = dict(
-    line[len("#SBATCH --") :].split("=", 1)
-    for line in script.splitlines()
-    if line.startswith("#SBATCH --")
-  )
-  assert directives["partition"] == "gpu" and directives["nodes"] == "2"
-  assert directives["ntasks-per-node"] == "4" and directives["gpus-per-node"] == "4"
-  assert directives["account"] == "acct" and directives["time"] == "02:00:00"
-
-  # Execute the script as SLURM would on 2 nodes x 4 GPUs, with fake scontrol and srun.
-  bin_dir = tmp_path / "bin"
-  bin_dir.mkdir()
-  executable(
-    bin_dir / "scontrol",
-    """#!/bin/bash
-[ "$1 $2 $3" = "show hostnames $SLURM_JOB_NODELIST" ] || exit 3
-echo gpu-node07; echo gpu-node08
-""",
-  )
-  executable(
-    bin_dir / "srun",
-    """#!/bin/bash
-while [[ "$1" == --* ]]; do shift; done   # srun's own options
-for ((i = 0; i < SLURM_NTASKS; i++)); do
-  SLURM_PROCID=$i SLURM_LOCALID=$((i % 4)) "$@" || exit $?
-done
-""",
-  )
-  script_path = tmp_path / "sbatch.sh"
-  script_path.write_text(script)
-  env = {
-    **os.environ,
-    "PATH": f"{bin_dir}:{os.environ['PATH']}",
-    "SLURM_JOB_NODELIST": "gpu-node[07-08]",
-    "SLURM_NTASKS": "8",
-  }
-  subprocess.run(["bash", str(script_path)], env=env, check=True)
-  recs = records(record_dir)
-  assert [r["JAX_PROCESS_ID"] for r in recs] == [str(i) for i in range(8)]
-  assert {r["JAX_NUM_PROCESSES"] for r in recs} == {"8"}
-  assert {r["JAX_COORDINATOR_ADDRESS"] for r in recs} == {"gpu-node07:12321"}
-  assert [r["CUDA_VISIBLE_DEVICES"] for r in recs] == ["0", "1", "2", "3"] * 2
 
 
 def test_kubernetes_manifest_indexed_job_and_headless_service(fake_python):
@@ -211,9 +163,13 @@ def test_kubernetes_manifest_indexed_job_and_headless_service(fake_python):
 @pytest.mark.parametrize(
   "target,settings,missing",
   [
-    ("tpu", {"tpu_name": "pod", "project": "p"}, "zone"),
-    ("tpu", {"tpu_name": "pod", "zone": "z"}, "project"),
-    ("tpu", {"tpu_name": "pod", "zone": "z", "project": "p", "create": True}, "accelerator_type"),
+    ("tpu", {"tpu_name": "pod", "project": "proj-1"}, "zone"),
+    ("tpu", {"tpu_name": "pod", "zone": "us-east5-a"}, "project"),
+    (
+      "tpu",
+      {"tpu_name": "pod", "zone": "us-east5-a", "project": "proj-1", "create": True},
+      "accelerator_type",
+    ),
     ("slurm", {"nodes": 2}, "partition"),
     ("kubernetes", {"num_hosts": 2}, "image"),
   ],
@@ -255,4 +211,117 @@ def test_cli_errors_before_anything_starts(tmp_path):
 
 def test_tpu_workdir_must_be_a_bucket():
   with pytest.raises(LaunchError, match="gs://"):
-    TpuTarget(tpu_name="pod", zone="z", project="p").validate(Job("pretrain", CONFIG, "/tmp/x"))
+    TpuTarget(tpu_name="pod", zone="us-east5-a", project="proj-1").validate(
+      Job("pretrain", CONFIG, "/tmp/x")
+    )
+
+
+TPU = {"tpu_name": "pod", "zone": "us-central2-b", "project": "proj-1"}
+K8S = {"image": "us-docker.pkg.dev/p/bert-jax:1"}
+
+
+@pytest.mark.parametrize(
+  "target,settings,message",
+  [
+    # accelerator types no Cloud TPU slice has (the pre-flight's table of slices)
+    ("tpu", {**TPU, "create": True, "accelerator_type": "v4-31"}, "unknown TPU topology 'v4-31'"),
+    ("tpu", {**TPU, "create": True, "accelerator_type": "v4-33"}, "nearest is 'v4-32'"),
+    ("tpu", {**TPU, "accelerator_type": "v7x-8"}, "unknown TPU topology 'v7x-8'"),
+    ("tpu", {**TPU, "accelerator_type": "h100:8"}, "is a GPU, not a TPU slice"),
+    ("tpu", {**TPU, "zone": "us-central2"}, "--zone 'us-central2' is not a Cloud zone"),
+    ("tpu", {**TPU, "project": "My Project"}, "--project 'My Project' is not a Cloud project"),
+    ("tpu", {**TPU, "tpu_name": "Pod_1"}, "--tpu_name 'Pod_1' is not a lower-case name"),
+    ("tpu", {**TPU, "coordinator_port": 0}, "--coordinator_port must be in 1..65535"),
+    ("tpu", {**TPU, "remote_dir": "$HOME/my code"}, "--remote_dir '$HOME/my code' is not a path"),
+    # GPUs the pre-flight does not know
+    ("kubernetes", {**K8S, "gpu_type": "h1000", "gpus_per_host": 8}, "unknown GPU topology"),
+    ("kubernetes", {**K8S, "gpu_type": "h100", "gpus_per_host": 3}, "3 GPUs per host"),
+    # what the API server refuses
+    ("kubernetes", {**K8S, "namespace": "ML"}, "--namespace 'ML' is not a DNS label"),
+    ("kubernetes", {**K8S, "memory": "64GB"}, "--memory '64GB' is not a Kubernetes quantity"),
+    ("kubernetes", {**K8S, "cpu": "8 cores"}, "--cpu '8 cores' is not a Kubernetes quantity"),
+    ("kubernetes", {**K8S, "job_name": "1st-run"}, "job_name '1st-run' is not a DNS label"),
+    ("kubernetes", {**K8S, "job_name": "r" * 62, "num_hosts": 2}, "longer than 63"),
+    ("kubernetes", {**K8S, "service_account": "Runner"}, "--service_account 'Runner'"),
+    ("kubernetes", {**K8S, "accelerator_resource": "gpu"}, "--accelerator_resource 'gpu'"),
+    ("kubernetes", {**K8S, "coordinator_port": 70000}, "--coordinator_port must be in"),
+    ("kubernetes", {**K8S, "image": "img:1 --privileged"}, "contains white space"),
+  ],
+)
+def test_dry_run_and_launch_refuse_the_same_settings(target, settings, message, monkeypatch):
+  """A setting the launch would refuse (or gcloud / the API server would) is refused by the dry
+  run too, with the same error, before anything is printed, written or run."""
+
+  def no_command(*args, **kwargs):
+    raise AssertionError(f"ran {args}")
+
+  monkeypatch.setattr(subprocess, "run", no_command)
+  job = Job("pretrain", CONFIG, "gs://bucket/runs/tiny")
+  errors = []
+  for dry in (True, False):
+    out = io.StringIO()
+    with pytest.raises(LaunchError, match=re.escape(message)) as e:
+      launch(job, make_target(target, settings), dry_run=dry, out=out)
+    assert out.getvalue() == ""
+    errors.append(str(e.value))
+  assert errors[0] == errors[1]
+
+
+def test_cli_dry_run_refuses_an_unknown_accelerator_type(tmp_path):
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launch",
+      "run",
+      "--job=pretrain",
+      f"--config={CONFIG}",
+      "--workdir=gs://bucket/runs/tiny",
+      "--target=tpu",
+      "--tpu_name=pod",
+      "--zone=us-central2-b",
+      "--project=proj-1",
+      "--create",
+      "--accelerator_type=v4-31",
+      "--dry_run",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+  assert proc.stderr.startswith("launch: error: tpu target: --accelerator_type: unknown TPU ")
+  assert len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+  "given,cloud_name,runtime",
+  [
+    ("v4-32", "v4-32", "tpu-ubuntu2204-base"),
+    ("v4:2x2x4", "v4-32", "tpu-ubuntu2204-base"),
+    ("v5e-16", "v5litepod-16", "v2-alpha-tpuv5-lite"),
+    ("v5litepod-256", "v5litepod-256", "v2-alpha-tpuv5-lite"),
+    ("v5p-8", "v5p-8", "v2-alpha-tpuv5"),
+    ("v6e-64", "v6e-64", "v2-alpha-tpuv6e"),
+  ],
+)
+def test_tpu_create_uses_the_cloud_name_and_the_generations_runtime(given, cloud_name, runtime):
+  """gcloud gets the Cloud accelerator type and the TPU software version Cloud TPU's docs name
+  for the generation (cloud.google.com/tpu/docs/runtimes)."""
+  target = TpuTarget(**TPU, create=True, accelerator_type=given)
+  create = target.commands(Job("pretrain", CONFIG, "gs://b/run"))[0]
+  assert create[3:5] == ["queued-resources", "create"]
+  assert f"--accelerator-type={cloud_name}" in create
+  assert f"--runtime-version={runtime}" in create
+  explicit = TpuTarget(**TPU, create=True, accelerator_type=given, runtime_version="other-image")
+  assert (
+    "--runtime-version=other-image" in explicit.commands(Job("pretrain", CONFIG, "gs://b/r"))[0]
+  )
+
+
+def test_sweep_dry_run_refuses_bad_settings_before_printing():
+  runs = plan_sweep(Job("finetune", "configs/glue.py:rte", ""), [{"seed": 0}], "gs://b/grid")
+  out = io.StringIO()
+  with pytest.raises(LaunchError, match="--namespace 'ML'"):
+    run_sweep(runs, KubernetesTarget(**K8S, namespace="ML"), dry_run=True, out=out)
+  assert out.getvalue() == ""

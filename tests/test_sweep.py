@@ -158,6 +158,38 @@ def test_results_table_sorted_with_seeds_aggregated(tmp_path):
   assert loss.best_run["run"] == tables.best_run["run"]
 
 
+def test_one_seed_has_no_spread_in_any_results_format(tmp_path):
+  """A configuration run with one seed has a mean and no standard deviation: no "±" with
+  nothing after it in results.md or on the command line, an empty CSV cell."""
+  results = {(1e-4, 0): 0.5234, (1e-3, 0): 0.4, (1e-3, 1): 0.6}
+  for (lr, seed), acc in results.items():
+    overrides = {"learning_rate": lr, "seed": seed}
+    metrics = {"primary_metric": "accuracy", "higher_is_better": True, "dev": {"accuracy": acc}}
+    write_run(tmp_path, sweep.run_name(overrides), overrides, metrics)
+  std = float(np.std([0.4, 0.6], ddof=1))
+  write_results(str(tmp_path))
+  md = (tmp_path / "results.md").read_text()
+  assert "Best configuration over seeds: learning_rate=0.0001: 0.5234 (1 seed).\n" in md
+  table = [line for line in md.splitlines() if line.startswith("| 0.")]
+  assert table == ["| 0.0001 | 0.5234 | – | 1 |", f"| 0.001 | 0.5000 | {std:.4f} | 2 |"]
+  by_config = list(csv.DictReader(open(tmp_path / "results_by_config.csv")))
+  assert [(r["dev.accuracy std"], r["seeds"]) for r in by_config] == [("", "1"), (str(std), "2")]
+  proc = subprocess.run(
+    [sys.executable, "-m", "launch", "results", f"--workdir={tmp_path}"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines()[-1] == (
+    "best configuration: learning_rate=0.0001 (dev.accuracy = 0.5234 (1 seed))"
+  )
+  # The worse configuration first: its two seeds have a spread.
+  write_results(str(tmp_path), higher_is_better=False)
+  md = (tmp_path / "results.md").read_text()
+  assert f"learning_rate=0.001: 0.5000 ± {std:.4f} (2 seeds).\n" in md
+
+
 def test_complete_runs_are_skipped(tmp_path):
   runs = sweep.plan_sweep(Job("finetune", GLUE, ""), sweep.axis("seed", [0, 1]), str(tmp_path))
   write_run(tmp_path, runs[0].name, {"seed": 0}, {"dev": {"accuracy": 0.5}})
@@ -198,7 +230,8 @@ def test_tpu_sweep_ships_the_code_once(monkeypatch):
     Job("finetune", GLUE, ""), sweep.axis("seed", [0, 1, 2]), "gs://bucket/grid"
   )
   out = io.StringIO()
-  sweep.run_sweep(runs, TpuTarget(tpu_name="pod", zone="z", project="p"), dry_run=True, out=out)
+  target = TpuTarget(tpu_name="pod", zone="us-central2-b", project="proj-1")
+  sweep.run_sweep(runs, target, dry_run=True, out=out)
   lines = [line for line in out.getvalue().splitlines() if line.startswith("gcloud")]
   assert sum(" tpu-vm scp " in line for line in lines) == 1
   runs_started = [line for line in lines if "bert_jax.finetune" in line]

@@ -7,6 +7,11 @@ Service of the same name, resolvable as ``<name>-<i>.<name>``. Every pod therefo
 annotation, which is also ``$JOB_COMPLETION_INDEX``). ``backoffLimit: 0`` fails the Job, and so
 stops every pod, when one pod fails. The workdir must be storage every pod can write: a gs://
 path, or a path inside ``volume_claim`` mounted at ``volume_mount``.
+
+:meth:`KubernetesTarget.validate` checks every setting by the API server's rules for the field
+it fills (names, quantities, ports) and ``gpu_type`` against the GPUs the pre-flight knows, so
+a dry run refuses what ``kubectl apply`` or the launch would; the manifests themselves are
+checked against the API's schemas in tests/test_launch_kubernetes_schema.py.
 """
 
 from __future__ import annotations
@@ -24,19 +29,32 @@ from ..job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, Launc
 from ..preflight import gpu_topology_name, preflight
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# The API server's name rules (k8s.io/apimachinery/pkg/util/validation) and resource.Quantity's
+# form, for the fields the settings fill.
+_LABEL_1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_LABEL_1123 = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_QUANTITY = re.compile(r"(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?\d+)?")
+_RESOURCE = re.compile(
+  r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+  r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
 
 
 def dns_name(text: str, limit: int = 40) -> str:
-  """A DNS-1123 label from free text (lower case, digits and '-').
+  """An RFC 1035 label from free text (lower case, digits and '-', starting with a letter):
+  valid as a Service, Job and pod host name.
 
   When the text had to change, a hash of it is appended so that distinct texts (e.g. the runs
   of a sweep) keep distinct names.
   """
   name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-  if name == text and len(name) <= limit:
+  if name == text and len(name) <= limit and name[:1].isalpha():
     return name
+  if not name[:1].isalpha():  # a Service name must start with a letter (RFC 1035)
+    name = f"bert-jax-{name}".rstrip("-")
   digest = hashlib.sha1(text.encode()).hexdigest()[:8]
-  return f"{name[: limit - 9].strip('-') or 'bert-jax'}-{digest}"
+  return f"{name[: limit - 9].strip('-')}-{digest}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,21 +107,58 @@ class KubernetesTarget:
     )
 
   def validate(self, job: Job) -> None:
+    """Every setting, by the API server's rules for the fields it fills (names, quantities,
+    ports) and the GPUs the pre-flight knows; LaunchError (one line, naming the flag) before
+    anything is printed or applied, in a dry run as in a launch."""
     if not self.image:
       raise LaunchError("kubernetes target: missing required setting: image (flag --image)")
+    if re.search(r"\s", self.image):
+      raise LaunchError(f"kubernetes target: --image {self.image!r} contains white space")
     if self.num_hosts < 1:
       raise LaunchError(f"kubernetes target: num_hosts must be >= 1, got {self.num_hosts}")
+    if self.gpus_per_host < 0:
+      raise LaunchError(f"kubernetes target: gpus_per_host must be >= 0, got {self.gpus_per_host}")
     if self.gpu_type and (self.gpus_per_host < 1 or self.accelerator_resource != "nvidia.com/gpu"):
       raise LaunchError(
         f"kubernetes target: gpu_type {self.gpu_type!r} needs gpus_per_host >= 1 and "
         f"accelerator_resource 'nvidia.com/gpu' (got {self.gpus_per_host}, "
         f"{self.accelerator_resource!r})"
       )
-    if self.job_name and not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", self.job_name):
+    if self.gpu_type:
+      self.topology()
+    if self.job_name and not _LABEL_1035.fullmatch(self.job_name):
       raise LaunchError(
         f"kubernetes target: job_name {self.job_name!r} is not a DNS label "
-        f"(lower case letters, digits and '-')"
+        f"(lower case letters, digits and '-', starting with a letter, at most 63)"
       )
+    last_pod = f"{self.resource_name(job)}-{self.num_hosts - 1}"
+    if len(last_pod) > 63:
+      raise LaunchError(
+        f"kubernetes target: pod host name {last_pod!r} is longer than 63 characters "
+        f"(a shorter --job_name)"
+      )
+    for key, pattern, what in (
+      ("namespace", _LABEL_1123, "a DNS label (lower-case letters, digits and '-', at most 63)"),
+      ("service_account", _SUBDOMAIN, "a DNS subdomain name"),
+      ("volume_claim", _SUBDOMAIN, "a DNS subdomain name"),
+      ("cpu", _QUANTITY, "a Kubernetes quantity such as 8 or 500m"),
+      ("memory", _QUANTITY, "a Kubernetes quantity such as 64Gi or 500M"),
+      ("accelerator_resource", _RESOURCE, "a resource name such as nvidia.com/gpu"),
+    ):
+      value = getattr(self, key)
+      if (value or key in ("namespace", "accelerator_resource")) and not (
+        pattern.fullmatch(value) and len(value) <= 253
+      ):
+        raise LaunchError(f"kubernetes target: --{key} {value!r} is not {what}")
+    if not 0 < self.coordinator_port < 65536:
+      raise LaunchError(
+        f"kubernetes target: --coordinator_port must be in 1..65535, got {self.coordinator_port}"
+      )
+    for key in ("remote_dir", "volume_mount"):
+      if not getattr(self, key).startswith("/"):
+        raise LaunchError(
+          f"kubernetes target: --{key} {getattr(self, key)!r} is not an absolute path"
+        )
     shared = job.workdir.startswith("gs://") or (
       self.volume_claim and job.workdir.startswith(self.volume_mount.rstrip("/") + "/")
     )
@@ -112,6 +167,18 @@ class KubernetesTarget:
         f"kubernetes target: workdir {job.workdir!r} must be a gs:// path or lie "
         f"under volume_mount {self.volume_mount!r} with volume_claim set"
       )
+
+  def topology(self):
+    """The GPUs the pre-flight compiles for (bert_jax.parallel.topology); LaunchError when
+    gpu_type / gpus_per_host name none it knows."""
+    # bert_jax (and JAX with it) only when a gpu_type is given.
+    from bert_jax.parallel.topology import parse_topology  # noqa: PLC0415 (heavy)
+
+    name = gpu_topology_name(self.gpu_type, self.num_hosts, self.gpus_per_host)
+    try:
+      return parse_topology(name)
+    except ValueError as e:
+      raise LaunchError(f"kubernetes target: --gpu_type / --gpus_per_host: {e}") from None
 
   def resource_name(self, job: Job) -> str:
     return self.job_name or dns_name(job.workdir.rstrip("/").rsplit("/", 1)[-1])
