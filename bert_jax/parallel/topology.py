@@ -204,6 +204,8 @@ def _unknown(name: str) -> ValueError:
 
 
 def _from_accelerator_type(gen: str, count: int, name: str) -> tuple[int, ...]:
+  if CHIPS[gen].megacore and count % 2:
+    raise _unknown(name)  # a megacore chip has two cores: an odd core count is no slice
   chips = count // 2 if CHIPS[gen].megacore else count
   for s in KNOWN_SHAPES[gen]:
     dims = tuple(int(d) for d in s.split("x"))
