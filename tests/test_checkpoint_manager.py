@@ -324,3 +324,61 @@ def test_file_primitives_leave_nothing_half_written(tmp_path, monkeypatch):
     open(os.path.join(tmp, "two"), "w").close()
   assert os.listdir(out) == ["two"]  # replaced whole: nothing of before survives
   assert sorted(os.listdir(tmp_path)) == ["a.json", "bad.json", "out"]  # no temp left
+
+
+def _orbax_tracebacks(records):
+  return [r for r in records if r.exc_info and "orbax" in r.pathname and r.levelno >= 30]
+
+
+def test_disk_full_during_a_save_is_one_clear_error_and_leaves_no_tmp(
+  tmp_path, monkeypatch, caplog, capfd
+):
+  """Synchronous (fine-tuning's default) and asynchronous saves on a full disk: one error naming
+  the step, the directory and ENOSPC; Orbax's writer threads' tracebacks condensed; nothing of
+  the save left behind."""
+  import logging as std_logging
+
+  _, _, _, _, make = _setup()
+  state = make()
+  release = threading.Event()
+  release.set()
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", _failing_json_save(release))
+  for async_save in (False, True):
+    workdir = tmp_path / f"async_{async_save}"
+    manager = CheckpointManager(str(workdir), keep=2, async_save=async_save)
+    with caplog.at_level(std_logging.INFO):
+      with pytest.raises(CheckpointSaveError) as e:
+        manager.save(5, state, input_state={}, meta={})
+        manager.wait()
+      _wait_for_save_threads()
+    message = str(e.value)
+    assert message == (
+      f"saving the checkpoint of step 5 to {workdir / 'checkpoints'} failed: ENOSPC: No space "
+      "left on device (its temporary directory was removed)"
+    )
+    assert os.listdir(workdir / "checkpoints") == []
+    assert _orbax_tracebacks(caplog.records) == [], caplog.text
+    assert "Traceback" not in capfd.readouterr().err
+    caplog.clear()
+    manager.close()
+
+
+def test_an_interrupted_saves_tmp_dir_is_removed_when_the_next_run_starts(tmp_path, caplog):
+  import logging as std_logging
+
+  _, _, _, _, make = _setup()
+  manager = CheckpointManager(str(tmp_path), keep=2, async_save=False)
+  manager.save(3, make(), input_state={}, meta={})
+  manager.close()
+  stale = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234"
+  (stale / "state").mkdir(parents=True)
+  (stale / "state" / "half_written").write_bytes(b"x" * 10)
+  manager = CheckpointManager(str(tmp_path), keep=2, async_save=False)
+  assert (
+    stale.exists()
+  )  # opening a workdir (e.g. load_params beside a running save) removes nothing
+  with caplog.at_level(std_logging.INFO):
+    assert manager.remove_incomplete() == [str(stale)]
+  assert not stale.exists() and manager.all_steps() == [3]
+  assert "6.orbax-checkpoint-tmp-1234, left by an interrupted save" in caplog.text
+  manager.close()

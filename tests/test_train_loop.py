@@ -170,3 +170,80 @@ def test_a_step_that_compiles_a_new_shape_is_kept_out_of_the_rates():
   assert m["train/steps_per_sec"] > 20  # 2 steps of milliseconds, not 3 steps in half a second
   np.testing.assert_allclose(m["train/tokens_per_sec"] / m["train/examples_per_sec"], 32)
   assert "train/compile_sec" not in logged[8]  # no new shape in steps 5-8
+
+
+def _counting_phase(total, batch=8, length=16, on_step=None):
+  from bert_jax.train.loop import Phase
+
+  jitted = jax.jit(lambda s, b: (_State(s.step + 1), {"loss": jnp.sum(b["input_ids"]) * 0.0}))
+
+  def step_fn(state, b):
+    if on_step is not None:
+      on_step()
+    return jitted(state, b)
+
+  def inputs():
+    while True:
+      yield {"input_ids": np.ones((batch, length), np.int32)}
+
+  return Phase("finetune", total, inputs, step_fn, batch, length)
+
+
+def _mesh_rules():
+  from bert_jax import parallel
+  from configs.common import logical_axis_rules
+
+  mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  return mesh, parallel.normalize_rules(logical_axis_rules())
+
+
+@pytest.mark.parametrize("resumed_at", [10, 20])
+def test_a_resumed_run_redoes_the_evaluation_it_died_in(resumed_at):
+  """Killed during the evaluation of step 10 (or of the final step 20) after that step's
+  checkpoint was saved: the resumed loop evaluates that step before training on."""
+  from bert_jax.train.loop import LoopOptions, train_loop
+
+  mesh, rules = _mesh_rules()
+  evaluated_steps = []
+
+  def eval_fn(state):
+    evaluated_steps.append(int(state.step))
+    return {"accuracy": 0.5}
+
+  def run(evaluated):
+    evaluated_steps.clear()
+    options = LoopOptions(
+      save_every_steps=5, log_every_steps=100, eval_every_steps=10, eval_fn=eval_fn,
+      evaluated=evaluated,
+    )  # fmt: skip
+    state = _State(jnp.asarray(resumed_at, jnp.int32))
+    return train_loop(state, [_counting_phase(20)], _Manager(), options, _Writer(), mesh, rules)
+
+  summary = run(lambda step: False)  # the history lacks the resumed step's evaluation
+  assert evaluated_steps == ([10, 20] if resumed_at == 10 else [20])
+  assert summary["eval"] == {"accuracy": 0.5} and summary["step"] == 20
+  run(lambda step: True)  # it has it: nothing is evaluated twice
+  assert evaluated_steps == ([20] if resumed_at == 10 else [])
+
+
+def test_slow_steps_log_a_progress_line_at_least_every_interval():
+  """Steps of 6 s (a fake clock) with log_every_steps=1000: a line about every 30 s, with the
+  interval's rates, not only at the first and the last step."""
+  from bert_jax.train.loop import LoopOptions, train_loop
+
+  mesh, rules = _mesh_rules()
+  now = [0.0]
+
+  def tick():
+    now[0] += 6.0
+
+  writer = _Writer()
+  options = LoopOptions(
+    save_every_steps=1000, log_every_steps=1000, progress_interval_sec=30.0, clock=lambda: now[0]
+  )
+  state = _State(jnp.zeros((), jnp.int32))
+  train_loop(state, [_counting_phase(22, on_step=tick)], _Manager(), options, writer, mesh, rules)
+  logged = [step for step, values in writer.logged if "train/loss" in values]
+  # Step 1 (compiling) at t=6; then a line once 30 s passed: steps 6, 11, 16, 21; the last, 22.
+  assert logged == [1, 6, 11, 16, 21, 22]
+  assert all("train/steps_per_sec" in values for step, values in writer.logged if step in (6, 11))

@@ -13,6 +13,7 @@ A checkpoint (``<workdir>/checkpoints/<step>/``) holds three items:
       with_params=lambda state, params: state_with_params(state, params, tx, shardings))
   manager.save(step, state, input_state={...}, meta={...})
   manager.check_for_errors()  # after every step: a failed background save raises here
+  manager.remove_incomplete()  # a run's start, under its workdir lock: an earlier crash's tmp dirs
 
 ``restore_or_initialize`` follows one documented order:
   1. resume this run: the latest complete checkpoint in ``workdir/checkpoints``;
@@ -29,6 +30,8 @@ export, feature extraction) the latest params of a bert_jax workdir as numpy arr
 from __future__ import annotations
 
 import dataclasses
+import errno
+import logging as std_logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -55,21 +58,58 @@ def _flat(tree: Any) -> dict[str, Any]:
 
 
 _ORBAX_WRITER_MODULE = "orbax.checkpoint._src.futures"
+_ORBAX_SOURCE = os.path.join("orbax", "checkpoint")
 _WRITER_TIMEOUT_SECS = 600.0
+_TMP_GLOB = "*.orbax-checkpoint-tmp*"
 
 
 class CheckpointSaveError(RuntimeError):
-  """A checkpoint save failed in the background (disk full, permissions, ...)."""
+  """A checkpoint save failed (disk full, permissions, ...), in the foreground or background."""
+
+
+class _CondenseWriterErrors(std_logging.Filter):
+  """Orbax's background threads log each failed write with its traceback (``logging.exception``):
+  a full disk gave hundreds of lines, one traceback per thread, before the save's own error.
+  These records keep their one-line message, without the traceback, at INFO (the console of an
+  entry point shows no library INFO); the error reaches the caller, who reports it once."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    if record.exc_info and _ORBAX_SOURCE in record.pathname:
+      record.exc_info, record.exc_text, record.stack_info = None, None, None
+      record.levelno, record.levelname = std_logging.INFO, "INFO"
+    return True
+
+
+def _condense_orbax_writer_errors() -> None:
+  logger = std_logging.getLogger("absl")  # Orbax logs through absl.logging
+  if not any(isinstance(f, _CondenseWriterErrors) for f in logger.filters):
+    logger.addFilter(_CondenseWriterErrors())
+
+
+def _describe_error(error: BaseException) -> str:
+  """'ENOSPC: No space left on device' for an OSError (also one wrapped by Orbax), else
+  'Type: message'."""
+  seen, e = set(), error
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in errno.errorcode:
+      return f"{errno.errorcode[e.errno]}: {e.strerror or e}"
+    e = e.__cause__ or e.__context__
+  return f"{type(error).__name__}: {error}"
 
 
 class CheckpointManager:
   """An Orbax CheckpointManager over ``<workdir>/checkpoints`` keeping the last ``keep`` (and,
   with ``keep_period``, every multiple of it).
 
-  An asynchronous save that fails is reported by the first ``check_for_errors()`` (cheap, never
-  blocks: the training loop calls it after every step) or ``wait()`` after it ended, and by the
-  next ``save``: a CheckpointSaveError naming the step and the cause. Its temporary directory
-  (``<step>.orbax-checkpoint-tmp*``) is removed then, so nothing half-written is left behind.
+  A save that fails is a CheckpointSaveError naming the step, the directory and the cause
+  (``ENOSPC: No space left on device``): a synchronous one raises it from ``save``, an
+  asynchronous one from the first ``check_for_errors()`` (cheap, never blocks: the training
+  loop calls it after every step) or ``wait()`` after it ended, or the next ``save``. Its
+  temporary directory (``<step>.orbax-checkpoint-tmp*``) is removed then, so nothing
+  half-written is left behind, and Orbax's writer threads' tracebacks of the failure are
+  condensed to one INFO line each (``_CondenseWriterErrors``). ``remove_incomplete()`` removes
+  the temporary directories an earlier process left when it died during a save.
   """
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, keep_period: int = 0):
@@ -88,6 +128,7 @@ class CheckpointManager:
       meta=ocp.JsonCheckpointHandler(),
     )
     self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    _condense_orbax_writer_errors()
     self._async = async_save
     self._pending: int | None = None  # the step of an asynchronous save not yet checked
 
@@ -106,14 +147,48 @@ class CheckpointManager:
     if step in self._mngr.all_steps():
       return
     self._pending = step if self._async else None
-    self._mngr.save(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.PyTreeSave(state),
-        input=ocp.args.JsonSave(input_state or {}),
-        meta=ocp.args.JsonSave(meta or {}),
-      ),
-      force=True,
+    try:
+      self._mngr.save(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.PyTreeSave(state),
+          input=ocp.args.JsonSave(input_state or {}),
+          meta=ocp.args.JsonSave(meta or {}),
+        ),
+        force=True,
+      )
+    except Exception as e:
+      self._pending = None
+      raise self._save_failed(step, e) from e
+
+  def delete(self, step: int) -> None:
+    """Removes checkpoint ``step`` (nothing when there is none)."""
+    self.wait()
+    if step in self._mngr.all_steps():
+      self._mngr.delete(step)
+
+  def remove_incomplete(self) -> list[str]:
+    """Removes the temporary directories (``<step>.orbax-checkpoint-tmp*``) that a process which
+    died during a save left, logging each; returns their paths. Only for the run that holds the
+    workdir (its lock): another run's save in progress has such a directory too."""
+    self.wait()
+    removed = []
+    if jax.process_index() == 0:
+      for tmp in sorted(epath.Path(self.directory).glob(_TMP_GLOB)):
+        logging.warning("Removing %s, left by an interrupted save of an earlier run", tmp)
+        tmp.rmtree(missing_ok=True)
+        removed.append(str(tmp))
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("bert_jax_remove_incomplete")
+    self._mngr.reload()
+    return removed
+
+  def _save_failed(self, step: int, error: Exception) -> CheckpointSaveError:
+    """Removes what the failed save of ``step`` left; the error to raise."""
+    self._remove_partial(step)
+    return CheckpointSaveError(
+      f"saving the checkpoint of step {step} to {self.directory} failed: "
+      f"{_describe_error(error)} (its temporary directory was removed)"
     )
 
   def check_compatible(self, step: int, abstract_state: Any) -> None:
@@ -188,11 +263,7 @@ class CheckpointManager:
     except Exception as e:
       if step is None:
         raise
-      self._remove_partial(step)
-      raise CheckpointSaveError(
-        f"saving the checkpoint of step {step} to {self.directory} failed: "
-        f"{type(e).__name__}: {e} (its temporary directory was removed)"
-      ) from e
+      raise self._save_failed(step, e) from e
 
   def _remove_partial(self, step: int) -> None:
     """Removes what a failed save of ``step`` left: Orbax's temporary directory.
@@ -207,7 +278,7 @@ class CheckpointManager:
     if jax.process_index() != 0:
       return
     for tmp in epath.Path(self.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
-      logging.warning("Removing %s, left by the failed save of step %d", tmp, step)
+      logging.info("Removing %s, left by the failed save of step %d", tmp, step)
       tmp.rmtree(missing_ok=True)
 
   def close(self) -> None:
@@ -282,7 +353,8 @@ def restore_or_initialize(
   pretrained_subtrees: Sequence[str] | None = None,
   with_params: Callable[[Any, Any], Any] | None = None,
 ) -> tuple[Any, dict, dict, InitReport]:
-  """(state, input position, meta, report) by the order in the module docstring.
+  """(state, input position, meta, report) by the order in the module docstring. Logs nothing:
+  the caller reports ``report.describe()`` (once).
 
   Args:
     manager: the run's checkpoints (resumed from when it holds one).
@@ -305,14 +377,10 @@ def restore_or_initialize(
   step = manager.latest_step()
   if step is not None:
     state, input_state, meta = manager.restore(step, abstract_state)
-    report = InitReport("resumed", step=step, path=manager.directory)
-    logging.info("Checkpoint: %s", report.describe())
-    return state, input_state, meta, report
+    return state, input_state, meta, InitReport("resumed", step=step, path=manager.directory)
   state = init_fn()
   if not init_checkpoint:
-    report = InitReport("scratch")
-    logging.info("Checkpoint: %s", report.describe())
-    return state, {}, {}, report
+    return state, {}, {}, InitReport("scratch")
   if pretrained_params is None or with_params is None:
     raise ValueError(
       f"init_checkpoint={init_checkpoint!r} needs pretrained_params= (its params or a loader, "
@@ -336,9 +404,7 @@ def restore_or_initialize(
   )
   merged, report = merge_pretrained_params(host_params, pretrained, init_checkpoint)
   report.not_loaded = sorted(report.not_loaded + unused)
-  state = with_params(state, merged)
-  logging.info("Checkpoint: %s", report.describe())
-  return state, {}, {}, report
+  return with_params(state, merged), {}, {}, report
 
 
 def load_params(workdir: str, step: int | None = None):

@@ -7,10 +7,15 @@ and ``{"phase": name}``), checks after every step that no background save has fa
 failure is raised at once, naming the step), calls ``before_save`` (the workdir lock's check)
 before each save, stops cleanly on SIGTERM or Ctrl-C (SIGINT) after saving (a second Ctrl-C
 aborts at once), and stops on a non-finite loss naming the step and the last good checkpoint (a
-state is only saved after every loss up to it was checked finite). Throughput (examples, tokens
-and steps per second, MFU) covers steady steps: the run's and each phase's first step, and a
-later step with a batch shape not run before (it compiles the step again), are timed apart
-(``first_step_sec``, ``compile_sec``). It returns the summary dict.
+state is only saved after every loss up to it was checked finite). A progress line is logged
+every ``log_every_steps`` and also whenever ``progress_interval_sec`` (30 s) passed since the
+last one, so slow steps are never silent; a phase's first step (compiling) and a checkpoint
+save log a heartbeat (``bert_jax.train.progress.Heartbeat``) every 30 s while they run. A
+resumed run whose evaluation was due at the step it resumed from but is not in the history
+(the process died during it) evaluates that step first (``LoopOptions.evaluated``). Throughput
+(examples, tokens and steps per second, MFU) covers steady steps: the run's and each phase's
+first step, and a later step with a batch shape not run before (it compiles the step again),
+are timed apart (``first_step_sec``, ``compile_sec``). It returns the summary dict.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from absl import logging
 from bert_jax.checkpoint import CheckpointManager
 from bert_jax.parallel.sharding import Rules, make_global_batch
 from bert_jax.train.metrics import MetricWriter, progress_line
+from bert_jax.train.progress import INTERVAL_SEC, Heartbeat
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -62,6 +68,11 @@ class LoopOptions:
   eval_fn: Callable[[Any], dict] | None = None
   eval_at_end: bool = True
   before_save: Callable[[], None] | None = None  # e.g. the workdir lock's check
+  # Whether a step's evaluation is already in the history: a resumed run whose evaluation was
+  # due at its first step and is missing runs it before training on. None: not checked.
+  evaluated: Callable[[int], bool] | None = None
+  progress_interval_sec: float = INTERVAL_SEC  # a progress line at least this often
+  clock: Callable[[], float] = time.monotonic  # for progress_interval_sec
 
 
 class PreemptionWatcher:
@@ -144,11 +155,12 @@ def train_loop(
   compile_sec, compile_steps = 0.0, 0
   shapes_seen: set = set()  # (phase, the batch's shapes) the steps have run with
   status = "completed"
+  t_line = options.clock()  # when the last progress line was logged
 
   def flush(now_step: int) -> None:
     """Fetches pending metrics; stops on a non-finite loss; logs the last one."""
     nonlocal pending, last_train, t_last, step_last, tokens_since_last
-    nonlocal compile_sec, compile_steps
+    nonlocal compile_sec, compile_steps, t_line
     if not pending:
       return
     fetched = [(s, _to_float(m)) for s, m in pending]
@@ -192,17 +204,25 @@ def train_loop(
     compile_sec, compile_steps = 0.0, 0
     writer.scalars(now_step, {f"train/{k}": v for k, v in last_train.items()})
     logging.info(progress_line(now_step, total, last_train, phase.name))
+    t_line = options.clock()
 
   def save(now_step: int) -> None:
     flush(now_step)
     if options.before_save is not None:
       options.before_save()
     input_pos = inputs.get_state() if inputs is not None and hasattr(inputs, "get_state") else {}
-    manager.save(
-      now_step,
-      state,
-      input_state=input_pos,
-      meta={"phase": phases[current].name if current >= 0 else phases[0].name, "step": now_step},
+    with Heartbeat(f"saving the checkpoint of step {now_step}"):  # a synchronous save blocks
+      manager.save(
+        now_step,
+        state,
+        input_state=input_pos,
+        meta={"phase": phases[current].name if current >= 0 else phases[0].name, "step": now_step},
+      )
+
+  def eval_due(now_step: int) -> bool:
+    return options.eval_fn is not None and (
+      (bool(options.eval_every_steps) and now_step % options.eval_every_steps == 0)
+      or (now_step == total and options.eval_at_end)
     )
 
   def run_eval(now_step: int) -> None:
@@ -217,6 +237,14 @@ def train_loop(
       ", ".join(f"{k} {v:.4f}" for k, v in sorted(last_eval.items())),
     )
 
+  if step > 0 and options.evaluated is not None and eval_due(step) and not options.evaluated(step):
+    logging.warning(
+      "The evaluation of step %d is missing from the history (the run ended during it): "
+      "evaluating step %d before going on",
+      step,
+      step,
+    )
+    run_eval(step)
   with PreemptionWatcher() as preemption:
     while step < total:
       idx = phase_index(phases, step)
@@ -241,7 +269,12 @@ def train_loop(
         else phases[idx].global_batch_size * phases[idx].seq_len
       )
       shapes = (idx, tuple(sorted((k, tuple(v.shape)) for k, v in batch.items())))
-      if shapes not in shapes_seen and step > phase_start:
+      if step == phase_start:
+        # The phase's first step compiles its step function: minutes for a large model.
+        with Heartbeat(f"step {step + 1}/{total} [{phases[idx].name}] (compiling the step)"):
+          state, metrics = phases[idx].train_step(state, batch)
+          jax.block_until_ready(metrics)
+      elif shapes not in shapes_seen:
         # A new batch shape later in a phase compiles the step again: timed on its own (after
         # the steps before it have run) and left out of the interval's rates.
         jax.block_until_ready(state)
@@ -260,12 +293,11 @@ def train_loop(
         flush(step)  # each phase's first step (compilation) is timed apart from the rest
       elif step % options.log_every_steps == 0 or step == total:
         flush(step)
+      elif options.clock() - t_line >= options.progress_interval_sec:
+        flush(step)  # slow steps: a line at least every progress_interval_sec
       if step == total or step % options.save_every_steps == 0:
         save(step)
-      if options.eval_fn is not None and (
-        (options.eval_every_steps and step % options.eval_every_steps == 0)
-        or (step == total and options.eval_at_end)
-      ):
+      if eval_due(step):
         run_eval(step)
       if options.save_on_preemption and step < total and preemption.requested():
         save(step)
@@ -273,7 +305,8 @@ def train_loop(
         logging.warning("Saved step %d after the stop signal; exiting", step)
         break
     flush(step)
-  manager.wait()
+  with Heartbeat("waiting for the last checkpoint to be written"):
+    manager.wait()
   return dict(
     status=status,
     step=step,

@@ -6,8 +6,12 @@
 
 A run, in this order (every task goes through exactly these steps):
   1. the run config's numbers are checked (``check_run_config``), JAX's compilation cache and
-     the multi-process runtime are set up, the workdir is created and locked for this run
-     (``bert_jax.checkpoint.lock``: a second run on it is refused);
+     the multi-process runtime are set up; a workdir that holds another job's run (its
+     config.json's task or objective, or its model_config.json's sizes, differ from the
+     config's) is refused before anything is read or written (``check_workdir_identity``); the
+     workdir is created and locked for this run (``bert_jax.checkpoint.lock``: a second run on
+     it is refused), and the temporary directories of an earlier run's interrupted save are
+     removed;
   2. the mesh and logical-axis rules; the task builds its ``Job`` (reads and validates its
      data: bad input fails here, before anything is written);
   3. ``assemble``: the optimizer (with the job's parameter groups), the abstract state
@@ -15,19 +19,27 @@ A run, in this order (every task goes through exactly these steps):
      step per phase, the jitted evaluation step;
   4. the state, by ``bert_jax.checkpoint.restore_or_initialize``'s one documented order:
      resume this run's latest checkpoint, else the pretrained checkpoint (params only), else
-     scratch -- created directly in its shardings (``jit(init, out_shardings=...)``);
+     scratch -- created directly in its shardings (``jit(init, out_shardings=...)``); where it
+     came from is logged once ("Init: ...");
   5. the task's run files (config.json, model_config.json, tokenizer, head.json);
   6. ``bert_jax.train.loop.train_loop``: steps, logging, evaluation (history kept in
      eval_history.json; with ``job.keep_best`` the best checkpoint in ``best/``), checkpoints
-     with the input position, SIGTERM/SIGINT preemption, non-finite loss stop;
+     with the input position, SIGTERM/SIGINT preemption, non-finite loss stop. A resumed run
+     first redoes the evaluations the history lacks (the process died during them): the one
+     due at the step it resumed from, and earlier ones whose checkpoint still exists (those
+     whose checkpoint is gone are named in one warning);
   7. after a completed run, ``job.finish`` (predictions, metrics.json); summary.json; the
      checkpoint managers, the metric writer and the lock are released whatever happened.
+A run that fails before it wrote a file leaves the workdir as it found it: the directories it
+created (the workdir itself, missing parents, ``checkpoints/``, ``best/``) are removed when
+they hold no file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 from typing import Any
 
@@ -37,8 +49,15 @@ from etils import epath
 from jax.sharding import NamedSharding
 
 from bert_jax import parallel
-from bert_jax.checkpoint import CheckpointManager, InitReport, restore_or_initialize, write_json
+from bert_jax.checkpoint import (
+  CheckpointManager,
+  InitReport,
+  read_json,
+  restore_or_initialize,
+  write_json,
+)
 from bert_jax.checkpoint.lock import WorkdirLock
+from bert_jax.model.config import BertConfig
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers
@@ -135,11 +154,126 @@ def lower_eval_step(asm: Assembled):
     return asm.eval_step.jitted.lower(asm.abstract_state.params, batch)
 
 
-def _prepare_workdir(workdir: str) -> None:
+# The model sizes a workdir's model_config.json must share with the config resuming it.
+_MODEL_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def _run_kind(config) -> str | None:
+  """The job a run config describes, e.g. ``'mrpc'`` or ``pre-training (objective 'mlm')``;
+  None when it names neither a task nor an objective."""
+  if config.get("task"):
+    return repr(config.get("task"))
+  if config.get("objective"):
+    return f"pre-training (objective {config.get('objective')!r})"
+  return None
+
+
+def _config_model_sizes(config) -> dict[str, Any] | None:
+  """The encoder sizes the config chooses, or None when they come from elsewhere (a fine-tuning
+  run's init_checkpoint: its own model, read only when the run starts afresh)."""
+  if config.get("bert_config_file"):
+    path = str(config.get("bert_config_file"))
+    bert = BertConfig.from_dict(read_json(path), source=path)
+  elif config.get("model_preset") and not (config.get("task") and config.get("init_checkpoint")):
+    bert = BertConfig.from_preset(str(config.get("model_preset")))
+  else:
+    return None
+  return {k: getattr(bert, k) for k in _MODEL_SIZES}
+
+
+def check_workdir_identity(config, workdir: str) -> None:
+  """ValueError (one line, naming the file and key) when ``workdir`` holds the run of another
+  job than ``config``'s: the task (fine-tuning's ``config.task``), the pre-training objective,
+  or the model's sizes recorded in its config.json / model_config.json differ. What users
+  change on a resume (learning rate, steps, intervals, ...) is not compared. Reads only."""
+  path = epath.Path(workdir) / "config.json"
+  if not path.is_file():
+    return
+  recorded = read_json(path)
+  if not isinstance(recorded, dict):
+    return
+  for key in ("task", "objective"):
+    if key == "objective" and (recorded.get("task") or config.get("task")):
+      break  # fine-tuning: the task is the job
+    if recorded.get(key) != config.get(key):
+      what = f"{key}" if recorded.get(key) is not None else f"no {key}"
+      held, wanted = _run_kind(recorded), _run_kind(config)
+      raise ValueError(
+        f"workdir {workdir} holds "
+        + (f"a {held} run" if held else "a run of no task or objective")
+        + f" ({path}: {what}); this config "
+        + (f"is {wanted}" if wanted else "has no task or objective")
+        + ": use a new --workdir"
+      )
+  model_path = epath.Path(workdir) / "model_config.json"
+  if not model_path.is_file():
+    return
+  if config.get("task") and (recorded.get("init_checkpoint") or config.get("init_checkpoint")):
+    return  # fine-tuning a pretrained encoder: a resume continues the workdir's own model
+  sizes = _config_model_sizes(config)
+  if sizes is None:
+    return
+  existing = read_json(model_path)
+  diff = {k: (existing.get(k), v) for k, v in sizes.items() if existing.get(k) != v}
+  if diff:
+    shown = ", ".join(f"{k}: {a} in the workdir vs {b} now" for k, (a, b) in diff.items())
+    raise ValueError(
+      f"{model_path}: this workdir holds another model ({shown}); use another --workdir or "
+      "the same model settings. Nothing was changed."
+    )
+
+
+@dataclasses.dataclass
+class _Created:
+  """What preparing a local workdir found: the directories it created (the topmost first) and
+  the workdir's entries before."""
+
+  dirs: list[str]
+  before: set[str]
+
+
+def _prepare_workdir(workdir: str) -> _Created:
   path = epath.Path(workdir)
   if path.exists() and not path.is_dir():
     raise FileExistsError(f"--workdir {workdir} is a file, not a directory")
+  created = _Created([], set())
+  if "://" not in str(workdir):
+    missing = os.path.abspath(workdir)
+    while not os.path.lexists(missing):
+      created.dirs.insert(0, missing)
+      missing = os.path.dirname(missing)
+    created.before = set(os.listdir(workdir)) if os.path.isdir(workdir) else set()
   path.mkdir(parents=True, exist_ok=True)
+  return created
+
+
+def _holds_no_file(directory: str) -> bool:
+  if os.path.islink(directory) or not os.path.isdir(directory):
+    return False
+  for root, dirs, files in os.walk(directory):
+    if files or any(os.path.islink(os.path.join(root, d)) for d in dirs):
+      return False
+  return True
+
+
+def _remove_created(workdir: str, created: _Created) -> None:
+  """After a run failed: when it wrote no file, removes the directories it created (empty ones
+  in the workdir, e.g. ``checkpoints/``; the workdir and its parents if it created them), so
+  that the file system is as the run found it. Anything else stays."""
+  if jax.process_index() != 0 or "://" in str(workdir) or not os.path.isdir(workdir):
+    return
+  new = [os.path.join(workdir, n) for n in sorted(set(os.listdir(workdir)) - created.before)]
+  if not all(_holds_no_file(p) for p in new):
+    return
+  for p in new:
+    shutil.rmtree(p, ignore_errors=True)
+  for d in reversed(created.dirs):
+    try:
+      os.rmdir(d)  # only while empty: something another process put there stays
+    except OSError:
+      break
+  if created.dirs and not os.path.exists(created.dirs[0]):
+    logging.info("Removed %s: the run failed before writing anything there", created.dirs[0])
 
 
 class _Writer(MetricWriter):
@@ -170,6 +304,30 @@ class FinishContext:
   restore_params: Any  # step -> params placed like the state's (from checkpoints/ or best/)
 
 
+def _redo_earlier_evaluations(history, evaluate, every: int, resumed: int, restore_state) -> None:
+  """Evaluates the checkpoints of the steps before ``resumed`` whose evaluation was due
+  (multiples of ``every``) but is not in the history; those whose checkpoint is gone are named
+  in one warning. (The one due at ``resumed`` itself is the loop's.)"""
+  missing = [s for s in range(every, resumed, every) if s not in history.steps] if every else []
+  gone = []
+  for step in missing:
+    state = restore_state(step)
+    if state is None:
+      gone.append(step)
+      continue
+    logging.warning(
+      "The evaluation of step %d is missing from %s: evaluating its checkpoint", step, history.path
+    )
+    evaluate(state)
+  if gone:
+    logging.warning(
+      "The evaluations of steps %s are missing from %s and their checkpoints are gone: they "
+      "stay missing",
+      ", ".join(map(str, gone)),
+      history.path,
+    )
+
+
 def run(config, workdir: str, build, purpose: str = "train") -> dict[str, Any]:
   """Runs the job ``build(config, workdir, mesh)`` in ``workdir`` (resuming if it can);
   ``purpose`` names the run in the workdir lock (a refused second run is told it)."""
@@ -177,18 +335,23 @@ def run(config, workdir: str, build, purpose: str = "train") -> dict[str, Any]:
   check_run_config(config)
   enable_compilation_cache(config.compilation_cache)
   parallel.initialize_distributed(config.distributed)
-  _prepare_workdir(workdir)
-  with WorkdirLock(workdir, purpose=purpose) as lock:
-    mesh = parallel.create_mesh(config.mesh)
-    rules = parallel.normalize_rules(config.logical_axis_rules)
-    logging.info(
-      "Mesh %s over %d devices (%d processes)",
-      dict(mesh.shape),
-      jax.device_count(),
-      jax.process_count(),
-    )
-    job = build(config, workdir, mesh)
-    return _run_job(job, config, workdir, mesh, rules, lock, t_start)
+  check_workdir_identity(config, workdir)
+  created = _prepare_workdir(workdir)
+  try:
+    with WorkdirLock(workdir, purpose=purpose) as lock:
+      mesh = parallel.create_mesh(config.mesh)
+      rules = parallel.normalize_rules(config.logical_axis_rules)
+      logging.info(
+        "Mesh %s over %d devices (%d processes)",
+        dict(mesh.shape),
+        jax.device_count(),
+        jax.process_count(),
+      )
+      job = build(config, workdir, mesh)
+      return _run_job(job, config, workdir, mesh, rules, lock, t_start)
+  except BaseException:
+    _remove_created(workdir, created)
+    raise
 
 
 def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str, Any]:
@@ -207,6 +370,9 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
   )
   writer = None
   try:
+    for m in (manager, best):
+      if m is not None:
+        m.remove_incomplete()
     state, input_state, meta, report = restore_or_initialize(
       manager,
       asm.abstract_state,
@@ -217,11 +383,19 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
       pretrained_subtrees=job.pretrained_subtrees,
     )
     logging.info("Init: %s", report.describe())
-    print(f"[{job.name}] {report.describe()}", flush=True)
     if job.write_run_files is not None and jax.process_index() == 0:
       job.write_run_files(workdir)
     resumed = report.step if report.source == "resumed" else None
     history = EvalHistory(workdir, resumed, job.higher_is_better, best)
+
+    def restore_state(step: int):
+      """The run's own checkpoint of ``step`` as a state, or None when it is gone."""
+      if step not in manager.all_steps():
+        return None
+      return manager.restore(step, asm.abstract_state)[0]
+
+    if resumed is not None:
+      history.reconcile_best(restore_state)
     peak = flops_lib.peak_flops_per_device(
       jax.devices()[0].device_kind,
       config.logging.peak_flops_per_device,
@@ -235,6 +409,8 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
     evaluate = None
     if job.evaluate is not None:
       evaluate = history.evaluator(lambda params, step: job.evaluate(params, step, asm.eval_step))
+      if resumed is not None:
+        _redo_earlier_evaluations(history, evaluate, job.eval_every_steps, resumed, restore_state)
     options = LoopOptions(
       save_every_steps=job.save_every_steps or job.eval_every_steps or job.num_train_steps,
       log_every_steps=int(config.logging.log_every_steps),
@@ -243,10 +419,11 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
       save_on_preemption=bool(ckpt.save_on_preemption),
       eval_fn=evaluate,
       before_save=lock.check,
+      evaluated=lambda step: step in history.steps,
     )
     if job.evaluate is None:
       logging.warning("No evaluation data configured: the run will not be evaluated")
-    logging.info("%s: %d params; %s", job.describe or job.name, asm.num_params, report.describe())
+    logging.info("%s: %d params", job.describe or job.name, asm.num_params)
     writer = _Writer(workdir)
     loop = train_loop(
       state, phases, manager, options, writer, mesh, rules,
