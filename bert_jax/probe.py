@@ -14,9 +14,11 @@ private attributes z from it on the train split less a held-out ``dev_fraction``
 the worst dev privacy is kept, and it is reported on the task's dev split. Output:
 ``<workdir>/probe.json`` (and the same as ``metrics.json`` for ``launch sweep``): the attacker's
 accuracy / F per attribute, privacy (1 - mean accuracy or 1 - F), the majority and direct
-baselines, the main task's metric for a fine-tuned workdir of the task. A user error is one line
+baselines, the main task's metric for a fine-tuned workdir of the task (null, with a note that
+is also logged, for anything else, a pre-training workdir among them). A user error is one line
 ``probe: error: ...`` (status 2 for usage errors, 1 otherwise); ``--verbose_errors`` adds the
-traceback. See docs/probe.md.
+traceback; everything that can refuse a run is checked before the attacker trains, and a failed
+probe leaves no workdir it created. See docs/probe.md.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ exact gradient tree; the declustering sign on a toy pair; Adam's first step is l
 
 import collections
 import csv
+import gzip
+import logging
+import re
 
 import flax.linen as nn
 import jax
@@ -22,6 +25,7 @@ from bert_jax.tasks.glue import GlueTask
 from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import optimizers as O
 from configs import glue
+from configs import probe as probe_config
 
 
 def _config(shared_data, task="cola", **kw):
@@ -219,3 +223,50 @@ def test_train_sample_seed_draws_a_uniform_sample_in_file_order(shared_data, tok
   expected = np.array([[sources[i] == t for t in top] for i in keep], np.int32)
   np.testing.assert_array_equal(z, expected)
   assert (z.sum(0) > 0).all()
+
+
+def test_an_attributes_file_that_is_not_text_is_named(tmp_path):
+  path = tmp_path / "train.txt.gz"  # a compressed CoNLL file given as the attributes file
+  path.write_bytes(gzip.compress(b"Bill B-PER\nClinton I-PER\n"))
+  with pytest.raises(ValueError) as e:
+    PA.fit("conll_per", 1, conll_file=str(path))
+  assert str(e.value).startswith(f"{path}:1: not UTF-8 text (byte 0x8b); a CoNLL file is UTF-8")
+
+
+def test_a_malformed_attributes_file_advises_only_keys_that_exist(tmp_path):
+  path = tmp_path / "names.txt"
+  path.write_text("Bill B-PER\nClinton I-PER\nsaid\n")
+  with pytest.raises(ValueError) as e:
+    PA.fit("conll_per", 1, conll_file=str(path))
+  message = str(e.value)
+  assert message.startswith(f"{path}:3: token 'said' has no tag (expected 'word TAG'); ")
+  # Every key the advice names is one of the config that reads the file (configs/probe.py's
+  # conll_per preset, GLUE's keys plus the probe's).
+  keys = re.findall(r"config\.(\w+)", message)
+  assert keys and set(keys) <= set(probe_config.get_config("conll_per").keys()), keys
+
+
+def test_a_defence_slice_without_an_attribute_is_flagged(shared_data, tokenizer, caplog):
+  """CoLA's train file is ordered by source: its first 800 rows lack some of the five most
+  frequent sources, which a defence would then train against blindly."""
+  caplog.set_level(logging.WARNING)
+  config = _config(
+    shared_data,
+    private_attributes="cola_source",
+    max_train_examples=800,
+    **{"defence.name": "multidetasking"},
+  )
+  task = GlueTask(config, tokenizer)
+  z = task.load_split("train").arrays["private"]
+  sources = _column(shared_data / "glue/CoLA/train.tsv", 0, header=False)
+  top = _top(sources, 5)
+  missing = [s for s in top if s not in sources[:800]]
+  assert missing and z.shape == (800, 5)
+  attrs = "attribute" if len(missing) == 1 else "attributes"
+  expected = (
+    f"CoLA train: none of its 800 rows has private {attrs} "
+    + ", ".join(repr(s) for s in missing)
+    + "; a defence or a probe learns nothing of it from these rows"
+  )
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert any(w.startswith(expected) for w in warnings), warnings

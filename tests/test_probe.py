@@ -80,7 +80,10 @@ def test_metrics_match_sklearn():
       got = m["per_attribute"][name]
       assert got["accuracy"] == pytest.approx(accuracy_score(Z[:, k], P[:, k]))
       assert got["f1"] == pytest.approx(f1_score(Z[:, k], P[:, k], zero_division=0))
-      assert got["precision"] == pytest.approx(precision_score(Z[:, k], P[:, k], zero_division=0))
+      if P[:, k].any():
+        assert got["precision"] == pytest.approx(precision_score(Z[:, k], P[:, k]))
+      else:  # a ratio over no positive prediction: null, not sklearn's zero_division stand-in
+        assert got["precision"] is None
       assert got["recall"] == pytest.approx(recall_score(Z[:, k], P[:, k], zero_division=0))
       assert got["support"] == Z[:, k].sum() and got["rows"] == 6
     mean_acc = np.mean([accuracy_score(Z[:, k], P[:, k]) for k in range(3)])
@@ -91,8 +94,15 @@ def test_metrics_match_sklearn():
     assert m["privacy"] == pytest.approx(1 - (mean_acc if metric == "accuracy" else micro))
   # by hand: TP 4, FP 2, FN 2 -> F = 8 / 12
   assert pm.attack_metrics(Z, P, "abc", "f1")["privacy"] == pytest.approx(1 - 8 / 12)
-  none = pm.attack_metrics(np.zeros((4, 2), int), np.zeros((4, 2), int), "ab", "f1")
-  assert none["f1_micro"] == 0.0 and none["privacy"] == 1.0 and none["mean_accuracy"] == 1.0
+  # No gold positive of an attribute: its recall and F1 (and 1 - F = 1) would come from nothing.
+  for metric in ("accuracy", "f1"):
+    with pytest.raises(ValueError) as e:
+      pm.attack_metrics(np.zeros((4, 2), int), np.zeros((4, 2), int), "ab", metric, "dev rows")
+    assert str(e.value).startswith(
+      "dev rows: none of its 4 rows has private attributes 'a', 'b'; a privacy figure"
+    )
+  with pytest.raises(ValueError, match=r"the split: none of its 2 rows has private attribute 'b';"):
+    pm.attack_metrics(np.array([[1, 0], [0, 0]]), np.ones((2, 2), int), "ab", "f1")
 
 
 def test_majority_baseline_by_hand():
@@ -100,9 +110,9 @@ def test_majority_baseline_by_hand():
   assert pm.majority_values(z).tolist() == [1, 0, 0]  # the last column ties: 0
   pred = pm.majority_predictions(z, 5)
   assert pred.shape == (5, 3) and (pred == [1, 0, 0]).all()
-  test = np.array([[1, 1, 0], [0, 0, 0]])
+  test = np.array([[1, 1, 0], [0, 0, 1]])
   m = pm.attack_metrics(test, pm.majority_predictions(z, 2), "xyz", "accuracy")
-  assert m["mean_accuracy"] == pytest.approx((1 / 2 + 1 / 2 + 1) / 3)
+  assert m["mean_accuracy"] == pytest.approx((1 / 2 + 1 / 2 + 1 / 2) / 3)
   with pytest.raises(ValueError, match="0/1"):
     pm.attack_metrics(np.array([[2]]), np.array([[1]]), "x", "accuracy")
   with pytest.raises(ValueError, match="privacy metric"):
@@ -342,6 +352,7 @@ def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_model, sub
       "--config.direct_baseline=false",  # compiling its training step is slow: tested below
       "--config.representation=scalar_mix",
       "--config.require_attribute=true",  # only sentences of the five sources
+      "--config.dev_fraction=0.2",  # 0.1 holds out no 'l-93' sentence: refused (no positive)
     ],
     cwd=REPO,
     env=subprocess_env(1),
@@ -363,8 +374,8 @@ def test_probe_entry_point_writes_probe_json(tmp_path, cola_dir, cola_model, sub
   dev_sources = [s for s, k in zip(_column(cola_dir / "CoLA/dev.tsv"), kept) if k]
   n_train, n_test = sum(sources[s] for s in top5), len(dev_sources)
   assert 0 < n_test < len(kept) and out["rows"] == {
-    "attacker_train": n_train - round(0.1 * n_train),
-    "attacker_dev": round(0.1 * n_train),
+    "attacker_train": n_train - round(0.2 * n_train),
+    "attacker_dev": round(0.2 * n_train),
     "test": n_test,
   }
   test = out["test"]
@@ -429,4 +440,4 @@ def test_entry_point_reports_bad_input_in_one_line(tmp_path, cola_dir, subproces
     "probe: error: config.representation='last' is not one of "
     "('pooled', 'cls', 'mean', 'scalar_mix')"
   )
-  assert not (tmp_path / "probe" / "probe.json").exists()
+  assert not (tmp_path / "probe").exists()  # nothing left behind, not even an empty workdir

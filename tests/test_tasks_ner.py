@@ -1,5 +1,7 @@
 """NER: conlleval scoring against seqeval, CoNLL reading, word-piece packing, bad input."""
 
+import re
+
 import numpy as np
 import pytest
 from ml_collections import ConfigDict
@@ -92,6 +94,22 @@ def test_read_conll_formats_and_errors(tmp_path, shared_data):
   p.write_text("EU B-ORG\nrejects X-Y\n")
   with pytest.raises(ConllInputError, match=r"a\.conll:2: malformed tag 'X-Y'"):
     read_conll(str(p))
+
+
+def test_read_conll_names_a_file_that_is_not_utf8(tmp_path):
+  from configs import ner
+
+  p = tmp_path / "latin1.conll"
+  p.write_bytes("EU B-ORG\nrejects O\n\nK\u00f6ln B-LOC\n".encode("latin-1"))
+  with pytest.raises(ConllInputError) as e:
+    read_conll(str(p))
+  assert str(e.value).startswith(f"{p}:4: not UTF-8 text (byte 0xf6); a CoNLL file is UTF-8")
+  # The NER task's advice for a line without a tag names a key its config has.
+  p.write_text("EU B-ORG\nrejects\n")
+  with pytest.raises(ConllInputError) as e:
+    read_conll(str(p))
+  keys = re.findall(r"config\.(\w+)", str(e.value))
+  assert keys == ["skip_malformed_lines"] and "skip_malformed_lines" in ner.get_config()
 
 
 @pytest.fixture(scope="module")

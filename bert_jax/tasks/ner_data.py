@@ -3,8 +3,10 @@
 File format: one token per line, its tag in the last whitespace-separated field (so
 ``word TAG`` and CoNLL-2003's ``word POS chunk TAG`` both work), a blank line between
 sentences, ``-DOCSTART-`` lines ignored. Tags are ``O`` or ``<B|I|E|S>-<type>`` (IOB1, IOB2 or
-IOBES). A line with a single field (no tag) or a malformed tag is an error naming the file and
-line, unless ``skip_malformed_lines`` (then it is dropped and counted; the shared
+IOBES). The file is UTF-8 text: anything else (a binary or gzipped file) is an error naming the
+file and the line of the first undecodable byte. A line with a single field (no tag) or a
+malformed tag is an error naming the file and line, unless ``skip_malformed`` (the NER task's
+``config.skip_malformed_lines``; then it is dropped and counted; the shared
 ner_sci/bert_paper.bio has one such line, ``A;`` at line 8880). A file with no sentence (empty,
 blank lines or ``-DOCSTART-`` only, or every line skipped) is an error naming it: every split
 read is trained on or evaluated.
@@ -19,6 +21,7 @@ pieces than fit keeps its first pieces (``stats["words_truncated"]``).
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import re
 from collections.abc import Sequence
@@ -41,16 +44,27 @@ class Sentence:
   path: str
 
 
+# What a malformed-line error advises: the NER task's key (configs/ner.py) that skips such lines.
+SKIP_ADVICE = "fix the file or set config.skip_malformed_lines=True to skip (and count) such lines"
+
+
 def read_conll(
-  path: str, skip_malformed: bool = False, stats: dict | None = None
+  path: str,
+  skip_malformed: bool = False,
+  stats: dict | None = None,
+  advice: str = SKIP_ADVICE,
 ) -> list[Sentence]:
   """Sentences of a CoNLL-format file (see the module docstring).
 
   With ``skip_malformed`` a line without a tag or with a malformed tag is dropped (the
-  sentence keeps its other tokens) and counted in ``stats["skipped_lines"]``.
+  sentence keeps its other tokens) and counted in ``stats["skipped_lines"]``. ``advice`` ends
+  the error for such a line: the default names the NER task's ``config.skip_malformed_lines``; a
+  caller whose config has no such key passes its own.
   """
   stats = {} if stats is None else stats
   stats.setdefault("skipped_lines", 0)
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"{path} is a directory, not a CoNLL file")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"CoNLL file not found: {path}")
   sentences, words, tags, lines = [], [], [], []
@@ -60,31 +74,27 @@ def read_conll(
       sentences.append(Sentence(list(words), list(tags), list(lines), path))
     words.clear(), tags.clear(), lines.clear()
 
-  with open(path, encoding="utf-8") as f:
-    for line_no, line in enumerate(f, start=1):
-      fields = line.split()
-      if not fields:
-        flush()
+  for line_no, line in enumerate(_text_lines(path), start=1):
+    fields = line.split()
+    if not fields:
+      flush()
+      continue
+    if fields[0] == "-DOCSTART-":
+      flush()
+      continue
+    problem = None
+    if len(fields) < 2:
+      problem = f"token {fields[0]!r} has no tag (expected 'word TAG')"
+    elif not _TAG.match(fields[-1]):
+      problem = f"malformed tag {fields[-1]!r} (expected O or B-/I-/E-/S-<type>)"
+    if problem:
+      if skip_malformed:
+        stats["skipped_lines"] += 1
         continue
-      if fields[0] == "-DOCSTART-":
-        flush()
-        continue
-      problem = None
-      if len(fields) < 2:
-        problem = f"token {fields[0]!r} has no tag (expected 'word TAG')"
-      elif not _TAG.match(fields[-1]):
-        problem = f"malformed tag {fields[-1]!r} (expected O or B-/I-/E-/S-<type>)"
-      if problem:
-        if skip_malformed:
-          stats["skipped_lines"] += 1
-          continue
-        raise ConllInputError(
-          f"{path}:{line_no}: {problem}; fix the file or set "
-          "config.skip_malformed_lines=True to skip (and count) such lines"
-        )
-      words.append(fields[0])
-      tags.append(fields[-1])
-      lines.append(line_no)
+      raise ConllInputError(f"{path}:{line_no}: {problem}; {advice}")
+    words.append(fields[0])
+    tags.append(fields[-1])
+    lines.append(line_no)
   flush()
   if not sentences:
     skipped = stats["skipped_lines"]
@@ -94,6 +104,22 @@ def read_conll(
       "between sentences"
     )
   return sentences
+
+
+def _text_lines(path: str) -> io.StringIO:
+  """The lines of a UTF-8 file (universal newlines, as ``open`` in text mode reads them); bytes
+  that are not UTF-8 are an error naming the file and the line they are on."""
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise ConllInputError(
+      f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); a CoNLL file is UTF-8 text, "
+      "one 'word TAG' line per token (a binary or compressed file?)"
+    ) from None
+  return io.StringIO(text, newline=None)
 
 
 def label_list(sentences: Sequence[Sentence], extra: Sequence[str] = ()) -> list[str]:
@@ -116,11 +142,11 @@ def check_labels(sentences: Sequence[Sentence], labels: Sequence[str]) -> None:
 def split_sentences(sentences: Sequence[Sentence], fraction: float, seed: int):
   """(train, held_out): a seeded random ``fraction`` of the sentences held out as dev."""
   if not 0 < fraction < 1:
-    raise ValueError(f"dev_fraction must be in (0, 1), got {fraction}")
+    raise ValueError(f"config.dev_fraction must be in (0, 1), got {fraction}")
   if len(sentences) < 2:
     raise ValueError(
-      f"dev_fraction needs at least 2 sentences to hold one out, the file has {len(sentences)}"
-      f"{' (' + sentences[0].path + ')' if sentences else ''}"
+      "config.dev_fraction needs at least 2 sentences to hold one out, the file has "
+      f"{len(sentences)}{' (' + sentences[0].path + ')' if sentences else ''}"
     )
   order = np.random.default_rng(seed).permutation(len(sentences))
   n_dev = max(1, int(round(fraction * len(sentences))))

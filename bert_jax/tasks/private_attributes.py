@@ -24,6 +24,10 @@ are defined on data that is (``config.private_attributes``; definitions in docs/
 The K names are fitted on the training split (most frequent first, ties by name) and applied
 unchanged to every other split, so the attribute columns mean the same everywhere. ``K`` is
 ``config.num_private_attributes`` (5: the seed's five most frequent entities).
+
+An attribute that no row of a split has (``absent``) cannot be learnt or scored there: ``matrix``
+logs a warning naming the attribute and the split, and ``check_support`` makes it an error (the
+probe calls it on its attacker-train, attacker-dev and test rows before any training).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+from absl import logging
 
 KINDS = ("cola_source", "stsb_genre", "conll_per")
 _COLUMNS = {"cola_source": "source", "stsb_genre": "genre"}  # attributes read from a column
@@ -68,12 +73,21 @@ def words(text: str) -> list[str]:
   return _WORD.findall(text)
 
 
+# The end of a malformed-line error in config.private_attributes_file: no key skips such lines.
+_STRICT_ADVICE = (
+  "config.private_attributes_file must have a tag on every token line: fix the file (nothing "
+  "skips such lines when reading the attributes)"
+)
+
+
 def conll_person_names(path: str) -> collections.Counter:
-  """Gold PER entities of a CoNLL-2003 file (BIO or IO tags), counted: "Bill Clinton" -> n."""
+  """Gold PER entities of a CoNLL-2003 file (BIO or IO tags), counted: "Bill Clinton" -> n.
+  The file is read strictly (``ner_data.read_conll``): a line without a valid tag, a file that
+  is not UTF-8 text or holds no sentence is an error naming the file and line."""
   from bert_jax.tasks.ner_data import read_conll  # noqa: PLC0415 (only conll_per needs it)
 
   counts: collections.Counter = collections.Counter()
-  for sentence in read_conll(path):
+  for sentence in read_conll(path, advice=_STRICT_ADVICE):
     counts.update(person_spans(sentence.words, sentence.tags))
   return counts
 
@@ -160,7 +174,9 @@ def matrix(
 ) -> np.ndarray:
   """int32 [N, K] 0/1: column k is 1 where example n has attribute ``attrs.names[k]``.
   Column kinds read ``columns`` (each example's named columns); ``conll_per`` reads ``texts``
-  (each example's texts, None for a missing second text)."""
+  (each example's texts, None for a missing second text). An attribute that no row has is
+  logged as a warning naming it and ``where`` (the rows are still returned: a split that only
+  a defence's evaluation reads may lack one; the probe refuses such rows, ``check_support``)."""
   k = attrs.num_attributes
   if attrs.kind == "conll_per":
     names = [tuple(words(n)) for n in attrs.names]
@@ -171,14 +187,48 @@ def matrix(
           tokens = tuple(words(text))
           for j, name in enumerate(names):
             out[i, j] |= _contains(tokens, name)
-    return out
-  values = column_values(attrs.kind, columns, where)
-  index = {name: j for j, name in enumerate(attrs.names)}
-  out = np.zeros((len(values), k), np.int32)
-  for i, v in enumerate(values):
-    if v in index:
-      out[i, index[v]] = 1
+  else:
+    values = column_values(attrs.kind, columns, where)
+    index = {name: j for j, name in enumerate(attrs.names)}
+    out = np.zeros((len(values), k), np.int32)
+    for i, v in enumerate(values):
+      if v in index:
+        out[i, index[v]] = 1
+  missing = absent(out, attrs.names)
+  if len(out) and missing:
+    logging.warning(
+      "%s: %s; a defence or a probe learns nothing of it from these rows, and a privacy figure "
+      "on them would come from zero positives (a file ordered by attribute, as CoLA's and "
+      "STS-B's are, holds few values in its first max_train_examples / max_eval_examples rows)",
+      where,
+      _none_of(len(out), missing),
+    )
   return out
+
+
+def absent(z_NxK: np.ndarray, names: Sequence[str]) -> list[str]:
+  """The attributes (of ``names``, column order) with no positive row in ``z_NxK``."""
+  z = np.asarray(z_NxK)
+  return [name for name, n in zip(names, z.sum(0) if z.size else np.zeros(len(names))) if n == 0]
+
+
+def check_support(z_NxK: np.ndarray, names: Sequence[str], where: str, advice: str = "") -> None:
+  """A one-line error naming the attributes of ``names`` that no row of ``z_NxK`` (``where``)
+  has: a metric of such an attribute, or a privacy figure including it, would be computed from
+  zero positives, and an attacker or adversary learns nothing of it there."""
+  missing = absent(z_NxK, names)
+  if not missing:
+    return
+  raise ValueError(
+    f"{where}: {_none_of(len(z_NxK), missing)}; a privacy figure computed from zero positives "
+    f"is meaningless: {advice or 'use rows that have it'}"
+  )
+
+
+def _none_of(n: int, missing: Sequence[str]) -> str:
+  """'none of its 5 rows has private attribute 'a'' (or attributes 'a', 'b')."""
+  attrs = "attribute" if len(missing) == 1 else "attributes"
+  return f"none of its {n} rows has private {attrs} {', '.join(repr(m) for m in missing)}"
 
 
 def _contains(tokens: tuple[str, ...], name: tuple[str, ...]) -> int:

@@ -10,10 +10,15 @@ feed-forward attacker with sigmoid outputs. ``fit_and_select`` trains any (param
 logits function on the summed sigmoid log-loss of the K attributes, scores dev after every epoch
 and keeps the epoch whose dev privacy is lowest. ``train_attacker`` does so on cached r(x);
 ``train_direct`` on the encoder itself (``DirectModel``: the encoder is trained too).
+
+Long work is never silent: extracting representations and training log a progress line
+(``bert_jax.train.progress``: done / total, rate, eta) at most every ``INTERVAL_SEC``, and a
+compilation or a scoring pass that runs longer logs that it is still running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
@@ -24,11 +29,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 
 from bert_jax.model import BertConfig, BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
 from bert_jax.tasks import probe_metrics as pm
 from bert_jax.tasks.base import INPUT_KEYS
+from bert_jax.train import progress as progress_lib
+from bert_jax.train.progress import Heartbeat, Progress
+
+
+def _interval() -> float:
+  """The progress interval, read when the work starts (``progress.INTERVAL_SEC``)."""
+  return progress_lib.INTERVAL_SEC
 
 
 def _pool(h_BxLxD, mask_BxL, how: str):
@@ -117,25 +130,44 @@ def compute_representations(
   layer: int,
   pooling: str = "mean",
   batch_size: int = 32,
+  name: str = "",
+  progress: Progress | None = None,
 ) -> np.ndarray:
   """r(x) of every row of ``arrays`` (input_ids, input_mask, segment_ids) under the frozen
   encoder: float32 [N, D] (or [N, K, D] for scalar_mix), in row order. Rows are sorted by length
   and each jitted batch is cut to the multiple of 32 holding its longest row (padding is masked,
-  so r(x) does not change); the last batch is padded with copies of a row."""
+  so r(x) does not change); the last batch is padded with copies of a row. Each batch counts
+  one unit of ``progress`` (by default its own, logged as 'probe: representations of <name> (N
+  rows): b/B batches ...')."""
   run = _representation_fn(bert_config, mode, layer, pooling)
   bert_params = jax.device_put(bert_params)  # once, not with every batch
   ids, mask, seg = (np.asarray(arrays[k]) for k in INPUT_KEYS)
   n, max_length = ids.shape
+  if n == 0:
+    raise ValueError(f"no rows to represent{' in ' + name if name else ''}")
   lengths = mask.sum(1)
   order = np.argsort(lengths, kind="stable")
-  outs = []
-  for start in range(0, n, batch_size):
-    idx = order[start : start + batch_size]
-    idx = np.concatenate([idx, np.full(batch_size - idx.size, idx[0], idx.dtype)])
-    cut = _bucket(int(lengths[idx].max()), max_length)
-    outs.append(np.asarray(run(bert_params, ids[idx, :cut], mask[idx, :cut], seg[idx, :cut])))
-  if not outs:
-    raise ValueError("no rows to represent")
+  what = f"probe: representations{' of ' + name if name else ''} ({n} rows)"
+  outs, seen = [], set()
+  if progress is None:
+    ctx = Progress(what, total=-(-n // batch_size), unit="batches", interval_sec=_interval())
+  else:  # the caller's, counting the batches of several row sets
+    ctx = contextlib.nullcontext(progress)
+  with ctx as progress:
+    for start in range(0, n, batch_size):
+      idx = order[start : start + batch_size]
+      idx = np.concatenate([idx, np.full(batch_size - idx.size, idx[0], idx.dtype)])
+      cut = _bucket(int(lengths[idx].max()), max_length)
+      args = (bert_params, ids[idx, :cut], mask[idx, :cut], seg[idx, :cut])
+      if cut in seen:
+        outs.append(np.asarray(run(*args)))
+      else:  # a new length compiles (unless an earlier split compiled it)
+        with Heartbeat(
+          f"{what}: first batch of {cut} tokens (compiling)", interval_sec=_interval()
+        ):
+          outs.append(np.asarray(run(*args)))
+        seen.add(cut)
+      progress.update()
   in_order = np.concatenate(outs)[:n]
   result = np.empty_like(in_order)
   result[order] = in_order
@@ -190,16 +222,25 @@ def fit_and_select(
   batch_size: int,
   seed: int,
   eval_batch_size: int = 0,
+  what: str = "probe: attacker",
 ) -> dict[str, Any]:
   """Trains on ``data["train"]`` (inputs, z) with the summed sigmoid log-loss; after each epoch
   scores ``data["dev"]``; keeps the epoch with the worst dev privacy and reports it on
-  ``data["test"]``. Returns {"selected_epoch" (1-based), "epochs", "dev", "test", "params"}."""
+  ``data["test"]``. Returns {"selected_epoch" (1-based), "epochs", "dev", "test", "params"}.
+  Progress is logged as '<what>: training: s/S steps ...'."""
   inputs, z = data["train"]
   n = len(z)
   if n == 0:
-    raise ValueError("the attacker has no training rows")
+    raise ValueError(f"{what}: no training rows")
   size = min(batch_size, n)
   eval_size = eval_batch_size or size
+  names, metric = dataclasses.astuple(attrs)
+
+  def score(split: str, p, epoch: str) -> dict[str, Any]:
+    with Heartbeat(f"{what}: scoring {epoch} on the {split} rows", interval_sec=_interval()):
+      pred = predict(p, data[split][0], eval_size)
+    where = f"the {what.removeprefix('probe: ')}'s {split} rows"
+    return pm.attack_metrics(data[split][1], pred, names, metric, where)
 
   def loss_fn(p, batch, z_BxK, w_B, rng):
     logits = logits_fn(p, batch, rng, False).astype(jnp.float32)
@@ -216,35 +257,41 @@ def fit_and_select(
   predict = predictor(logits_fn)
   key = jax.random.PRNGKey(seed)
   history, best, best_params = [], None, params
-  for epoch in range(epochs):
-    order = np.random.default_rng([seed, epoch]).permutation(n)
-    losses = []
-    for start in range(0, n, size):
-      batch, w = _batches({**inputs, "_z": z}, order[start : start + size], size)
-      key, rng = jax.random.split(key)
-      zb = batch.pop("_z")
-      params, opt_state, loss = step(params, opt_state, batch, zb, w, rng)
-      losses.append(loss)
-    dev = pm.attack_metrics(
-      data["dev"][1],
-      predict(params, data["dev"][0], eval_size),
-      *dataclasses.astuple(attrs),
-    )
-    history.append(
-      {
-        "epoch": epoch + 1,
-        "train_loss": float(np.mean(jax.device_get(losses))),
-        "dev_privacy": dev["privacy"],
-      }
-    )
-    if best is None or dev["privacy"] < best["privacy"]:
-      best, best_params = dev, params  # immutable device arrays: no copy needed
-  selected = pm.select_epoch([h["dev_privacy"] for h in history])
-  test = pm.attack_metrics(
-    data["test"][1],
-    predict(best_params, data["test"][0], eval_size),
-    *dataclasses.astuple(attrs),
+  steps_per_epoch = -(-n // size)
+  logging.info(
+    "%s: training on %d rows, %d epochs of %d steps, each scored on %d dev rows",
+    what,
+    n,
+    epochs,
+    steps_per_epoch,
+    len(data["dev"][1]),
   )
+  with Progress(
+    f"{what}: training", total=epochs * steps_per_epoch, unit="steps", interval_sec=_interval()
+  ) as progress:
+    for epoch in range(epochs):
+      order = np.random.default_rng([seed, epoch]).permutation(n)
+      losses = []
+      for start in range(0, n, size):
+        batch, w = _batches({**inputs, "_z": z}, order[start : start + size], size)
+        key, rng = jax.random.split(key)
+        zb = batch.pop("_z")
+        if epoch or start:
+          params, opt_state, loss = step(params, opt_state, batch, zb, w, rng)
+        else:
+          with Heartbeat(f"{what}: first training step (compiling)", interval_sec=_interval()):
+            params, opt_state, loss = step(params, opt_state, batch, zb, w, rng)
+            loss.block_until_ready()
+        losses.append(float(loss))  # waits for the step: progress counts steps done
+        progress.update()
+      dev = score("dev", params, f"epoch {epoch + 1}")
+      history.append(
+        {"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "dev_privacy": dev["privacy"]}
+      )
+      if best is None or dev["privacy"] < best["privacy"]:
+        best, best_params = dev, params  # immutable device arrays: no copy needed
+  selected = pm.select_epoch([h["dev_privacy"] for h in history])
+  test = score("test", best_params, f"epoch {selected + 1}")
   return {
     "selected_epoch": selected + 1,
     "epochs": history,
@@ -319,7 +366,16 @@ def train_direct(
   tx = optax.adam(warmup_linear_decay(learning_rate, int(warmup_proportion * total), total))
   data = {s: ({k: np.asarray(inputs[s][k]) for k in INPUT_KEYS}, np.asarray(z[s])) for s in z}
   out = fit_and_select(
-    logits_fn, params, tx, data, attrs, epochs, batch_size, seed, eval_batch_size
+    logits_fn,
+    params,
+    tx,
+    data,
+    attrs,
+    epochs,
+    batch_size,
+    seed,
+    eval_batch_size,
+    what="probe: direct baseline",
   )
   out.pop("params")
   return out

@@ -4,15 +4,20 @@ An attacker predicts a vector z of K binary private attributes for every example
 ``pred_NxK`` are 0/1 arrays. For one split:
 
 ``per_attribute``  for each attribute k: accuracy, precision, recall and F1 of the positive class
-                   (value 1), the number of gold positives (``support``) and of rows.
+                   (value 1), the number of gold positives (``support``) and of rows; precision
+                   is null (None) where the attacker predicts no positive (a ratio over no
+                   prediction).
 ``mean_accuracy``  X, the mean over the K attributes of their accuracy.
 ``f1_micro``       F, the F-score "computed over the set of binary variables in z" (the seed's
                    words): true positives, false positives and false negatives pooled over every
-                   (example, attribute) cell, ``F = 2 TP / (2 TP + FP + FN)``. F is 0 when the
-                   split has no positive cell and none is predicted (no positive to find).
+                   (example, attribute) cell, ``F = 2 TP / (2 TP + FP + FN)``.
 ``f1_macro``       the mean of the K attributes' F1 (reported, not used for privacy).
 ``privacy``        ``1 - X`` for a metric "accuracy" (demographic-style attributes, each example
                    has one value of each) or ``1 - F`` (micro) for "f1" (presence attributes).
+
+Every attribute must have at least one gold positive in the split: an attribute without one
+is refused with an error naming it and the split (its recall and F1, and a privacy figure that
+includes it, would be computed from zero positives: 1 - F = 1 from nothing to find).
 
 Baselines: ``majority_predictions`` predicts each attribute's most frequent value on the
 attacker's training rows (a tie predicts 0), for every row: the seed's "most frequent class"
@@ -29,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.tasks.private_attributes import check_support
+
 PRIVACY_METRICS = ("accuracy", "f1")
 
 
@@ -43,20 +50,25 @@ def _check(z_NxK: np.ndarray, pred_NxK: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _f1(tp: int, fp: int, fn: int) -> float:
-  return 2.0 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+  return 2.0 * tp / (2 * tp + fp + fn)  # tp + fn > 0: every attribute has a gold positive
 
 
 def attack_metrics(
-  z_NxK: np.ndarray, pred_NxK: np.ndarray, names: Sequence[str], privacy_metric: str
+  z_NxK: np.ndarray,
+  pred_NxK: np.ndarray,
+  names: Sequence[str],
+  privacy_metric: str,
+  where: str = "the split",
 ) -> dict[str, Any]:
-  """The attacker's metrics on one split (see the module docstring)."""
+  """The attacker's metrics on one split, ``where`` (see the module docstring)."""
   if privacy_metric not in PRIVACY_METRICS:
     raise ValueError(f"privacy metric {privacy_metric!r} is not one of {PRIVACY_METRICS}")
   z, p = _check(z_NxK, pred_NxK)
   if z.shape[1] != len(names):
     raise ValueError(f"{z.shape[1]} attribute columns but {len(names)} names {list(names)}")
   if z.shape[0] == 0:
-    raise ValueError("no rows to evaluate the attacker on")
+    raise ValueError(f"{where}: no rows to evaluate the attacker on")
+  check_support(z, names, where)
   tp_K = (z & p).sum(0)
   fp_K = (~z & p).sum(0)
   fn_K = (z & ~p).sum(0)
@@ -66,8 +78,8 @@ def attack_metrics(
     tp, fp, fn = int(tp_K[k]), int(fp_K[k]), int(fn_K[k])
     per[name] = {
       "accuracy": float(acc_K[k]),
-      "precision": tp / (tp + fp) if tp + fp else 0.0,
-      "recall": tp / (tp + fn) if tp + fn else 0.0,
+      "precision": tp / (tp + fp) if tp + fp else None,
+      "recall": tp / (tp + fn),
       "f1": _f1(tp, fp, fn),
       "support": tp + fn,
       "rows": int(z.shape[0]),
