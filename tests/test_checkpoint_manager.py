@@ -299,6 +299,11 @@ def test_file_primitives_leave_nothing_half_written(tmp_path, monkeypatch):
     read_json(tmp_path / "bad.json")
   with pytest.raises(FileNotFoundError, match=r"absent\.json"):
     read_json(tmp_path / "absent.json")
+  binary = tmp_path / "sub" / "binary.json"
+  binary.parent.mkdir()
+  binary.write_bytes(b"\x1f\x8b\x08\x00")  # gzip, say
+  with pytest.raises(ValueError, match=r"binary\.json: not UTF-8 text \(byte 0x8b at offset 1\)"):
+    read_json(binary)
 
   def failing(tmp):
     with open(tmp, "w") as f:
@@ -307,7 +312,7 @@ def test_file_primitives_leave_nothing_half_written(tmp_path, monkeypatch):
 
   with pytest.raises(OSError):
     atomic_write(tmp_path / "a.json", failing)
-  assert sorted(os.listdir(tmp_path)) == ["a.json", "bad.json"]
+  assert sorted(os.listdir(tmp_path)) == ["a.json", "bad.json", "sub"]
 
   out = tmp_path / "out"
   with replace_dir(out) as tmp:

@@ -44,13 +44,17 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-  """The JSON in ``path``. FileNotFoundError / ValueError naming the file when it is missing or
-  not valid JSON."""
+  """The JSON in ``path``. FileNotFoundError / ValueError naming the file when it is missing,
+  not UTF-8 text or not valid JSON."""
   path = epath.Path(path)
   try:
     text = path.read_text()
   except FileNotFoundError as e:
     raise FileNotFoundError(f"{path}: no such file") from e
+  except UnicodeDecodeError as e:
+    raise ValueError(
+      f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); expected JSON"
+    ) from e
   try:
     return json.loads(text)
   except ValueError as e:
