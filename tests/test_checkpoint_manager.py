@@ -328,7 +328,7 @@ def test_file_primitives_leave_nothing_half_written(tmp_path, monkeypatch):
   with replace_dir(out, overwrite=True) as tmp:
     open(os.path.join(tmp, "two"), "w").close()
   assert os.listdir(out) == ["two"]  # replaced whole: nothing of before survives
-  assert sorted(os.listdir(tmp_path)) == ["a.json", "bad.json", "out"]  # no temp left
+  assert sorted(os.listdir(tmp_path)) == ["a.json", "bad.json", "out", "sub"]  # no temp left
 
 
 def _orbax_tracebacks(records):
