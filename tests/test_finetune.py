@@ -89,6 +89,17 @@ def test_entry_points_write_the_workdir(rte_workdir):
   assert ev["eval"]["dev"]["accuracy"] == pytest.approx(metrics["dev"]["accuracy"])
   _run("bert_jax.evaluate", "--workdir", str(rte_workdir), "--split", "test")
   assert (rte_workdir / "eval_test/RTE.tsv").read_text().splitlines() == test_tsv
+  # An eval batch far beyond the split's 32 rows: one batch of the 32 rows, said once; same ids.
+  out = rte_workdir / "eval_test_big"
+  proc = _run(
+    "bert_jax.evaluate",
+    f"--workdir={rte_workdir}",
+    "--split=test",
+    f"--output_dir={out}",
+    "--set=eval_batch_size=200000",
+  )
+  assert proc.stderr.count("test: 32 rows, fewer than eval_batch_size=200000: one batch of 32") == 1
+  assert (out / "RTE.tsv").read_text().splitlines() == test_tsv
 
 
 def test_minilm_sst2_learns(tmp_path, shared_data, minilm_dir):

@@ -14,19 +14,26 @@ Evaluation. ``Predictor`` runs ``task.predict`` over every row of a split in glo
 dropped), each cut to its bucket and padded back to ``max_seq_length`` on the task's
 ``prediction_axes``. With bucketing on, the rows are visited shortest first (a stable sort on
 each row's needed length, the same on every process), so each batch holds rows of similar
-length and is cut as short as they allow; the outputs come back in the split's order.
+length and is cut as short as they allow; the outputs come back in the split's order. A split
+smaller than ``eval_batch_size`` runs in one batch of its rows rounded up to the data-parallel
+size (``split_batch_size``; logged once per split), not one padded to ``eval_batch_size``. A
+pass logs its progress (batches done, rate, ETA) at least every 30 s while it runs
+(``bert_jax.train.progress.Progress``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 
 from bert_jax import parallel
 from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.length_buckets import LengthBucketer, parse_buckets
+from bert_jax.train.progress import INTERVAL_SEC, Progress
 from bert_jax.train.train_step import jit_eval_step
 
 
@@ -37,6 +44,15 @@ def make_bucketer(task: Task, config: Any) -> LengthBucketer:
     task.sequence_axes,
     tuple(task.position_keys),
   )
+
+
+def split_batch_size(batch_size: int, num_rows: int, mesh) -> int:
+  """The global batch a split of ``num_rows`` rows is evaluated in: ``batch_size``, or fewer
+  where the split is smaller: its rows rounded up to a multiple of the data-parallel size and
+  the process count (which divide ``batch_size`` too), so a small split is not padded to a huge
+  ``eval_batch_size``."""
+  step = math.lcm(parallel.data_parallel_size(mesh), jax.process_count())
+  return min(batch_size, max(step, -(-num_rows // step) * step))
 
 
 def _host_share(idx: np.ndarray, batch_size: int) -> np.ndarray:
@@ -123,24 +139,46 @@ class Predictor:
       fn = lambda params, batch: task.predict(task.apply(model, params, batch, True))
       step = jit_eval_step(fn, mesh, rules)
     self._step = step
+    self.progress_interval_sec = INTERVAL_SEC
+    self._small_splits: set[str] = set()  # splits already logged as run in a smaller batch
 
-  def __call__(self, params, data: SplitData) -> dict[str, np.ndarray]:
-    n, b = data.num_rows, self.batch_size
+  def __call__(self, params, data: SplitData, what: str = "") -> dict[str, np.ndarray]:
+    """The task's predictions for every row of ``data``; progress is logged as ``what``
+    (default "predicting <split>")."""
+    n = data.num_rows
+    b = split_batch_size(self.batch_size, n, self.mesh)
+    if b < self.batch_size and data.split not in self._small_splits:
+      self._small_splits.add(data.split)
+      logging.info(
+        "%s: %d rows, fewer than eval_batch_size=%d: one batch of %d",
+        data.split,
+        n,
+        self.batch_size,
+        b,
+      )
     need_N = _bucketed_need(data, self.bucketer)
     bucketed = need_N is not None
     order = np.argsort(need_N, kind="stable") if bucketed else np.arange(n)
     outs = []
-    for start in range(0, n, b):
-      idx = order[start : start + b]
-      idx = np.concatenate([idx, np.full(b - idx.size, idx[0], idx.dtype)])
-      rows = {k: v[_host_share(idx, b)] for k, v in data.arrays.items()}
-      if bucketed:
-        rows = self.bucketer.cut(rows, self.bucketer.bucket_for(int(need_N[idx].max())))
-      out = self._step(params, parallel.make_global_batch(rows, self.mesh, self.rules))
-      out = {k: np.asarray(v.addressable_data(0)) for k, v in out.items()}
-      if bucketed:
-        out = LengthBucketer.pad(out, self.prediction_axes, self.max_seq_length)
-      outs.append(out)
+    progress = Progress(
+      what or f"predicting {data.split}",
+      total=-(-n // b),
+      unit="batches",
+      interval_sec=self.progress_interval_sec,
+    )
+    with progress:
+      for start in range(0, n, b):
+        idx = order[start : start + b]
+        idx = np.concatenate([idx, np.full(b - idx.size, idx[0], idx.dtype)])
+        rows = {k: v[_host_share(idx, b)] for k, v in data.arrays.items()}
+        if bucketed:
+          rows = self.bucketer.cut(rows, self.bucketer.bucket_for(int(need_N[idx].max())))
+        out = self._step(params, parallel.make_global_batch(rows, self.mesh, self.rules))
+        out = {k: np.asarray(v.addressable_data(0)) for k, v in out.items()}
+        if bucketed:
+          out = LengthBucketer.pad(out, self.prediction_axes, self.max_seq_length)
+        outs.append(out)
+        progress.update()
     if not outs:
       return {}
     result = {}

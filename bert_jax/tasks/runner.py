@@ -25,6 +25,11 @@ predictions of the best evaluation are written (kept from the loop, not predicte
 best parameters predict the test splits into ``predictions/``, and ``metrics.json`` is written:
 one file a sweep collects, ``{"task", "primary_metric", "dev": {...}, "best_step", "hparams",
 ...}``.
+
+Each evaluation and prediction pass logs its progress (batches, rate, ETA) at least every 30 s,
+and a split is run in batches of at most its rows (rounded up to the data-parallel size): an
+``eval_batch_size`` beyond the largest dev split is cut to it before training, with one line
+(``bert_jax.tasks.finetune_input.split_batch_size``).
 """
 
 from __future__ import annotations
@@ -46,7 +51,12 @@ from bert_jax.tasks import create_task
 from bert_jax.tasks import runner_io as io
 from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.best_checkpoint import checkpoint_dir, has_checkpoint
-from bert_jax.tasks.finetune_input import FinetuneInput, Predictor, make_bucketer
+from bert_jax.tasks.finetune_input import (
+  FinetuneInput,
+  Predictor,
+  make_bucketer,
+  split_batch_size,
+)
 from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
@@ -76,9 +86,9 @@ def lr_scale(task: Task):
   return lambda path: 1.0 if task.trainable(path) else 0.0
 
 
-def evaluate_split(task: Task, predictor: Predictor, params, data: SplitData):
-  """(metrics, task predictions) of one split."""
-  return task.evaluate(data, predictor(params, data))
+def evaluate_split(task: Task, predictor: Predictor, params, data: SplitData, what: str = ""):
+  """(metrics, task predictions) of one split; ``what`` names the pass in its progress lines."""
+  return task.evaluate(data, predictor(params, data, what))
 
 
 def _plan(config, num_rows: int) -> tuple[int, int, int]:
@@ -96,6 +106,25 @@ def _plan(config, num_rows: int) -> tuple[int, int, int]:
     else int(config.warmup_proportion * total)
   )
   return per_epoch, total, warmup
+
+
+def _eval_batch_size(config, evals: list[SplitData], mesh) -> int:
+  """``config.eval_batch_size``, or the largest dev split's rows rounded up to the data-parallel
+  size where that is smaller (logged): a split is never padded to a batch beyond its rows."""
+  batch = int(config.eval_batch_size)
+  if not evals:
+    return batch
+  largest = max(evals, key=lambda d: d.num_rows)
+  capped = split_batch_size(batch, largest.num_rows, mesh)
+  if capped < batch:
+    logging.info(
+      "config.eval_batch_size=%d is more than the %d rows of %s: evaluating in batches of %d",
+      batch,
+      largest.num_rows,
+      largest.split,
+      capped,
+    )
+  return capped
 
 
 def _flops_per_row(task: Task, bert_config: BertConfig) -> float:
@@ -129,6 +158,7 @@ class _Finetuning:
     logging.info("Data: %s", self.data_stats)
     parallel.check_batch_size(int(config.train_batch_size), mesh, "train_batch_size")
     parallel.check_batch_size(int(config.eval_batch_size), mesh, "eval_batch_size")
+    self.eval_batch_size = _eval_batch_size(config, self.evals, mesh)
     self.per_epoch, self.total, self.warmup = _plan(config, self.train.num_rows)
     self.bucketer = make_bucketer(self.task, config)
     self.rules = parallel.normalize_rules(config.logical_axis_rules)
@@ -142,7 +172,7 @@ class _Finetuning:
         self.model,
         self.mesh,
         self.rules,
-        int(self.config.eval_batch_size),
+        self.eval_batch_size,
         self.bucketer,
         int(self.config.max_seq_length),
         step=eval_step,
@@ -151,7 +181,12 @@ class _Finetuning:
 
   def evaluate(self, params, step: int, eval_step) -> EvalResult:
     predictor = self.predictor(eval_step)
-    outputs = {d.split: evaluate_split(self.task, predictor, params, d) for d in self.evals}
+    outputs = {
+      d.split: evaluate_split(
+        self.task, predictor, params, d, f"evaluating {d.split} at step {step}"
+      )
+      for d in self.evals
+    }
     record = {split: metrics for split, (metrics, _) in outputs.items()}
     primary_split = self.evals[0].split
     primary = record[primary_split].get(self.task.primary_metric) if record[primary_split] else None
@@ -181,7 +216,7 @@ class _Finetuning:
       params = ctx.restore_params(best_step)
     predictor = self.predictor(ctx.asm.eval_step)
     if cached is None:  # e.g. resumed after the last evaluation
-      final = _predict_and_write(task, predictor, params, self.evals, out_dir)
+      final = _predict_and_write(task, predictor, params, self.evals, out_dir, "evaluating")
     else:
       final = {d.split: _write(task, d, *cached[d.split], out_dir) for d in self.evals}
     if config.predict_test:
@@ -192,7 +227,7 @@ class _Finetuning:
           logging.info("No %s predictions: %s", split, e)
           continue
         self.data_stats[split] = data.stats
-        final.update(_predict_and_write(task, predictor, params, [data], out_dir))
+        final.update(_predict_and_write(task, predictor, params, [data], out_dir, "predicting"))
     primary_split = self.evals[0].split if self.evals else None
     self.result = {
       "task": task.name,
@@ -256,7 +291,7 @@ class _Finetuning:
       lr_scale=lr_scale(task),
       optimizer_groups=task.optimizer_groups(),
       eval_step=make_predict_fn(task, model),
-      eval_batch_spec=task.train_batch_spec(int(config.eval_batch_size)),
+      eval_batch_spec=task.train_batch_spec(self.eval_batch_size),
       init_checkpoint=config.init_checkpoint,
       pretrained_params=self.setup.pretrained.params if self.setup.pretrained else None,
       pretrained_subtrees=("bert",),
@@ -333,9 +368,12 @@ def _write(task, data, metrics, preds, out_dir) -> dict:
   return json_safe(metrics)
 
 
-def _predict_and_write(task, predictor, params, splits, out_dir) -> dict[str, dict]:
+def _predict_and_write(task, predictor, params, splits, out_dir, verb) -> dict[str, dict]:
+  """Each split's metrics, its prediction files written; progress lines read '<verb> <split>'."""
   return {
-    data.split: _write(task, data, *evaluate_split(task, predictor, params, data), out_dir)
+    data.split: _write(
+      task, data, *evaluate_split(task, predictor, params, data, f"{verb} {data.split}"), out_dir
+    )
     for data in splits
   }
 
@@ -403,7 +441,8 @@ def _evaluate(workdir: str, split: str, output_dir: str, overrides) -> dict[str,
       if len(names) == 1:
         raise
       logging.warning("Skipping split %s: %s", name, e)  # e.g. MNLI's AX file is absent
-  results = _predict_and_write(task, predictor, params, splits, output_dir)
+  verb = "predicting" if split == "test" or split in task.test_splits else "evaluating"
+  results = _predict_and_write(task, predictor, params, splits, output_dir, verb)
   out = {
     "task": task.name,
     "primary_metric": task.primary_metric,
