@@ -246,27 +246,30 @@ def test_a_malformed_attributes_file_advises_only_keys_that_exist(tmp_path):
   assert keys and set(keys) <= set(probe_config.get_config("conll_per").keys()), keys
 
 
-def test_a_defence_slice_without_an_attribute_is_flagged(shared_data, tokenizer, caplog):
+def test_a_defence_slice_without_an_attribute_is_refused(shared_data, tokenizer, caplog):
   """CoLA's train file is ordered by source: its first 800 rows lack some of the five most
-  frequent sources, which a defence would then train against blindly."""
+  frequent sources. A defence would train against those blindly: refused, naming them; without
+  a defence (the attributes only recorded) the same slice is a warning."""
   caplog.set_level(logging.WARNING)
+  sources = _column(shared_data / "glue/CoLA/train.tsv", 0, header=False)
+  top = _top(sources, 5)
+  missing = [s for s in top if s not in sources[:800]]
+  attrs = "attribute" if len(missing) == 1 else "attributes"
+  none_of = f"CoLA train: none of its 800 rows has private {attrs} " + ", ".join(
+    repr(s) for s in missing
+  )
+  assert missing
   config = _config(
     shared_data,
     private_attributes="cola_source",
     max_train_examples=800,
     **{"defence.name": "multidetasking"},
   )
-  task = GlueTask(config, tokenizer)
-  z = task.load_split("train").arrays["private"]
-  sources = _column(shared_data / "glue/CoLA/train.tsv", 0, header=False)
-  top = _top(sources, 5)
-  missing = [s for s in top if s not in sources[:800]]
-  assert missing and z.shape == (800, 5)
-  attrs = "attribute" if len(missing) == 1 else "attributes"
-  expected = (
-    f"CoLA train: none of its 800 rows has private {attrs} "
-    + ", ".join(repr(s) for s in missing)
-    + "; a defence or a probe learns nothing of it from these rows"
-  )
+  with pytest.raises(ValueError, match=re.escape(none_of) + ".*config.train_sample_seed"):
+    GlueTask(config, tokenizer).load_split("train")
+  config = _config(shared_data, private_attributes="cola_source", max_train_examples=800)
+  z = GlueTask(config, tokenizer).load_split("train").arrays["private"]
+  assert z.shape == (800, 5)
+  expected = none_of + "; a defence or a probe learns nothing of it from these rows"
   warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
   assert any(w.startswith(expected) for w in warnings), warnings

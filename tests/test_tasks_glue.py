@@ -271,6 +271,12 @@ def test_bad_tsv_errors_name_file_and_line(tmp_path, tokenizer):
   p.write_text("sentence1\tsentence2\tscore\na\tb\tfive\n")
   with pytest.raises(GlueInputError, match=r"score\.tsv:2: score 'five'"):
     read_tsv(SPECS["stsb"], str(p), True)
+  p = tmp_path / "binary.tsv"  # e.g. a gzipped file under a .tsv name
+  p.write_bytes(
+    "index\tsentence1\tsentence2\tlabel\n0\tcaf\u00e9\tb\tentailment\n".encode() + b"1\t\x8b\n"
+  )
+  with pytest.raises(GlueInputError, match=r"binary\.tsv:3: not UTF-8 text \(byte 0x8b\)"):
+    read_tsv(spec, str(p), True)
   config = _config("sst2", tmp_path)
   config.task = "glue_nope"
   with pytest.raises(ValueError, match="unknown task"):
@@ -304,3 +310,17 @@ def test_tfds_source_maps_label_names(tmp_path, tokenizer):
       split = "train"
       examples = read_tfds(SPECS[name], split, str(tmp_path))
       assert len(examples) == 4 and all(isinstance(e.text_a, str) for e in examples)
+
+
+def test_a_run_config_that_is_not_json_text_names_the_file(tmp_path):
+  from bert_jax.tasks.runner_io import read_run_config
+
+  (tmp_path / "config.json").write_bytes(b"\x1f\x8b\x08\x00")
+  with pytest.raises(ValueError, match=r"config\.json: not UTF-8 text"):
+    read_run_config(str(tmp_path))
+  (tmp_path / "config.json").write_text('{"task": "rte",')
+  with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
+    read_run_config(str(tmp_path))
+  (tmp_path / "config.json").write_text("[1, 2]")
+  with pytest.raises(ValueError, match=r"config\.json: not a JSON object"):
+    read_run_config(str(tmp_path))

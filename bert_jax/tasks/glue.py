@@ -202,6 +202,15 @@ class GlueTask(Task):
       except ValueError:
         if labelled:  # train/dev must have them; a test file may lack the column
           raise
+      if self.defence and split == self.train_split and "private" in arrays:
+        # The adversary (or the clustering) would learn nothing of an attribute with no row.
+        PA.check_support(
+          arrays["private"],
+          self.private_attributes.names,
+          f"{self.spec.dir_name} {split}",
+          "use rows that have it (config.train_sample_seed >= 0 samples the train file "
+          "uniformly) or fewer attributes (config.num_private_attributes)",
+        )
     return SplitData(
       split,
       arrays,

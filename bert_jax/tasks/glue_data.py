@@ -214,8 +214,28 @@ def _read_rows(path: str) -> list[list[str]]:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"GLUE file not found: {path}")
   csv.field_size_limit(sys.maxsize)
-  with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC's header has a BOM
-    return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  rows: list[list[str]] = []
+  try:
+    with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: MRPC's header has a BOM
+      rows.extend(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  except UnicodeDecodeError:
+    line, byte = _first_undecodable(path)
+    raise GlueInputError(
+      f"{path}:{line}: not UTF-8 text (byte {byte:#04x}); a GLUE file is UTF-8 tab-separated "
+      "text (a binary or compressed file?)"
+    ) from None
+  return rows
+
+
+def _first_undecodable(path: str) -> tuple[int, int]:
+  """The 1-based line and the value of the first byte of ``path`` that is not UTF-8."""
+  with open(path, "rb") as f:
+    for number, line in enumerate(f, 1):
+      try:
+        line.decode("utf-8")
+      except UnicodeDecodeError as e:
+        return number, line[e.start]
+  return 0, 0
 
 
 def _label_value(spec: GlueSpec, raw: str, where: str) -> Any:

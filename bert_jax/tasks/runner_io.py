@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from bert_jax.checkpoint import write_json
+from bert_jax.checkpoint import read_json, write_json
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
 from bert_jax.tasks import GLUE_TASKS
@@ -170,8 +170,9 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{workdir} holds no config.json: not a fine-tuning workdir")
-  with open(path) as f:
-    d = json.load(f)
+  d = read_json(path)
+  if not isinstance(d, dict):
+    raise ValueError(f"{path}: not a JSON object; expected a run's config")
   if "task" not in d:
     raise ValueError(f"{path}: no 'task' key; this is not a fine-tuning run (pre-training?)")
   for key, value in _ADDED_KEYS.items():

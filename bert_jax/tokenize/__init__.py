@@ -7,10 +7,8 @@ picks the reference or the fast path (bert_jax/tokenize/fast.py; same ids).
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import pathlib
-import re
 
 from absl import logging
 
@@ -21,7 +19,11 @@ from bert_jax.tokenize.base import (
   decode_line,
   iter_text_lines,
 )
-from bert_jax.tokenize.fast import TF_TEXT_PACKAGE, FastUnavailable, FastWordPieceTokenizer
+from bert_jax.tokenize.fast import (
+  FastUnavailable,
+  FastWordPieceTokenizer,
+  tf_text_requirement,
+)
 from bert_jax.tokenize.sentencepiece import MODEL_FILE, SentencePieceTokenizer
 from bert_jax.tokenize.wordpiece import VOCAB_FILE, WordPieceTokenizer
 
@@ -43,39 +45,6 @@ __all__ = [
 # "auto": the fast WordPiece path when its library is installed, else the reference (logged);
 # "fast": the same, with a warning when it falls back; "reference": WordPieceTokenizer.
 BACKENDS = ("auto", "fast", "reference")
-
-
-# The distributions TensorFlow is installed as (tensorflow-text is released once for each of
-# TensorFlow's minor versions, and the nightlies as tensorflow-text-nightly).
-TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos")
-TF_NIGHTLY_DISTRIBUTIONS = ("tf-nightly", "tf-nightly-cpu")
-
-
-def tf_text_requirement() -> str:
-  """The pip requirement of the tensorflow-text release that matches the installed TensorFlow:
-  ``tensorflow-text==2.21.*`` for TensorFlow (or tensorflow-cpu) 2.21.x, the nightly for a
-  nightly; plain ``tensorflow-text`` where no TensorFlow is installed."""
-  for name in TF_NIGHTLY_DISTRIBUTIONS:
-    try:
-      importlib.metadata.version(name)
-      return f"{TF_TEXT_PACKAGE}-nightly"
-    except importlib.metadata.PackageNotFoundError:
-      pass
-  for name in TF_DISTRIBUTIONS:
-    try:
-      version = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      continue
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match:
-      return f"{TF_TEXT_PACKAGE}=={match.group(1)}.{match.group(2)}.*"
-  return TF_TEXT_PACKAGE
-
-
-def _install_hint(reason: str) -> str:
-  """``reason`` with its generic ``tensorflow-text==<its version>`` made the requirement that
-  matches the installed TensorFlow (quoted for the shell)."""
-  return reason.replace(f"{TF_TEXT_PACKAGE}==<its version>", f"'{tf_text_requirement()}'")
 
 
 def find_tokenizer_file(directory: str | os.PathLike) -> pathlib.Path:
@@ -138,6 +107,6 @@ def load_tokenizer(
       return FastWordPieceTokenizer.from_file(path, do_lower_case=do_lower_case)
     except FastUnavailable as e:
       log = logging.warning if backend == "fast" else logging.info
-      reason = _install_hint(str(e))
+      reason = str(e)
       log("%s: fast WordPiece unavailable, using the reference tokenizer: %s", path, reason)
   return WordPieceTokenizer.from_file(path, do_lower_case=do_lower_case)

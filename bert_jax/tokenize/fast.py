@@ -25,6 +25,7 @@ more than a short text's tokenization).
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from collections.abc import Sequence
 
@@ -48,6 +49,33 @@ class FastUnavailable(Exception):
   """Why the fast path cannot be built here (load_tokenizer logs it and uses the reference)."""
 
 
+# The distributions TensorFlow is installed as (tensorflow-text is released once for each of
+# TensorFlow's minor versions, and the nightlies as tensorflow-text-nightly).
+TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos")
+TF_NIGHTLY_DISTRIBUTIONS = ("tf-nightly", "tf-nightly-cpu")
+
+
+def tf_text_requirement() -> str:
+  """The pip requirement of the tensorflow-text release that matches the installed TensorFlow:
+  ``tensorflow-text==2.21.*`` for TensorFlow (or tensorflow-cpu) 2.21.x, the nightly for a
+  nightly; plain ``tensorflow-text`` where no TensorFlow is installed."""
+  for name in TF_NIGHTLY_DISTRIBUTIONS:
+    try:
+      importlib.metadata.version(name)
+      return f"{TF_TEXT_PACKAGE}-nightly"
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  for name in TF_DISTRIBUTIONS:
+    try:
+      version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      continue
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match:
+      return f"{TF_TEXT_PACKAGE}=={match.group(1)}.{match.group(2)}.*"
+  return TF_TEXT_PACKAGE
+
+
 def import_tf_text():
   """(tensorflow, tensorflow_text), or FastUnavailable saying what is missing."""
   try:
@@ -56,7 +84,7 @@ def import_tf_text():
   except ImportError as e:
     raise FastUnavailable(
       f"{TF_TEXT_PACKAGE} is not importable ({e}); install the release matching the installed "
-      f"TensorFlow: pip install --no-deps {TF_TEXT_PACKAGE}==<its version>"
+      f"TensorFlow: pip install --no-deps '{tf_text_requirement()}'"
     ) from None
   return tf, tensorflow_text
 
