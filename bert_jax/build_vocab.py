@@ -8,8 +8,10 @@ r"""Builds a BERT vocabulary from a text corpus: a WordPiece vocab.txt or a Sent
 The output directory gets vocab.txt (or sentencepiece.model and sentencepiece.vocab) and
 tokenizer_config.json, the layout of a bert_jax workdir, so it loads with
 ``bert_jax.tokenize.load_tokenizer(output)``. Input files are UTF-8 text (.gz/.bz2 too), one
-sentence or paragraph per line. A user error (no input, an empty corpus, bad UTF-8) is one line
-``build_vocab: error: ...``; ``--verbose_errors`` adds the traceback. See docs/tokenizers.md.
+sentence or paragraph per line. An --output that is or contains a corpus file is refused before
+any work (``bert_jax.checkpoint.outputs``). A user error (no input, an empty corpus, bad UTF-8)
+is one line ``build_vocab: error: ...``; ``--verbose_errors`` adds the traceback. See
+docs/tokenizers.md.
 """
 
 import json
@@ -17,6 +19,7 @@ import json
 from absl import app, flags
 
 from bert_jax import cli
+from bert_jax.checkpoint.outputs import check_outputs, check_parent, input_paths
 from bert_jax.tokenize import vocab
 
 _INPUT = flags.DEFINE_list(
@@ -48,6 +51,8 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a vocabulary already
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  check_outputs({"--output": _OUTPUT.value}, {"--input": input_paths(_INPUT.value)})
+  check_parent("--output", _OUTPUT.value, create=True)
   summary = vocab.build_vocabulary(
     _INPUT.value,
     _OUTPUT.value,

@@ -14,14 +14,16 @@ segments without NSP pairs, for the no-NSP and left-to-right objectives, Table 5
 ``--engine=fast`` makes the same kind of pairs several times faster with its own random stream.
 
 Output: {output_dir}/seq_{L}/{train,eval}-NNNNN-of-NNNNN.tfrecord. The inputs and settings are
-checked before anything is written; a user error is one line ``create_pretraining_data: error:
-...`` (status 2 for usage errors, 1 otherwise), ``--verbose_errors`` adds the traceback. See
-docs/pretraining_data.md.
+checked before anything is written (an --output_dir that is or contains an input file or the
+vocabulary is refused: ``bert_jax.checkpoint.outputs``); a user error is one line
+``create_pretraining_data: error: ...`` (status 2 for usage errors, 1 otherwise),
+``--verbose_errors`` adds the traceback. See docs/pretraining_data.md.
 """
 
 from absl import app, flags
 
 from bert_jax import cli
+from bert_jax.checkpoint.outputs import check_outputs, check_parent, input_paths
 from bert_jax.data import generate
 
 FLAGS = flags.FLAGS
@@ -106,6 +108,13 @@ def _mask_rates() -> tuple[float, ...]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  inputs = {
+    "--input_file": None if FLAGS.input_format == "tfds" else input_paths(FLAGS.input_file),
+    "--tfds_data_dir": FLAGS.tfds_data_dir or None,
+    "--vocab_file": FLAGS.vocab_file,
+  }
+  check_outputs({"--output_dir": FLAGS.output_dir}, inputs)
+  check_parent("--output_dir", FLAGS.output_dir, create=True)
   config = generate.GenerationConfig(
     tokenizer_path=FLAGS.vocab_file,
     do_lower_case=FLAGS.do_lower_case,

@@ -8,20 +8,26 @@ The best checkpoint on dev (``<workdir>/best``) is used, else the latest. ``--sp
 (every dev split of the task), test (every test split) or a split's own name
 (dev_mismatched, test_matched, ax, ...). ``--set key=value`` replaces a run-config value, e.g.
 a data path that moved: ``--set data_dir=/data/glue``. Output: ``<output_dir>/metrics.json``
-and prediction files (default output_dir: ``<workdir>/eval_<split>``). A user error is one line
-``evaluate: error: ...`` (status 2 for usage errors, 1 otherwise); ``--verbose_errors`` adds
-the traceback.
+and prediction files (default output_dir: ``<workdir>/eval_<split>``); an --output_dir that is
+the workdir or a checkpoint of it, or is or contains an input of the run (its data, vocabulary,
+init_checkpoint) is refused before any work (``bert_jax.checkpoint.outputs``). A user error is
+one line ``evaluate: error: ...`` (status 2 for usage errors, 1 otherwise); ``--verbose_errors``
+adds the traceback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 from absl import app, flags
 
 from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
+from bert_jax.checkpoint.outputs import check_outputs, check_parent, config_inputs
+from bert_jax.tasks.best_checkpoint import checkpoint_dir
 from bert_jax.tasks.runner import evaluate
+from bert_jax.tasks.runner_io import read_run_config
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A bert_jax fine-tuning workdir")
 _SPLIT = flags.DEFINE_string("split", "dev", "dev | test | a split name of the task")
@@ -45,10 +51,24 @@ def _parse_overrides(items):
   return out
 
 
+def _check_output_dir(workdir: str, split: str, output_dir: str, overrides) -> None:
+  """The output folder must not be the workdir, one of its checkpoints, or any input of the run
+  (before the workdir is locked and the model loaded)."""
+  output_dir = output_dir or os.path.join(workdir, f"eval_{split}")
+  config = dict(read_run_config(workdir))
+  config.update(overrides)
+  inputs = {"--workdir": workdir, "the checkpoint": checkpoint_dir(workdir, "best")}
+  inputs.update(config_inputs(config))
+  check_outputs({"--output_dir": output_dir}, inputs)
+  check_parent("--output_dir", output_dir, create=True)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  result = evaluate(_WORKDIR.value, _SPLIT.value, _OUTPUT_DIR.value, _parse_overrides(_SET.value))
+  overrides = _parse_overrides(_SET.value)
+  _check_output_dir(_WORKDIR.value, _SPLIT.value, _OUTPUT_DIR.value, overrides)
+  result = evaluate(_WORKDIR.value, _SPLIT.value, _OUTPUT_DIR.value, overrides)
   print(json.dumps(result["eval"], default=str))
 
 

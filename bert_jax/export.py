@@ -6,17 +6,23 @@ r"""Export a bert_jax checkpoint (pre-trained or fine-tuned) for use elsewhere.
 
 The head comes from the workdir's head.json (or the weights); ``--task`` asks for a particular
 one ("encoder" exports any checkpoint's encoder alone). A pre-training run without NSP exports
-to hf as BertForMaskedLM (objective mlm) or BertLMHeadModel with is_decoder (objective ltr). A checkpoint whose head does not fit
-the requested one is an error before anything is written; ``--overwrite`` replaces the output
-folder as a whole. ``--checkpoint`` picks a fine-tuning workdir's best (``best/``) or latest
-checkpoint (``bert_jax.tasks.best_checkpoint``). See docs/export.md.
+to hf as BertForMaskedLM (objective mlm) or BertLMHeadModel with is_decoder (objective ltr). A
+checkpoint whose head does not fit the requested one is an error before anything is written,
+and so is an --output that is, contains or lies inside the workdir (``--overwrite`` never
+deletes an input); ``--overwrite`` replaces the output folder as a whole. An export stopped by
+SIGINT or SIGTERM removes its staging folders and leaves the output as it was. ``--checkpoint``
+picks a fine-tuning workdir's best (``best/``) or latest checkpoint
+(``bert_jax.tasks.best_checkpoint``). See docs/export.md.
 """
 
 from __future__ import annotations
 
+import signal
+
 from absl import app, flags
 
 from bert_jax import cli
+from bert_jax.checkpoint.outputs import check_outputs
 from bert_jax.formats import FORMATS, export
 from bert_jax.tasks.best_checkpoint import CHOICES, checkpoint_dir
 
@@ -47,9 +53,15 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.workdir or not FLAGS.output:
     raise app.UsageError("--workdir and --output are required")
+  check_outputs({"--output": FLAGS.output}, {"--workdir": FLAGS.workdir}, replaced=("--output",))
   source = checkpoint_dir(FLAGS.workdir, FLAGS.checkpoint)
+  signal.signal(signal.SIGTERM, _terminate)  # unwind like SIGINT: the export cleans up
   out = export(source, FLAGS.format, FLAGS.output, FLAGS.task, FLAGS.overwrite)
   print(f"export: wrote {FLAGS.format} to {out}")
+
+
+def _terminate(signum, frame):
+  raise SystemExit(128 + signum)
 
 
 def run():

@@ -18,7 +18,11 @@ original calls j; the given non-negative weights are divided by their sum.
 
 Batches are jitted at a few bucketed lengths (powers of two up to ``max_seq_length``) and a
 fixed batch size, so a file compiles a handful of programs whatever its line lengths; lines are
-sorted by length within a window for dense batches and written back in input order.
+sorted by length within a window for dense batches and written back in input order. A
+progress line (lines written of the input's, rate, ETA) is logged at least every 30 s while lines
+are written (``bert_jax.train.progress``). The output file is checked before any work
+(``bert_jax.checkpoint.outputs``): it must not be the input file or the checkpoint, and its
+folder must exist.
 """
 
 from __future__ import annotations
@@ -39,10 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.checkpoint import atomic_write
+from bert_jax.checkpoint.outputs import check_outputs, check_parent
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
+from bert_jax.train.progress import INTERVAL_SEC, Progress
 
+PROGRESS_INTERVAL_SEC = INTERVAL_SEC
 _PAIR = re.compile(r"^(.*) \|\|\| (.*)$")  # the original's separator: " ||| "
 
 
@@ -363,6 +370,10 @@ def extract_features(
   are checked before the model is loaded, their number (num_hidden_layers + 1) after.
   """
   start = time.perf_counter()
+  check_outputs(
+    {"--output_file": output_file}, {"--input_file": input_file, "--checkpoint": checkpoint}
+  )
+  check_parent("--output_file", output_file)
   if scalar_mix_weights is not None:
     check_mix_values(scalar_mix_weights, scalar_mix_gamma)
   num_lines = sum(1 for _ in iter_examples(input_file, allow_empty_lines))  # fail early
@@ -383,18 +394,21 @@ def extract_features(
   )
   loaded = time.perf_counter()
   out_path = pathlib.Path(output_file)
-  out_path.parent.mkdir(parents=True, exist_ok=True)
   counts = {"tokens": 0, "truncated": 0}
 
   def write(tmp: str) -> None:
     examples = iter_examples(input_file, allow_empty_lines)
-    with open(tmp, "w", encoding="utf-8") as w:
+    progress = Progress(
+      f"extract_features {input_file}", num_lines, "lines", interval_sec=PROGRESS_INTERVAL_SEC
+    )
+    with progress, open(tmp, "w", encoding="utf-8") as w:
       while chunk := list(itertools.islice(examples, chunk_lines)):
         feats = convert_examples(chunk, pre.tokenizer, max_seq_length)
         for f, values in extractor(feats):
           w.write(to_json(f, values, extractor.output_indices) + "\n")
           counts["tokens"] += len(f.tokens)
           counts["truncated"] += f.truncated
+          progress.update()
 
   atomic_write(out_path, write)
   end = time.perf_counter()

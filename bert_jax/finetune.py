@@ -10,7 +10,9 @@ r"""Fine-tune BERT on a downstream task (GLUE, SWAG, NER, feature-based NER, SQu
 TF checkpoint: its encoder is loaded, the head is new, and what was not loaded is printed.
 Every config key can be overridden with ``--config.<key>=value`` (a key that does not exist is
 an error), e.g. the paper's grid: learning_rate, train_batch_size, num_train_epochs, seed.
-Re-running with the same workdir resumes. The workdir ends with metrics.json (the task's
+Re-running with the same workdir resumes. A workdir that is, contains or lies inside an input
+the config names (init_checkpoint, vocab_file, data_dir, train_file, ...) is refused before any
+work (``bert_jax.checkpoint.outputs``). The workdir ends with metrics.json (the task's
 primary dev metric, for sweeps), summary.json, predictions/ and best/. A user error is one line
 ``finetune: error: ...`` (status 2 for usage errors, 1 otherwise); ``--verbose_errors`` adds
 the traceback. See docs/finetuning.md.
@@ -25,6 +27,7 @@ from ml_collections import config_flags
 
 from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
+from bert_jax.checkpoint.outputs import check_workdir
 from bert_jax.tasks.runner import finetune
 from bert_jax.train.loop import NonFiniteLossError
 
@@ -43,6 +46,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  check_workdir("--workdir", _WORKDIR.value, _CONFIG.value)
   result = finetune(_CONFIG.value, _WORKDIR.value)
   if result.get("status") != "completed":
     logging.warning("Stopped (%s) at step %d; re-run to resume", result["status"], result["step"])

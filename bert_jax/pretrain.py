@@ -7,7 +7,9 @@ r"""Pre-train BERT (masked LM + next sentence), sharded over a device mesh.
 
 Every config key can be overridden with ``--config.<key>=value``; a key that does not exist
 is an error. Re-running with the same workdir resumes from its latest checkpoint. SIGTERM
-saves a checkpoint and exits with status 0. A user error (bad flag or config key, missing
+saves a checkpoint and exits with status 0. A workdir that is, contains or lies inside an input
+the config names (init_checkpoint, vocab_file, input files) is refused before any work
+(``bert_jax.checkpoint.outputs``). A user error (bad flag or config key, missing
 file) is one line ``pretrain: error: ...`` (status 2 for usage errors, 1 otherwise);
 ``--verbose_errors`` adds the traceback. See docs/pretraining.md.
 """
@@ -19,6 +21,7 @@ from ml_collections import config_flags
 
 from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
+from bert_jax.checkpoint.outputs import check_workdir
 from bert_jax.tasks.pretraining import run_pretraining
 from bert_jax.train.loop import NonFiniteLossError
 
@@ -37,6 +40,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  check_workdir("--workdir", _WORKDIR.value, _CONFIG.value)
   summary = run_pretraining(_CONFIG.value, _WORKDIR.value)
   logging.info(
     "Done (%s) at step %d; summary in %s/summary.json",

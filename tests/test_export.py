@@ -7,6 +7,7 @@ classes and TensorFlow executing the jax2tf-converted graph.
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -354,3 +355,136 @@ def test_overwrite_replaces_the_output_whole_with_the_umask_modes(fmt, workdirs,
   export(str(workdir), fmt, str(out), overwrite=True)
   assert _tree(out) == first  # exactly what one export writes: nothing stale survives
   assert os.listdir(tmp_path) == ["out"]  # no staging directory left beside it
+
+
+def _copy_workdir(workdirs, task, dest):
+  import shutil
+
+  shutil.copytree(workdirs[task][0], dest)
+  return dest
+
+
+def test_overwrite_never_deletes_the_workdir_being_exported(workdirs, tmp_path):
+  workdir = _copy_workdir(workdirs, "pretraining", tmp_path / "runs" / "w")
+  before = _tree(workdir)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "bert_jax.export",
+      f"--workdir={workdir}",
+      "--format=params",
+      f"--output={workdir}",
+      "--overwrite",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=os.path.dirname(os.path.dirname(__file__)),
+  )
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stderr.strip().splitlines()[-1] == (
+    f"export: error: --output={workdir} is the input --workdir={workdir}: writing it would "
+    "destroy the input; choose another folder"
+  )
+  assert "wrote" not in proc.stdout
+  # An output inside the workdir, or one that holds it, is refused the same way.
+  for out, word in [(workdir / "export", "lies inside"), (tmp_path / "runs", "contains")]:
+    with pytest.raises(ValueError, match=f"^--output={out} {word} the input --workdir="):
+      export(str(workdir), "params", str(out), overwrite=True)
+  assert _tree(workdir) == before
+  assert os.listdir(tmp_path / "runs") == ["w"]
+
+
+def _dead_pid():
+  proc = subprocess.run(
+    [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+  )
+  return int(proc.stdout)
+
+
+def test_staging_folders_of_dead_exports_are_removed_with_a_log_line(
+  workdirs, tmp_path, monkeypatch
+):
+  from bert_jax.formats import exporter
+
+  workdir, _ = workdirs["sequence_classification"]
+  out = tmp_path / "out"
+  export(str(workdir), "params", str(out))
+  dead, alive = _dead_pid(), os.getppid()
+  stale = [tmp_path / f".out.new-{dead}-0123abcd", tmp_path / f".out.old-{dead}-89abcdef"]
+  for d in stale + [tmp_path / f".out.new-{alive}-feedbeef"]:
+    (d / "params").mkdir(parents=True)
+    (d / "params" / "weights").write_bytes(b"\0" * 1024)
+  logged = []
+  monkeypatch.setattr(exporter.logging, "info", lambda msg, *args: logged.append((msg, args)))
+  export(str(workdir), "params", str(out), overwrite=True)
+  assert sorted(os.listdir(tmp_path)) == [f".out.new-{alive}-feedbeef", "out"]  # a live export's
+  lines = [m % a for m, a in logged if isinstance(m, str) and m.startswith("export: ")]
+  assert lines == [
+    f"export: removed 2 staging folder(s) left by an interrupted export of {out}: "
+    f".out.new-{dead}-0123abcd, .out.old-{dead}-89abcdef"
+  ]
+
+
+_STALL = """
+import sys, time
+from bert_jax.formats import params_only
+
+def stall(*args, **kwargs):
+  print("writing", flush=True)
+  time.sleep(120)
+
+params_only.write_model_files = stall
+from bert_jax import export
+sys.argv = ["export"] + sys.argv[1:]
+export.run()
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
+def test_an_interrupted_overwrite_keeps_the_old_export_and_no_staging(signum, workdirs, tmp_path):
+  import signal
+
+  workdir, _ = workdirs["sequence_classification"]
+  out = tmp_path / "out"
+  export(str(workdir), "params", str(out))
+  before = _tree(out)
+  proc = subprocess.Popen(
+    [sys.executable, "-c", _STALL, f"--workdir={workdir}", "--format=params", f"--output={out}"]
+    + ["--overwrite"],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=os.path.dirname(os.path.dirname(__file__)),
+  )
+  try:
+    assert proc.stdout.readline().strip() == "writing", proc.stderr.read()
+    assert any(".out.new-" in n for n in os.listdir(tmp_path))  # the new export, half written
+    proc.send_signal(getattr(signal, signum))
+    proc.wait(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode != 0
+  assert os.listdir(tmp_path) == ["out"]
+  assert _tree(out) == before
+
+
+def test_transformers_pipeline_reads_an_export_as_docs_export_md_says(workdirs, tmp_path):
+  """docs/export.md: with TensorFlow and Keras 3 installed, transformers needs USE_TF=0 and
+  framework="pt" to read an export; its snippet, run as written, works."""
+  workdir, _ = workdirs["pretraining"]
+  out = tmp_path / "hf"
+  export(str(workdir), "hf", str(out))
+  doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "export.md").read_text()
+  (snippet,) = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "fill-mask" in b]
+  snippet = snippet.replace('"export/tiny_hf"', repr(str(out)))
+  env = {k: v for k, v in os.environ.items() if k not in ("USE_TF", "USE_TORCH")}
+  proc = subprocess.run(
+    [sys.executable, "-c", snippet + "print(len(fill('the [MASK] sat .')))\n"],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "'token_str'" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "5"

@@ -206,3 +206,36 @@ def test_scalar_mix_entry_matches_numpy_mix(minilm_dir, hf_minilm, tmp_path):
       np.testing.assert_allclose(mixed, ref_written, atol=5e-5, rtol=0)
       ref_hf = 3.0 * sum(s[k] * hf_hidden[k][t] for k in range(7))
       np.testing.assert_allclose(mixed, ref_hf, atol=1e-4, rtol=0)
+
+
+def test_an_output_over_the_input_is_refused_before_any_work(tmp_path):
+  inp = tmp_path / "in.txt"
+  inp.write_text("hello\n")
+  missing = str(tmp_path / "no_checkpoint")  # never loaded: the output is checked first
+  for out, expected in [
+    (inp, f"--output_file={inp} is the input --input_file={inp}"),
+    (tmp_path, f"--output_file={tmp_path} contains the input --input_file={inp}"),
+    (tmp_path / "a" / "out.jsonl", f"--output_file={tmp_path / 'a' / 'out.jsonl'}: the folder"),
+  ]:
+    with pytest.raises(ValueError) as e:
+      features.extract_features(str(inp), str(out), missing)
+    assert str(e.value).startswith(expected), str(e.value)
+  assert inp.read_text() == "hello\n" and os.listdir(tmp_path) == ["in.txt"]
+
+
+def test_long_work_logs_progress_with_an_eta(minilm_dir, tmp_path, monkeypatch):
+  import functools
+
+  from bert_jax.train.progress import Progress
+
+  inp = tmp_path / "in.txt"
+  inp.write_text("hello world\n" * 40)
+  lines = []
+  monkeypatch.setattr(features, "PROGRESS_INTERVAL_SEC", 0.0)  # a line at every line written
+  monkeypatch.setattr(features, "Progress", functools.partial(Progress, log=lines.append))
+  features.extract_features(
+    str(inp), str(tmp_path / "out.jsonl"), str(minilm_dir), layers=(-1,), batch_size=8
+  )
+  assert all(line.startswith(f"extract_features {inp}: ") for line in lines)
+  assert [line.split(": ", 1)[1].split(" lines")[0] for line in lines[:2]] == ["1/40", "2/40"]
+  assert ", eta " in lines[0] and lines[-1].endswith("(done)") and len(lines) == 41

@@ -337,3 +337,65 @@ def test_entry_point_prints_the_summary_as_one_line(hf_models, vocab, tmp_path):
   assert (summary["lines"], summary["empty_lines"], summary["prefixes"]) == (3, 1, n)
   assert (summary["mode"], summary["k"]) == ("mlm", 3)
   assert len(out.read_text().splitlines()) == n
+
+
+def test_outputs_over_the_input_or_each_other_are_refused_before_any_work(hf_models, tmp_path):
+  _, directory = hf_models["causal"]
+  inp = tmp_path / "in.txt"
+  inp.write_text("the cat sat on the mat.\n")
+  out = tmp_path / "out.jsonl"
+  out.write_text("earlier predictions\n")
+  missing = str(tmp_path / "no_checkpoint")  # never loaded: the outputs are checked first
+  cases = [
+    (
+      dict(summary_file=str(inp)),
+      f"--summary_file={inp} is the input --input_file={inp}: writing it would destroy the input",
+    ),
+    (
+      dict(summary_file=str(out)),
+      f"--output_file={out} and --summary_file={out} are the same path",
+    ),
+    (dict(output_file=str(tmp_path)), f"--output_file={tmp_path} contains the input"),
+    (dict(output_file=str(tmp_path / "sub")), f"--output_file={tmp_path / 'sub'} is a folder"),
+    (
+      dict(output_file=str(tmp_path / "nope" / "out.jsonl")),
+      f"--output_file={tmp_path / 'nope' / 'out.jsonl'}: the folder {tmp_path / 'nope'} does "
+      "not exist",
+    ),
+  ]
+  (tmp_path / "sub").mkdir()
+  for kwargs, expected in cases:
+    kwargs = {"output_file": str(out), **kwargs}
+    with pytest.raises(ValueError) as e:
+      next_token.predict_next(str(inp), checkpoint=missing, **kwargs)
+    assert str(e.value).startswith(expected), str(e.value)
+  # A checkpoint folder as the output: refused even though the file would be written inside.
+  with pytest.raises(ValueError, match="is the input --checkpoint="):
+    next_token.predict_next(str(inp), str(directory), str(directory))
+  assert inp.read_text() == "the cat sat on the mat.\n"
+  assert out.read_text() == "earlier predictions\n"
+  assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.jsonl", "sub"]
+
+
+def test_long_work_logs_progress_with_an_eta(hf_models, tmp_path, monkeypatch):
+  import functools
+
+  from bert_jax.train.progress import Progress
+
+  _, directory = hf_models["causal"]
+  inp = tmp_path / "in.txt"
+  inp.write_text("the cat sat on the mat.\n" * 600)  # 3 chunks: 256, 256, 88 lines
+  lines = []
+  monkeypatch.setattr(next_token, "PROGRESS_INTERVAL_SEC", 0.0)  # a line at every chunk
+  monkeypatch.setattr(next_token, "Progress", functools.partial(Progress, log=lines.append))
+  next_token.predict_next(
+    str(inp), str(tmp_path / "out.jsonl"), str(directory), max_seq_length=32, chunk_rows=16
+  )
+  assert all(line.startswith(f"predict_next {inp}: ") for line in lines)
+  assert [line.split(": ", 1)[1].split(" lines")[0] for line in lines] == [
+    "256/600",
+    "512/600",
+    "600/600",
+    "600/600",
+  ]
+  assert ", eta " in lines[0] and lines[-1].endswith("(done)")

@@ -10,14 +10,25 @@ The library behind ``python -m bert_jax.export`` (see docs/export.md):
 The first argument is the checkpoint itself (anything ``load_pretrained`` reads); which of a
 fine-tuning workdir's checkpoints to take is ``bert_jax.tasks.best_checkpoint``'s business.
 Everything is checked before anything is written: the requested head against the weights
-(every tensor and shape), head.json against the classifier, the output directory. Every format
-writes the output whole or not at all, and ``overwrite`` replaces it as a whole
-(``bert_jax.checkpoint.replace_dir``): no file of an earlier export survives.
+(every tensor and shape), head.json against the classifier, the output directory, which must
+not be, contain or lie inside the checkpoint (``bert_jax.checkpoint.outputs``: ``overwrite``
+never deletes an input). Every format writes the output whole or not at all, and ``overwrite``
+replaces it as a whole (``bert_jax.checkpoint.replace_dir``): no file of an earlier export
+survives. The staging folders beside the output (``.<name>.new-<pid>-*``, ``.<name>.old-<pid>-*``)
+are removed when an export fails or is interrupted, and those a dead process left behind (killed
+outright) are removed, with a log line, by the next export to the same output.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+
+from absl import logging
+
 from bert_jax.checkpoint import ensure_replaceable
+from bert_jax.checkpoint.outputs import check_outputs, check_parent
 from bert_jax.formats import heads, hf, params_only, saved_model
 from bert_jax.formats.heads import CheckpointError
 from bert_jax.formats.pretrained import Pretrained, load_pretrained
@@ -74,18 +85,83 @@ def export(
   """
   if fmt not in FORMATS:
     raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
+  check_outputs({"--output": output}, {"--workdir": path}, replaced=("--output",))
+  check_parent("--output", output, create=True)
+  remove_stale_staging(output)
   try:
     ensure_replaceable(output, overwrite)  # before loading: the writers check again
   except FileExistsError as e:
     raise FileExistsError(f"--output {output} exists and is not empty (pass --overwrite)") from e
   p = load_for_export(path, task, fmt)
-  if fmt == "hf":
-    labels = list(p.labels) or None
-    hf.save_hf(output, p.params, p.config, p.tokenizer, p.task, p.num_labels, labels, overwrite)
-  elif fmt == "saved_model":
-    saved_model.export_saved_model(
-      output, p.params, p.config, p.task, p.num_labels, p.tokenizer, p.head, overwrite
-    )
-  else:
-    params_only.export_params_only(output, p.params, p.config, p.head, p.tokenizer, overwrite)
+  try:
+    if fmt == "hf":
+      labels = list(p.labels) or None
+      hf.save_hf(output, p.params, p.config, p.tokenizer, p.task, p.num_labels, labels, overwrite)
+    elif fmt == "saved_model":
+      saved_model.export_saved_model(
+        output, p.params, p.config, p.task, p.num_labels, p.tokenizer, p.head, overwrite
+      )
+    else:
+      params_only.export_params_only(output, p.params, p.config, p.head, p.tokenizer, overwrite)
+  except BaseException:  # an error, KeyboardInterrupt, SystemExit (bert_jax.export's SIGTERM)
+    remove_staging(output, [os.getpid()])
+    raise
   return output
+
+
+def _staging(output: str) -> list[tuple[str, str, int]]:
+  """(path, "new" | "old", pid) of each staging folder ``replace_dir`` made beside ``output``."""
+  head, name = os.path.split(os.path.abspath(output))
+  pattern = re.compile(rf"\.{re.escape(name)}\.(new|old)-(\d+)-[0-9a-f]{{8}}")
+  try:
+    entries = os.listdir(head)
+  except OSError:
+    return []
+  return [
+    (os.path.join(head, e), m.group(1), int(m.group(2)))
+    for e in sorted(entries)
+    if (m := pattern.fullmatch(e))
+  ]
+
+
+def _alive(pid: int) -> bool:
+  if pid == os.getpid():
+    return True
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except OSError:  # e.g. another user's process
+    return True
+  return True
+
+
+def remove_staging(output: str, pids) -> list[str]:
+  """Removes the staging folders of ``pids`` beside ``output``; returns their paths. An old
+  export renamed aside (``.old-``) is put back instead where ``output`` itself is missing."""
+  removed = []
+  for path, kind, pid in _staging(output):
+    if pid not in pids:
+      continue
+    if kind == "old" and not os.path.lexists(output):
+      os.rename(path, output)  # the old export is the only copy left: restore it
+      logging.warning("export: restored %s from %s", output, path)
+      continue
+    shutil.rmtree(path, ignore_errors=True)
+    removed.append(path)
+  return removed
+
+
+def remove_stale_staging(output: str) -> list[str]:
+  """Removes the staging folders beside ``output`` that a process no longer running on this
+  machine left (an export killed outright), with a log line; returns their paths."""
+  dead = {pid for _, _, pid in _staging(output) if not _alive(pid)}
+  removed = remove_staging(output, dead) if dead else []
+  if removed:
+    logging.info(
+      "export: removed %d staging folder(s) left by an interrupted export of %s: %s",
+      len(removed),
+      output,
+      ", ".join(os.path.basename(p) for p in removed),
+    )
+  return removed

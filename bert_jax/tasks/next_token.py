@@ -31,6 +31,12 @@ Work is batched: rows (windows, or one prefix each in mlm mode) are sorted by le
 buckets (multiples of 32 up to max_seq_length), so a handful of programs is compiled whatever
 the lines; lines are processed in chunks, written back in input order as each chunk finishes,
 to a temporary file renamed into place at the end (a failed run leaves no partial output).
+A progress line (lines done of the input's, rate, ETA) is logged at least every 30 s while the
+chunks finish (``bert_jax.train.progress``).
+
+The outputs are checked before the checkpoint is loaded (``bert_jax.checkpoint.outputs``): the
+output file and the summary file must not be the input file (or the checkpoint), nor each
+other, and their folders must exist.
 """
 
 from __future__ import annotations
@@ -50,13 +56,27 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.checkpoint import atomic_write, write_json
+from bert_jax.checkpoint.outputs import check_outputs, check_parent
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertForPreTraining
 from bert_jax.tokenize import iter_text_lines
+from bert_jax.train.progress import INTERVAL_SEC, Progress
 
 MODES = ("auto", "causal", "mlm")
 BUCKET_STEP = 32
 _LM_HEAD = ("mlm_transform", "mlm_LayerNorm", "mlm_output_bias")
+PROGRESS_INTERVAL_SEC = INTERVAL_SEC
+
+
+def count_lines(path: str | os.PathLike) -> int:
+  """The number of lines ``iter_text_lines`` yields for ``path`` (a last line without its line
+  end counts), read as bytes: cheap next to the model's work."""
+  n, last = 0, b"\n"
+  with open(path, "rb") as f:
+    while block := f.read(1 << 20):
+      n += block.count(b"\n")
+      last = block[-1:]
+  return n + (last != b"\n")
 
 
 def resolve_mode(mode: str, is_decoder: bool, checkpoint: str = "the checkpoint") -> str:
@@ -330,8 +350,13 @@ def predict_next(
   if not os.path.isfile(input_file):
     raise FileNotFoundError(2, "no such input file (--input_file)", input_file)
   out_path = pathlib.Path(output_file)
-  if out_path.exists() and out_path.resolve() == pathlib.Path(input_file).resolve():
-    raise ValueError(f"--output_file={output_file} is the input file")
+  summary_file = summary_file or f"{output_file}.summary.json"
+  check_outputs(
+    {"--output_file": output_file, "--summary_file": summary_file},
+    {"--input_file": input_file, "--checkpoint": checkpoint},
+  )
+  check_parent("--output_file", output_file)
+  check_parent("--summary_file", summary_file)
   if mode not in MODES:
     raise ValueError(f"--mode={mode!r} is not one of {MODES}")
   pre = load_pretrained(checkpoint, do_lower_case=do_lower_case)
@@ -360,11 +385,14 @@ def predict_next(
   counts = dict.fromkeys(("lines", "empty_lines", "prefixes", "top1", "topk"), 0)
   counts["gold_logprob_sum"] = 0.0
   chunk_rows = chunk_rows or 32 * predictor.batch_size
-  out_path.parent.mkdir(parents=True, exist_ok=True)
+  total_lines = count_lines(input_file)
 
   def write(tmp: str) -> None:
     chunks = _chunks(input_file, pre.tokenizer, predictor, chunk_rows)
-    with open(tmp, "w", encoding="utf-8") as w:
+    progress = Progress(
+      f"predict_next {input_file}", total_lines, "lines", interval_sec=PROGRESS_INTERVAL_SEC
+    )
+    with progress, open(tmp, "w", encoding="utf-8") as w:
       with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
 
         def submit():
@@ -381,6 +409,7 @@ def predict_next(
           upcoming = submit()  # the model computes the next chunk while this one is written
           for record in _records(first, lines, result, pieces, counts):
             w.write(record + "\n")
+          progress.update(len(lines))
 
   atomic_write(out_path, write)
   end = time.perf_counter()
@@ -404,5 +433,5 @@ def predict_next(
     "predict_seconds": round(end - loaded, 3),
     "prefixes_per_second": round(n / max(end - loaded, 1e-9), 1),
   }
-  write_json(summary_file or f"{output_file}.summary.json", summary)
+  write_json(summary_file, summary)
   return summary
