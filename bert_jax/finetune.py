@@ -26,6 +26,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bert_jax import cli
+from bert_jax.checkpoint import CheckpointSaveError
 from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.checkpoint.outputs import check_workdir
 from bert_jax.tasks.runner import finetune
@@ -66,7 +67,9 @@ def main(argv):
 
 def run():
   """Console-script entry (bert-jax-finetune)."""
-  cli.run(main, prog="finetune", user_errors=(NonFiniteLossError, WorkdirLockError))
+  cli.run(
+    main, prog="finetune", user_errors=(NonFiniteLossError, WorkdirLockError, CheckpointSaveError)
+  )
 
 
 if __name__ == "__main__":
