@@ -1,0 +1,419 @@
+"""The SLURM target: its sbatch script, and real jobs on a real one-node SLURM cluster.
+
+The cluster (tests/slurm_cluster.py) is munged + slurmctld + slurmd started on localhost in a
+temporary directory for this module, with a ``debug`` partition whose node has 4 GPUs (a GPU
+GRES over device files: SLURM allocates them and sets ``CUDA_VISIBLE_DEVICES``; the jobs
+themselves run JAX on the CPU) and a ``cpu`` partition for jobs that ask for no GPU. Every
+job is submitted with ``python -m launch run --target=slurm`` exactly as a user would, and the
+tests check what SLURM reports (``scontrol show job``) and what the jobs wrote. Where the
+daemons are not installed (``.ci/run`` installs Debian's slurm-wlm and munge) the cluster
+tests skip with the reason listed in tests/allowed_skips.txt; an installed cluster that does
+not start is a failure.
+
+The pre-training jobs run configs/pretrain.py:tiny as 2 processes x 1 CPU device, batch 8, 20
+steps on synthetic data: each job's time is mostly compiling the step.
+"""
+
+import io
+import json
+import os
+import pathlib
+import re
+import shlex
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import subprocess_env_for
+from slurm_cluster import SlurmCluster, SlurmUnavailable, free_port
+
+from launch.job import Job, LaunchError
+from launch.launch import launch
+from launch.targets import SlurmTarget
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CONFIG = "configs/pretrain.py:tiny"
+STEPS = 20
+# Small enough for 2 CPU cores.
+PRETRAIN_ARGS = [
+  "--config.synthetic_data=true",
+  f"--config.num_train_steps={STEPS}",
+  "--config.train_batch_size=8",
+  "--config.eval_batch_size=8",
+  "--config.max_eval_steps=1",
+  "--config.phase2.fraction=0.0",
+  "--config.eval_every_steps=0",
+  "--config.logging.log_every_steps=1",
+]
+GPU_FLAGS = ["--partition=debug", "--nodes=1", "--gpus_per_node=2", "--cpus_per_task=1"]
+BANNER = re.compile(
+  r"^launch: slurm job (\d+) \(restart \d+\), process (\d+) of (\d+) on \S+"
+  r"(?:, CUDA_VISIBLE_DEVICES=(\S*))?, \d{4}-\d\d-\d\dT",
+  re.M,
+)
+
+
+def executable(path, text):
+  path.write_text(text)
+  path.chmod(path.stat().st_mode | stat.S_IXUSR)
+  return str(path)
+
+
+# --- the script, run against stand-ins (no cluster) --------------------------------------------
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+  """A stand-in interpreter that records its argv and jax.distributed environment."""
+  record = tmp_path / "records"
+  record.mkdir()
+  script = f"""#!{sys.executable}
+import json, os, sys
+keys = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "CUDA_VISIBLE_DEVICES")
+rec = {{"argv": sys.argv[1:], **{{k: os.environ.get(k) for k in keys}}}}
+with open(os.path.join({str(record)!r}, "p%s.json" % os.environ["JAX_PROCESS_ID"]), "w") as f:
+  json.dump(rec, f)
+"""
+  return executable(tmp_path / "fake_python", script), record
+
+
+def records(record_dir):
+  return sorted(
+    (json.loads(p.read_text()) for p in record_dir.glob("p*.json")),
+    key=lambda r: int(r["JAX_PROCESS_ID"]),
+  )
+
+
+def directives(script):
+  return dict(
+    line[len("#SBATCH --") :].split("=", 1)
+    for line in script.splitlines()
+    if line.startswith("#SBATCH --") and "=" in line
+  )
+
+
+def run_with_stand_ins(tmp_path, script, nodes, tasks_per_node, node_gpus=None):
+  """Runs the script as SLURM would on ``nodes`` nodes with fake scontrol and srun: srun starts
+  every task with SLURM_PROCID / SLURM_LOCALID and, when ``node_gpus`` is given, the job's GPUs
+  on its node as SLURM lists them in CUDA_VISIBLE_DEVICES."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  executable(
+    bin_dir / "scontrol",
+    f"""#!/bin/bash
+[ "$1 $2 $3" = "show hostnames $SLURM_JOB_NODELIST" ] || exit 3
+for ((n = 0; n < {nodes}; n++)); do echo gpu-node0$((7 + n)); done
+""",
+  )
+  gpus = f"export CUDA_VISIBLE_DEVICES={node_gpus};" if node_gpus else ""
+  executable(
+    bin_dir / "srun",
+    f"""#!/bin/bash
+while [[ "$1" == --* ]]; do shift; done   # srun's own options
+for ((i = 0; i < SLURM_NTASKS; i++)); do
+  ({gpus} SLURM_PROCID=$i SLURM_LOCALID=$((i % {tasks_per_node})) "$@") || exit $?
+done
+""",
+  )
+  script_path = tmp_path / "sbatch.sh"
+  script_path.write_text(script)
+  env = {
+    **os.environ,
+    "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    "SLURM_JOB_NODELIST": "gpu-node[07-08]",
+    "SLURM_NTASKS": str(nodes * tasks_per_node),
+    "SLURM_JOB_ID": "77",
+  }
+  env.pop("CUDA_VISIBLE_DEVICES", None)
+  subprocess.run(["bash", str(script_path)], env=env, check=True, capture_output=True)
+
+
+def test_slurm_script_gives_every_task_its_coordinates(tmp_path, fake_python):
+  python, record_dir = fake_python
+  workdir = tmp_path / "run"
+  job = Job("pretrain", CONFIG, str(workdir), python=python)
+  target = SlurmTarget(
+    partition="gpu", nodes=2, gpus_per_node=4, account="acct", time="02:00:00", remote_dir=str(REPO)
+  )
+  out = io.StringIO()
+  assert launch(job, target, dry_run=True, out=out) == 0
+  printed = out.getvalue().strip().splitlines()
+  assert printed[-2:] == [
+    f"mkdir -p {workdir}/logs",
+    f"sbatch --parsable {workdir}/launch/sbatch.sh",
+  ]
+  assert not workdir.exists()  # a dry run writes nothing
+  script = target.script(job)
+  d = directives(script)
+  assert d["partition"] == "gpu" and d["nodes"] == "2"
+  assert d["ntasks-per-node"] == "4" and d["gpus-per-node"] == "4"
+  assert d["account"] == "acct" and d["time"] == "02:00:00"
+  assert d["output"] == f"{workdir}/logs/slurm-%j.out" and d["open-mode"] == "append"
+
+  # SLURM lists no GPUs: task i of a node takes GPU i.
+  run_with_stand_ins(tmp_path, script, nodes=2, tasks_per_node=4)
+  recs = records(record_dir)
+  assert [r["JAX_PROCESS_ID"] for r in recs] == [str(i) for i in range(8)]
+  assert {r["JAX_NUM_PROCESSES"] for r in recs} == {"8"}
+  assert {r["JAX_COORDINATOR_ADDRESS"] for r in recs} == {"gpu-node07:12321"}
+  assert [r["CUDA_VISIBLE_DEVICES"] for r in recs] == ["0", "1", "2", "3"] * 2
+  assert recs[0]["argv"][:2] == ["-m", "bert_jax.pretrain"]
+
+
+def test_slurm_tasks_take_their_share_of_the_gpus_slurm_lists(tmp_path, fake_python):
+  """On a node shared with other jobs SLURM lists the job's real GPU indices (here 4-7): task
+  LOCALID takes its slice of that list, never GPU LOCALID (another job's)."""
+  python, record_dir = fake_python
+  job = Job("pretrain", CONFIG, str(tmp_path / "run"), python=python)
+  one_each = SlurmTarget(partition="gpu", nodes=2, gpus_per_node=4, remote_dir=str(REPO))
+  run_with_stand_ins(tmp_path, one_each.script(job), 2, 4, node_gpus="4,5,6,7")
+  assert [r["CUDA_VISIBLE_DEVICES"] for r in records(record_dir)] == ["4", "5", "6", "7"] * 2
+  for p in record_dir.glob("*"):
+    p.unlink()
+  (tmp_path / "bin").rename(tmp_path / "bin_1")
+  two_each = SlurmTarget(
+    partition="gpu", nodes=2, gpus_per_node=4, tasks_per_node=2, remote_dir=str(REPO)
+  )
+  script = two_each.script(job)
+  assert directives(script)["ntasks-per-node"] == "2" and two_each.num_processes == 4
+  run_with_stand_ins(tmp_path, script, 2, 2, node_gpus="4,5,6,7")
+  assert [r["CUDA_VISIBLE_DEVICES"] for r in records(record_dir)] == ["4,5", "6,7"] * 2
+
+
+def test_cpu_only_layout_asks_for_no_gpu(tmp_path, fake_python):
+  python, record_dir = fake_python
+  job = Job("pretrain", CONFIG, str(tmp_path / "run"), python=python)
+  target = SlurmTarget(
+    partition="cpu", nodes=2, gpus_per_node=0, tasks_per_node=3, cpus_per_task=2,
+    remote_dir=str(REPO),
+  )  # fmt: skip
+  script = target.script(job)
+  d = directives(script)
+  sbatch_lines = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+  assert not [line for line in sbatch_lines if "gpu" in line] and "CUDA_VISIBLE" not in script
+  assert d["ntasks-per-node"] == "3" and d["cpus-per-task"] == "2"
+  assert target.num_processes == 6
+  run_with_stand_ins(tmp_path, script, nodes=2, tasks_per_node=3)
+  recs = records(record_dir)
+  assert [r["JAX_PROCESS_ID"] for r in recs] == [str(i) for i in range(6)]
+  assert {r["JAX_NUM_PROCESSES"] for r in recs} == {"6"}
+  assert {r["CUDA_VISIBLE_DEVICES"] for r in recs} == {None}
+
+
+@pytest.mark.parametrize(
+  "settings,message",
+  [
+    (
+      dict(gpus_per_node=0),
+      "slurm target: gpus_per_node=0 (a CPU-only partition) needs tasks_per_node >= 1 "
+      "(flag --tasks_per_node: processes per node)",
+    ),
+    (
+      dict(gpus_per_node=8, tasks_per_node=3),
+      "slurm target: tasks_per_node (3) must divide gpus_per_node (8): each process gets the "
+      "same number of GPUs",
+    ),
+    (
+      dict(gpus_per_node=-1),
+      "slurm target: gpus_per_node (-1) and tasks_per_node (0) must be >= 0",
+    ),
+    (dict(nodes=0), "slurm target: nodes must be >= 1, got 0"),
+    (dict(cpus_per_task=0), "slurm target: cpus_per_task must be >= 1, got 0"),
+    (
+      dict(gpus_per_node=0, tasks_per_node=2, gpu_type="h100"),
+      "slurm target: gpu_type='h100' needs gpus_per_node >= 1 (the pre-flight compiles for GPUs)",
+    ),
+  ],
+)
+def test_bad_layouts_are_one_line_errors(tmp_path, settings, message):
+  with pytest.raises(LaunchError) as e:
+    SlurmTarget(partition="p", **settings).validate(Job("pretrain", CONFIG, str(tmp_path)))
+  assert str(e.value) == message
+
+
+def test_cli_cpu_only_layout_error(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, "-m", "launch", "run", f"--config={CONFIG}", f"--workdir={tmp_path}/w",
+     "--target=slurm", "--partition=cpu", "--gpus_per_node=0"],
+    capture_output=True, text=True, cwd=REPO,
+  )  # fmt: skip
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1] == (
+    "launch: error: slurm target: gpus_per_node=0 (a CPU-only partition) needs "
+    "tasks_per_node >= 1 (flag --tasks_per_node: processes per node)"
+  )
+  assert not (tmp_path / "w").exists()
+
+
+# --- a real cluster ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+  cluster = SlurmCluster(tmp_path_factory.mktemp("slurm_cluster"))
+  try:
+    cluster.start()
+  except SlurmUnavailable as e:
+    pytest.skip(str(e))
+  yield cluster
+  cluster.stop()
+
+
+def submit(cluster, workdir, target_flags, args=PRETRAIN_ARGS, python=sys.executable, extra=()):
+  """``python -m launch run ... --target=slurm``; the submitted job's id."""
+  proc = subprocess.run(
+    [
+      sys.executable, "-m", "launch", "run", "--job=pretrain", f"--config={CONFIG}",
+      f"--workdir={workdir}", "--target=slurm", f"--remote_dir={REPO}", "--time=00:20:00",
+      f"--coordinator_port={free_port()}",
+      *([f"--python={python}"] if python else []), *target_flags, *extra, "--", *args,
+    ],
+    env=cluster.env(subprocess_env_for(1)),  # each process: 1 CPU device
+    capture_output=True, text=True, cwd=REPO, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  found = re.search(r"launch: submitted SLURM job (\d+); logs: (\S+)/slurm-\1\.out", proc.stdout)
+  assert found, proc.stdout
+  assert found.group(2) == f"{workdir}/logs"
+  return int(found.group(1))
+
+
+def banners(log):
+  return [m.groups() for m in BANNER.finditer(log.read_text())]
+
+
+def tail(path, n=40):
+  return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
+
+
+def job_logs(workdir, job_id):
+  logs = workdir / "logs"
+  return "\n".join(
+    f"--- {p.name}\n{tail(p)}"
+    for p in [logs / f"slurm-{job_id}.out", *sorted(logs.glob("process_*.log"))]
+  )
+
+
+def test_two_task_pretraining_on_a_new_workdir_completes(cluster, tmp_path):
+  """The reported failure: on a workdir that does not exist yet, sbatch opened
+  <workdir>/logs/slurm-<id>.out before the script could create logs/, and the job died with
+  no log. Also: a job sharing the node holds GPU 0, and each task must get one of this job's
+  own GPUs, as SLURM lists them."""
+  blocker = cluster.sbatch(
+    "--partition=debug", "--gpus-per-node=1", "--cpus-per-task=1", "--time=00:20:00",
+    f"--output={tmp_path}/blocker.out", "--wrap", 'echo "GPUS=$CUDA_VISIBLE_DEVICES"; sleep 600',
+  )  # fmt: skip
+  deadline = time.monotonic() + 60
+  while "GPUS=" not in tail(tmp_path / "blocker.out"):
+    assert time.monotonic() < deadline, cluster.job(blocker)
+    time.sleep(0.5)
+  blocker_gpus = set(tail(tmp_path / "blocker.out").split("GPUS=")[1].split()[0].split(","))
+  workdir = tmp_path / "new" / "run"
+  # The interpreter comes from the setup lines, as on a cluster: the venv's activate script.
+  venv = pathlib.Path(sys.prefix)
+  python = None if (venv / "bin" / "activate").exists() else sys.executable
+  setup = [f"--setup=source {shlex.quote(str(venv / 'bin' / 'activate'))}"] if not python else []
+  try:
+    job_id = submit(cluster, workdir, GPU_FLAGS, python=python, extra=setup)
+    info = cluster.wait(job_id, timeout_s=900)
+  finally:
+    cluster.scancel(blocker)
+  assert info["JobState"] == "COMPLETED", (info, job_logs(workdir, job_id))
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["status"] == "completed" and summary["step"] == STEPS
+  assert summary["num_processes"] == 2 and summary["num_devices"] == 2
+  logs = workdir / "logs"
+  assert (logs / f"slurm-{job_id}.out").exists()
+  gpus = []
+  for i in range(2):
+    log = logs / f"process_{i}.log"
+    [(job, process, count, gpu)] = banners(log)
+    assert (job, process, count) == (str(job_id), str(i), "2")
+    gpus.append(gpu)
+    assert f"jax.distributed: process {i} of 2" in log.read_text()
+  assert len(set(gpus)) == 2 and not set(gpus) & blocker_gpus, (gpus, blocker_gpus)
+  assert "Done (completed) at step 20" in (logs / "process_0.log").read_text()
+  record = json.loads((workdir / "launch.json").read_text())
+  assert record["num_processes"] == 2 and record["target"] == "slurm"
+
+
+def test_a_failing_task_stops_the_others_and_fails_the_job(cluster, tmp_path):
+  """Task 1 exits with status 3 while task 0 runs pre-training (waiting for task 1 in
+  jax.distributed): srun --kill-on-bad-exit stops task 0 and the job ends FAILED, long before
+  jax.distributed's own 5-minute timeout would."""
+  wrapper = executable(
+    tmp_path / "python",
+    f"""#!/bin/bash
+if [ "$SLURM_PROCID" = 1 ]; then sleep 5; echo "process 1 fails on purpose"; exit 3; fi
+exec {shlex.quote(sys.executable)} "$@"
+""",
+  )
+  workdir = tmp_path / "run"
+  start = time.monotonic()
+  job_id = submit(cluster, workdir, GPU_FLAGS, python=wrapper)
+  info = cluster.wait(job_id, timeout_s=240)
+  elapsed = time.monotonic() - start
+  assert info["JobState"] == "FAILED", (info, job_logs(workdir, job_id))
+  assert elapsed < 240
+  out = (workdir / "logs" / f"slurm-{job_id}.out").read_text()
+  assert re.search(r"task 1: Exited with exit code 3", out), out
+  assert "process 1 fails on purpose" in (workdir / "logs" / "process_1.log").read_text()
+  log0 = (workdir / "logs" / "process_0.log").read_text()
+  assert banners(workdir / "logs" / "process_0.log") and "Done (" not in log0
+  assert not (workdir / "summary.json").exists()
+
+
+def test_cpu_partition_job_cancelled_mid_run_resumes_and_keeps_the_first_logs(cluster, tmp_path):
+  """CPU-only layout (gpus_per_node=0, tasks_per_node=2) on the cpu partition. The first job is
+  cancelled (scancel: SIGTERM to every task, which saves a checkpoint) during training; the
+  same command submitted again resumes from that checkpoint and completes, and every log of
+  the first job is still there."""
+  workdir = tmp_path / "run"
+  flags = [
+    "--partition=cpu", "--nodes=1", "--gpus_per_node=0", "--tasks_per_node=2",
+    "--cpus_per_task=1",
+  ]  # fmt: skip
+  # A synchronous save after every step keeps the run going for a while after its first step.
+  slow = [
+    *PRETRAIN_ARGS,
+    "--config.save_checkpoints_steps=1",
+    "--config.checkpoint.async_save=false",
+  ]
+  first = submit(cluster, workdir, flags, args=slow)
+  deadline = time.monotonic() + 600
+  while not (workdir / "checkpoints" / "2").is_dir():
+    info = cluster.job(first)
+    assert info["JobState"] in ("PENDING", "RUNNING"), (info, job_logs(workdir, first))
+    assert time.monotonic() < deadline, job_logs(workdir, first)
+    time.sleep(0.5)
+  cluster.scancel(first)
+  info = cluster.wait(first, timeout_s=120)
+  assert info["JobState"] == "CANCELLED", info
+  assert "gres/gpu" not in info.get("TRES", "") and "gpu" not in info.get("TresPerNode", "")
+  log0 = (workdir / "logs" / "process_0.log").read_text()
+  assert "Done (preempted)" in log0, job_logs(workdir, first)
+  saved = int(re.search(r"Done \(preempted\) at step (\d+)", log0).group(1))
+  assert 2 <= saved < STEPS
+  first_logs = {p.name: p.read_text() for p in (workdir / "logs").iterdir()}
+
+  second = submit(cluster, workdir, flags, args=slow)
+  info = cluster.wait(second, timeout_s=600)
+  assert info["JobState"] == "COMPLETED", (info, job_logs(workdir, second))
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["status"] == "completed" and summary["step"] == STEPS
+  assert summary["init"] == "resumed" and summary["num_processes"] == 2
+  logs = workdir / "logs"
+  for i in range(2):
+    log = logs / f"process_{i}.log"
+    text = log.read_text()
+    assert text.startswith(first_logs[log.name])  # the first job's lines, kept whole
+    assert [(b[0], b[1], b[3]) for b in banners(log)] == [
+      (str(first), str(i), None),
+      (str(second), str(i), None),
+    ]  # no CUDA_VISIBLE_DEVICES: a CPU-only job
+  assert re.search(rf"resumed from \S+ at step {saved}\b", (logs / "process_0.log").read_text())
+  assert (logs / f"slurm-{first}.out").read_text() == first_logs[f"slurm-{first}.out"]
+  assert (logs / f"slurm-{second}.out").exists()
+  assert sorted(p.name for p in workdir.glob("launch*.json")) != ["launch.json"]
