@@ -225,7 +225,7 @@ K8S = {"image": "us-docker.pkg.dev/p/bert-jax:1"}
   [
     # accelerator types no Cloud TPU slice has (the pre-flight's table of slices)
     ("tpu", {**TPU, "create": True, "accelerator_type": "v4-31"}, "unknown TPU topology 'v4-31'"),
-    ("tpu", {**TPU, "create": True, "accelerator_type": "v4-33"}, "nearest is 'v4-32'"),
+    ("tpu", {**TPU, "create": True, "accelerator_type": "v4-33"}, "unknown TPU topology 'v4-33'"),
     ("tpu", {**TPU, "accelerator_type": "v7x-8"}, "unknown TPU topology 'v7x-8'"),
     ("tpu", {**TPU, "accelerator_type": "h100:8"}, "is a GPU, not a TPU slice"),
     ("tpu", {**TPU, "zone": "us-central2"}, "--zone 'us-central2' is not a Cloud zone"),

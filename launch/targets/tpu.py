@@ -211,13 +211,6 @@ class TpuTarget:
       raise LaunchError(f"tpu target: --accelerator_type: {e}") from None
     if topo.is_gpu:
       raise LaunchError(f"tpu target: --accelerator_type {given!r} is a GPU, not a TPU slice")
-    # "v4-33" would be read as the 16 chips of "v4-32": the count must be the slice's own.
-    count = given.rpartition("-")[2]
-    if ":" not in given and count != topo.accelerator_type.rpartition("-")[2]:
-      raise LaunchError(
-        f"tpu target: --accelerator_type {given!r} is no Cloud TPU slice (the nearest is "
-        f"{topo.accelerator_type!r})"
-      )
     return topo
 
   def validate(self, job: Job) -> None:
