@@ -225,6 +225,12 @@ def test_cpu_only_layout_asks_for_no_gpu(tmp_path, fake_python):
       dict(gpus_per_node=0, tasks_per_node=2, gpu_type="h100"),
       "slurm target: gpu_type='h100' needs gpus_per_node >= 1 (the pre-flight compiles for GPUs)",
     ),
+    (
+      dict(gpus_per_node=8, gpu_type="h100x"),
+      "slurm target: --gpu_type='h100x': unknown GPU topology 'h100x:8'; known: <gpu>:<gpus per "
+      "host> or <gpu>:<hosts>x<gpus per host>, <gpu> one of a100-40gb, a100-80gb, h100, h200, "
+      "gpus per host 1/2/4/8 (e.g. h100:8, h100:2x8, a100-80gb:4x8)",
+    ),
   ],
 )
 def test_bad_layouts_are_one_line_errors(tmp_path, settings, message):

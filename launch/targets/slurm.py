@@ -125,6 +125,17 @@ class SlurmTarget:
         f"slurm target: gpu_type={self.gpu_type!r} needs gpus_per_node >= 1 (the pre-flight "
         "compiles for GPUs)"
       )
+    if self.gpu_type:
+      # bert_jax only when a GPU type is given (the launcher itself stays light).
+      from bert_jax.parallel.topology import parse_topology  # noqa: PLC0415 (heavy)
+
+      name = gpu_topology_name(self.gpu_type, self.nodes, self.gpus_per_node)
+      try:
+        topo = parse_topology(name)
+      except ValueError as e:
+        raise LaunchError(f"slurm target: --gpu_type={self.gpu_type!r}: {e}") from None
+      if not topo.is_gpu:
+        raise LaunchError(f"slurm target: --gpu_type={self.gpu_type!r} is not a GPU")
     if self.cpus_per_task < 1:
       raise LaunchError(f"slurm target: cpus_per_task must be >= 1, got {self.cpus_per_task}")
     if "://" in job.workdir:
