@@ -16,22 +16,31 @@ compiled are the ones those entry points run (bert_jax.plan.compiler). Needs lib
 compiler refuses one for memory (the numbers are printed), 1 (one line) for bad input: an
 unknown topology, a mesh whose product is not the chip count, a step that does not compile for
 another reason, a compiler that crashes (the compile runs in a child process; the message names
-the signal and the file its output was kept in). See docs/compile.md.
+the signal and the file its output was kept in), a config ``pretrain`` / ``finetune`` would
+refuse (the same one-line error, before any compile), an ``--output`` whose folder does not
+exist or that names an input (checked before any work); 2 for a bad flag value (``--num_slices``,
+``--plan_max_meshes``, ``--plan_workers``, ``--plan_phase``); 130 after an interrupt (Ctrl-C:
+the compiling child processes are killed, one line). While it compiles or plans it prints a
+progress line to stderr at least every 30 s. See docs/compile.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from bert_jax import cli
 from bert_jax.parallel.topology import TopologyError, parse_topology
+from bert_jax.plan.compiler import check_config
 from bert_jax.plan.isolation import compile_for_topology_isolated
 from bert_jax.plan.planner import best_overrides, format_plan, make_plan
 from bert_jax.plan.report import format_report
+from bert_jax.train.progress import format_duration
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "A configs/*.py[:preset] file; override keys with --config.<key>=v",
@@ -60,31 +69,107 @@ _OUTPUT = flags.DEFINE_string("output", "", "write the report / plan here as JSO
 flags.mark_flags_as_required(["config", "topology"])
 
 OUT_OF_MEMORY_EXIT = 3
+INTERRUPTED_EXIT = 130  # as a shell reports a process ended by SIGINT
+
+
+def _say(line: str) -> None:
+  """A progress line, on stderr (stdout keeps the report)."""
+  print(line, file=sys.stderr, flush=True)
+
+
+def check_flags() -> None:
+  """app.UsageError (exit status 2, one line) for a flag value out of range."""
+  if _SLICES.value < 1:
+    raise app.UsageError(f"--num_slices={_SLICES.value}: must be at least 1")
+  if _MAX_MESHES.value < 1:
+    raise app.UsageError(f"--plan_max_meshes={_MAX_MESHES.value}: must be at least 1")
+  if _WORKERS.value < 0:
+    raise app.UsageError(
+      f"--plan_workers={_WORKERS.value}: must be >= 0 (0: as the host's cores and memory allow)"
+    )
+  if _PLAN_PHASE.value not in (0, 1):
+    raise app.UsageError(
+      f"--plan_phase={_PLAN_PHASE.value}: must be 0 (the first phase) or 1 (phase 2, seq 512)"
+    )
+
+
+def _input_files(config) -> set[str]:
+  """Real paths of the files this run reads: the config file and every config value that names
+  an existing file (or a comma-separated list of them)."""
+  names = []
+  try:
+    names.append(config_flags.get_config_filename(flags.FLAGS["config"]))
+  except (AttributeError, KeyError, TypeError):
+    pass
+  stack = [json.loads(config.to_json_best_effort())]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, dict):
+      stack.extend(node.values())
+    elif isinstance(node, list):
+      stack.extend(node)
+    elif isinstance(node, str) and "://" not in node:
+      names.extend(node.split(","))
+  paths = (os.path.expanduser(n) for n in names if n)
+  return {os.path.realpath(p) for p in paths if os.path.isfile(p)}
+
+
+def check_output(path: str, config) -> None:
+  """Before any work: ValueError / FileNotFoundError when ``--output`` cannot be written (no such
+  folder, a folder, not writable) or would overwrite one of the run's inputs."""
+  if not path:
+    return
+  full = os.path.realpath(os.path.expanduser(path))
+  folder = os.path.dirname(full)
+  if not os.path.isdir(folder):
+    shown = os.path.dirname(path) or "."
+    raise FileNotFoundError(f"--output={path}: the folder {shown} does not exist")
+  if os.path.isdir(full):
+    raise IsADirectoryError(f"--output={path}: is a folder; give a file name")
+  if not os.access(full if os.path.exists(full) else folder, os.W_OK):
+    raise PermissionError(f"--output={path}: not writable")
+  if full in _input_files(config):
+    raise ValueError(f"--output={path}: is an input of this run; it would be overwritten")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  topo = parse_topology(_TOPOLOGY.value, _SLICES.value)
+  check_flags()
   config = _CONFIG.value
-  if _PLAN.value:
-    result = make_plan(
-      config,
-      topo,
-      phase=_PLAN_PHASE.value,
-      max_meshes=_MAX_MESHES.value,
-      cache_dir=_CACHE.value,
-      workers=_WORKERS.value,
-      quick=_QUICK.value,
+  check_output(_OUTPUT.value, config)
+  topo = parse_topology(_TOPOLOGY.value, _SLICES.value)
+  start = time.monotonic()
+  try:
+    if _PLAN.value:
+      result = make_plan(
+        config,
+        topo,
+        phase=_PLAN_PHASE.value,
+        max_meshes=_MAX_MESHES.value,
+        cache_dir=_CACHE.value,
+        workers=_WORKERS.value,
+        quick=_QUICK.value,
+        log=lambda line: print(line, flush=True),
+        progress=_say,
+      )
+      print(format_plan(result))
+      if result["best"] is not None:
+        print("best: " + " ".join(best_overrides(result)))
+      ok = result["best"] is not None
+    else:
+      job = check_config(config, topo)  # a run's checks: one line, before any compile
+      steps = [f"train {p.name}" for p in job.phases] + ["eval"]
+      _say(f"compiling {', '.join(steps)} for {topo.describe()} (in a child process) ...")
+      result = compile_for_topology_isolated(config, topo, progress=_say)
+      print(format_report(result.pop("reports"), topo, f"mesh {result['mesh']}"))
+      ok = result["fits"]
+  except KeyboardInterrupt:
+    _say(
+      f"compile: interrupted after {format_duration(time.monotonic() - start)}; the compiling "
+      "processes were stopped, nothing was written"
     )
-    print(format_plan(result))
-    if result["best"] is not None:
-      print("best: " + " ".join(best_overrides(result)))
-    ok = result["best"] is not None
-  else:
-    result = compile_for_topology_isolated(config, topo)
-    print(format_report(result.pop("reports"), topo, f"mesh {result['mesh']}"))
-    ok = result["fits"]
+    sys.exit(INTERRUPTED_EXIT)
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
       json.dump(result, f, indent=1)

@@ -10,7 +10,12 @@ from the resolved config), on this machine, without a TPU or GPU, in a child pro
 the compiler refuses the launch with the signal and the compiler's output file, it does not end
 the launcher. A step that does not fit in a
 chip's memory refuses the launch with the compiler's numbers; ``--skip_preflight`` launches
-anyway. The result (memory per chip, estimated step time, collectives) goes into launch.json
+anyway. Before any compile the config is checked as the entry point will check it
+(``bert_jax.plan.compiler.check_config``: ``check_run_config``'s ranges, the task's checks, the
+batch layout on the target's mesh and hosts): a config the run would refuse stops the launch
+with the run's own one-line error (``pre-flight for v4-128: invalid config:
+config.train_batch_size=0 (must be positive)``), which ``--skip_preflight`` does not make any
+better. The result (memory per chip, estimated step time, collectives) goes into launch.json
 under ``preflight``. Needs libtpu here (``pip install 'bert-jax[tpu]'``) for TPU targets, the
 CUDA PJRT plugin (``pip install 'bert-jax[gpu-aot]'``) for GPU ones (SLURM, Kubernetes with
 ``gpu_type`` set).
@@ -18,6 +23,7 @@ CUDA PJRT plugin (``pip install 'bert-jax[gpu-aot]'``) for GPU ones (SLURM, Kube
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .job import Job, LaunchError
@@ -46,6 +52,12 @@ def _summary(result: dict[str, Any]) -> list[str]:
   return lines
 
 
+def _progress(line: str) -> None:
+  """A line at least every 30 s while the pre-flight compiles (stderr: the launcher's output
+  stream holds the plan and the commands)."""
+  print(f"launch: pre-flight: {line}", file=sys.stderr, flush=True)
+
+
 def gpu_topology_name(gpu_type: str, hosts: int, gpus_per_host: int) -> str:
   """The ``--topology`` name of ``hosts`` x ``gpus_per_host`` GPUs, e.g. "h100:2x8", "h100:8"."""
   return f"{gpu_type}:{hosts}x{gpus_per_host}" if hosts > 1 else f"{gpu_type}:{gpus_per_host}"
@@ -59,11 +71,21 @@ def preflight(job: Job, config, accelerator_type: str, num_slices: int = 1) -> d
     return {"skipped": f"{job.module} is not a training entry point"}
   # bert_jax (JAX, libtpu) only when a launch is checked: the launcher itself stays light.
   from bert_jax.parallel.topology import TopologyError, parse_topology  # noqa: PLC0415 (heavy)
+  from bert_jax.plan.compiler import check_config  # noqa: PLC0415 (heavy)
   from bert_jax.plan.isolation import compile_for_topology_isolated  # noqa: PLC0415 (heavy)
 
   try:
     topo = parse_topology(accelerator_type, num_slices)
-    result = compile_for_topology_isolated(config, topo)  # a compiler crash: an error
+  except (ValueError, TopologyError) as e:
+    raise LaunchError(
+      f"pre-flight for {accelerator_type}: {e} (--skip_preflight to launch anyway)"
+    ) from None
+  try:
+    check_config(config, topo)  # the run's own checks, before any compile
+  except ValueError as e:
+    raise LaunchError(f"pre-flight for {accelerator_type}: {e}") from None
+  try:
+    result = compile_for_topology_isolated(config, topo, progress=_progress)  # a crash: an error
   except (ValueError, TopologyError) as e:
     raise LaunchError(
       f"pre-flight for {accelerator_type}: {e} (--skip_preflight to launch anyway)"

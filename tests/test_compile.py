@@ -417,7 +417,11 @@ def test_launch_preflight_refuses_a_job_that_does_not_fit_before_creating_anythi
     ),
   )
   target = TpuTarget(
-    tpu_name="pod", zone="z", project="p", create=True, accelerator_type="v5litepod-4"
+    tpu_name="pod",
+    zone="us-central2-b",
+    project="my-project",
+    create=True,
+    accelerator_type="v5litepod-4",
   )
   out = io.StringIO()
   with (
@@ -667,7 +671,11 @@ def test_a_compiler_crash_in_compile_or_preflight_is_an_error_naming_the_signal(
   config = pathlib.Path(__file__).resolve().parent.parent / "configs" / "pretrain.py"
   job = Job("pretrain", f"{config}:tiny", "gs://bucket/run")
   target = TpuTarget(
-    tpu_name="pod", zone="z", project="p", create=True, accelerator_type="v5litepod-4"
+    tpu_name="pod",
+    zone="us-central2-b",
+    project="my-project",
+    create=True,
+    accelerator_type="v5litepod-4",
   )
   out = io.StringIO()
   with pytest.raises(LaunchError, match=r"pre-flight for v5litepod-4: the compiler process died "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,18 +23,28 @@ from bert_jax.parallel.topology import Topology, topology_devices
 from bert_jax.plan.report import StepReport, sharded_bytes, step_report
 from bert_jax.tasks import build_job
 from bert_jax.train import trainer
+from bert_jax.train.run_config import check_run_config
 
 
-def _check_batches(job, mesh) -> None:
-  dp = parallel.data_parallel_size(mesh)
-  for phase in job.phases:
-    batch, accum = phase.global_batch_size, phase.grad_accum_steps
-    if accum < 1 or batch % accum or (batch // accum) % dp:
-      raise ValueError(
-        f"phase {phase.name}: global batch {batch} / grad_accum_steps {accum} is not a multiple "
-        f"of the data-parallel size {dp} (mesh data={mesh.shape['data']} x "
-        f"fsdp={mesh.shape['fsdp']})"
-      )
+def check_config(config, topo: Topology):
+  """The checks a run makes of ``config`` before it starts, for a run on ``topo``, without
+  compiling anything: the numbers' ranges and the batch layout on the mesh the config's sizes
+  make of the topology's chips (``check_run_config``, the checks ``pretrain`` / ``finetune``
+  make: the same one-line ValueError), and the task builder's own checks (the abstract job:
+  objective, mask rates, task name). ``bert_jax.compile``, its planner and the launcher's
+  pre-flight call this before any compile. Returns the abstract job."""
+  check_run_config(config)
+  try:
+    shape = parallel.resolve_mesh_shape(dict(config.mesh), topo.num_devices)
+  except ValueError as e:
+    raise ValueError(f"{topo.describe()}: {e}") from None
+  check_run_config(config, dict(zip(parallel.MESH_AXES, shape)), processes=_processes(topo))
+  return build_job(config, abstract=True)
+
+
+def _processes(topo: Topology) -> int:
+  """The processes a run on ``topo`` has: one per host."""
+  return max(1, int(topo.num_hosts))
 
 
 def compile_for_topology(
@@ -43,19 +54,20 @@ def compile_for_topology(
   phases: list[int] | None = None,
   with_eval: bool = True,
   devices: list | None = None,
+  on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
   """Compiles the train step of each phase in ``phases`` (default: all) and the eval step; a
-  JSON-safe dict (see ``bert_jax.plan.report``). ValueError for a config that cannot be laid out
-  on the topology (mesh sizes, batch divisibility)."""
+  JSON-safe dict (see ``bert_jax.plan.report``). ValueError for a config a run would refuse
+  (``check_config``'s checks) or that cannot be laid out on the topology (mesh sizes).
+  ``on_step`` is told each step before it compiles ("train seq128 (1 of 3)")."""
+  start = time.perf_counter()
+  job = check_config(config, topo)
   devices = topology_devices(topo) if devices is None else devices
   try:
     mesh = parallel.create_mesh(config.mesh, devices=devices)
   except ValueError as e:
     raise ValueError(f"{topo.describe()}: {e}") from None
   rules = parallel.normalize_rules(config.logical_axis_rules)
-  start = time.perf_counter()
-  job = build_job(config, abstract=True)
-  _check_batches(job, mesh)
   asm = trainer.assemble(job, config, mesh, rules)
   params_bytes = sharded_bytes(asm.abstract_state.params)
   opt_bytes = sharded_bytes(asm.abstract_state.opt_state)
@@ -63,8 +75,12 @@ def compile_for_topology(
     params_bytes=params_bytes, opt_state_bytes=opt_bytes, compute_dtype=str(config.dtype)
   )
   reports: list[StepReport] = []
-  for i in range(len(job.phases)) if phases is None else phases:
+  indices = list(range(len(job.phases)) if phases is None else phases)
+  total = len(indices) + bool(with_eval)
+  for n, i in enumerate(indices, 1):
     phase = job.phases[i]
+    if on_step:
+      on_step(f"train {phase.name} ({n} of {total})")
     reports.append(
       step_report(
         f"train {phase.name}",
@@ -74,9 +90,12 @@ def compile_for_topology(
         model_flops=phase.flops_per_example * phase.global_batch_size,
         tokens=phase.global_batch_size * phase.seq_len,
         loop_trips=phase.grad_accum_steps,
+        global_batch=phase.global_batch_size,
         **common,
       )
     )
+  if with_eval and on_step:
+    on_step(f"eval ({total} of {total})")
   lowered_eval = trainer.lower_eval_step(asm) if with_eval else None
   if lowered_eval is not None:
     last = job.phases[-1]
@@ -89,6 +108,7 @@ def compile_for_topology(
         mesh,
         model_flops=last.flops_per_example / 3 * batch,
         tokens=batch * last.seq_len,
+        global_batch=batch,
         **common,
       )
     )

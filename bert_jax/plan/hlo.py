@@ -18,6 +18,16 @@ or the ``mesh[...]`` form), matched against the groups each combination of mesh 
 ``network`` is "dcn" when a group spans TPU slices. The TPU compiler writes a reduce-scatter as
 a fusion calling an ``all-reduce-scatter`` computation (an all-reduce, then each chip's slice of
 the sum): such an all-reduce is counted as the reduce-scatter it is.
+
+Multi-slice TPU programs: libtpu compiles one slice's program, so its replica groups name the
+devices of one slice (``{{0,1,2,3}}`` for a 4-chip slice of an 8-chip mesh): such groups are
+matched against the mesh axes within a slice, and run over ICI. The part of a collective that
+crosses slices is not an XLA collective there but a host ``send`` (with its ``recv``) carrying
+``_xla_megascale_transfer_type`` (``ALL_REDUCE``, ``ALL_GATHER``, ...) and
+``_xla_megascale_target="{1,2}x{0:3}"`` (the slices taking part, then the chips of each): each
+such send is counted as a collective of that kind over the slices (``network`` "dcn"; ``axes``
+the mesh axes along which the slice changes), its bytes the send's array (an all-gather: that
+times the slices, its result), moved as in a ring over the slices.
 """
 
 from __future__ import annotations
@@ -44,6 +54,10 @@ _CALLEE = re.compile(r"(?:calls|to_apply|body|condition|computations?)=\{?([^}]*
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CONDITION = re.compile(r"condition=%?([\w.\-]+)")
 _CONSTANT = re.compile(r"^\s*%?([\w.\-]+)\s*=\s*s(?:32|64)\[\][^=]*?\sconstant\((\d+)\)")
+_MEGASCALE_TYPE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
+_MEGASCALE_TARGET = re.compile(r'_xla_megascale_target="\{([^}]*)\}')
+_RENDEZVOUS = re.compile(r'_xla_host_transfer_rendezvous="([^"]*)"')
+_SEND = re.compile(r"\ssend\(")
 _COMPARE_LT = re.compile(r"^\s*ROOT\s.*\scompare\(([^)]*)\),\s*direction=LT\b")
 
 
@@ -195,6 +209,67 @@ def _axis_partitions(mesh) -> dict[frozenset, str]:
   return out
 
 
+def _slice_positions(slice_of: list[int]) -> list[int]:
+  """Flat mesh positions of the first slice's devices: what the device ids of a one-slice
+  program's replica groups stand for (its chips in mesh order; every slice's program is the
+  same)."""
+  return [i for i, s in enumerate(slice_of) if s == slice_of[0]]
+
+
+def _varying_axes(mesh, groups: list[tuple[int, ...]], positions: list[int]) -> str:
+  """The mesh axes along which the devices of ``groups`` (indices into ``positions``, flat mesh
+  positions) differ: "fsdp", "data+fsdp"; "?" when an index is out of range."""
+  shape = mesh.devices.shape
+  varying: set[int] = set()
+  for g in groups:
+    if any(i >= len(positions) for i in g):
+      return "?"
+    coords = np.array(np.unravel_index([positions[i] for i in g], shape))
+    varying.update(i for i in range(len(shape)) if len(set(coords[i].tolist())) > 1)
+  return "+".join(mesh.axis_names[i] for i in sorted(varying)) or "-"
+
+
+def _slice_axes(mesh, slice_of: list[int]) -> str:
+  """The mesh axes along which the slice changes ("data", "data+fsdp"): those of a cross-slice
+  transfer."""
+  slices = np.array(slice_of).reshape(mesh.devices.shape)
+  axes = [
+    name
+    for i, name in enumerate(mesh.axis_names)
+    if slices.shape[i] > 1 and (np.diff(slices, axis=i) != 0).any()
+  ]
+  return "+".join(axes) or "-"
+
+
+def _target_slices(attrs: str, default: int) -> int:
+  """How many slices a megascale transfer spans: the entries of its target's first set (``{1,2}``;
+  a range ``a:b`` counts b - a + 1)."""
+  m = _MEGASCALE_TARGET.search(attrs)
+  if not m:
+    return default
+  count = 0
+  for part in filter(None, (p.strip() for p in m.group(1).split(","))):
+    if ":" in part:
+      a, b = part.split(":", 1)
+      count += int(b) - int(a) + 1 if a.isdigit() and b.isdigit() else 1
+    else:
+      count += 1
+  return count or default
+
+
+def _megascale(kind_name: str, type_text: str, size: int) -> tuple[str, float, float]:
+  """(kind, bytes, moved bytes) of a cross-slice transfer whose send carries ``type_text``
+  (its array first) over ``size`` slices."""
+  kind = kind_name.lower().replace("_", "-")
+  nbytes = shape_bytes(_tuple_elements(type_text)[0])
+  frac = (size - 1) / size if size > 1 else 0.0
+  if kind == "all-gather":
+    return kind, nbytes * size, nbytes * (size - 1)  # sends its piece; its result: all pieces
+  if kind == "all-reduce":
+    return kind, nbytes, 2 * nbytes * frac
+  return kind, nbytes, nbytes * frac
+
+
 def collectives(hlo: str, mesh, domains: list[int] | None = None) -> list[dict[str, Any]]:
   """Aggregated collectives of a compiled module (see the module docstring), largest first.
   ``domains``: each device's fast-network domain, in ``mesh.devices.flat`` order (default: its
@@ -204,6 +279,9 @@ def collectives(hlo: str, mesh, domains: list[int] | None = None) -> list[dict[s
   n = mesh.devices.size
   partitions = _axis_partitions(mesh)
   slice_of = domains or [getattr(d, "slice_index", 0) for d in mesh.devices.flat]
+  num_slices = len(set(slice_of))
+  first = _slice_positions(slice_of)
+  in_slice = num_slices > 1 and not domains  # libtpu: one slice's program, its own device ids
   seen: dict[Any, dict] = {}
   for name, lines in comps.items():
     times = mult.get(name, 0)
@@ -212,6 +290,23 @@ def collectives(hlo: str, mesh, domains: list[int] | None = None) -> list[dict[s
     fused_reduce_scatter = name.startswith("all-reduce-scatter")
     for line in lines:
       m = _INSTR.match(line)
+      if m and in_slice and _SEND.search(line):
+        transfer = _MEGASCALE_TYPE.search(line)
+        if transfer:
+          send = _SEND.search(line)
+          size = _target_slices(line, num_slices)
+          kind, nbytes, moved = _megascale(
+            transfer.group(1), line[line.index("=") + 1 : send.start() + 1], size
+          )
+          rendezvous = _RENDEZVOUS.search(line)
+          key = ("megascale", rendezvous.group(1) if rendezvous else (name, m.group(1)))
+          prev = seen.get(key)
+          if prev is None or prev["times"] < times:
+            seen[key] = dict(
+              kind=kind, axes=_slice_axes(mesh, slice_of), times=times, bytes=nbytes,
+              moved=moved, dcn=True, size=size,
+            )  # fmt: skip
+        continue
       op = _OP.search(line) if m else None
       if not op:
         continue
@@ -221,20 +316,25 @@ def collectives(hlo: str, mesh, domains: list[int] | None = None) -> list[dict[s
       attrs = line[op.end() :]
       channel = re.search(r"channel_id=(\d+)", attrs)
       key = (kind, channel.group(1)) if channel else (kind, name, m.group(1))
-      groups = _replica_groups(attrs, n)
+      groups = _replica_groups(attrs, len(first) if in_slice else n)  # in_slice: its own ids
       size = len(groups[0]) if groups else n
+      local = bool(in_slice and groups) and all(max(g, default=0) < len(first) for g in groups)
       if fused_reduce_scatter and kind == "all-reduce":
         kind, nbytes = "reduce-scatter", nbytes / size  # the result: this chip's slice
       if kind == "collective-permute":
         pairs = re.findall(r"\{(\d+),(\d+)\}", attrs.split("source_target_pairs=")[-1][:2000])
         axes = "permute"
-        dcn = any(
+        dcn = not local and any(
           slice_of[int(a)] != slice_of[int(b)] for a, b in pairs if int(a) < n and int(b) < n
         )
         moved = nbytes
       else:
-        axes = partitions.get(frozenset(frozenset(g) for g in groups), "?") if groups else "?"
-        dcn = bool(groups) and any(len({slice_of[i] for i in g if i < n}) > 1 for g in groups)
+        if local:  # a one-slice program's groups: ids within the slice, over its ICI
+          axes = _varying_axes(mesh, groups, first)
+          dcn = False
+        else:
+          axes = partitions.get(frozenset(frozenset(g) for g in groups), "?") if groups else "?"
+          dcn = bool(groups) and any(len({slice_of[i] for i in g if i < n}) > 1 for g in groups)
         frac = (size - 1) / size if size > 1 else 0.0
         moved = {
           "all-gather": nbytes * frac,

@@ -12,6 +12,13 @@ in a file); an input error it raises (``ValueError``: a mesh that does not match
 a step that does not compile) comes back as the same error here. Costs a Python start-up (a few
 seconds) per compile, against minutes of compiling.
 
+An interrupt (Ctrl-C) stops a compile at once: the child takes the terminal's SIGINT with the
+default action (it ends; it does not finish its compile first), and ``stop_children`` kills the
+children still running (the planner calls it when interrupted; a compile then raises
+``Stopped``, and no new child starts until ``resume_children``). While a child compiles it
+writes the step it is on to a status file (``run_in_child``'s ``status``), which progress lines
+can name.
+
 The child compiles with this process's compiler settings (``compiler_settings``: jax's
 optimisation options, whether set by environment or ``jax.config.update``, and the XLA / libtpu
 flags in the environment), so an isolated compile gives the numbers an in-process one would; the
@@ -28,11 +35,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from bert_jax.plan.report import CompileError, StepReport
+from bert_jax.train import progress as progress_lib
 
 WORKER = (sys.executable, "-m", "bert_jax.plan.compile_worker")
 
@@ -83,24 +93,87 @@ class CompilerDied(CompileError):
   """The child process compiling a step died (a signal, or an exit without a result)."""
 
 
+class Stopped(Exception):
+  """A compile was stopped by an interrupt (``stop_children``): its child was killed."""
+
+
+_children: set[subprocess.Popen] = set()
+_children_lock = threading.Lock()
+_stopping = threading.Event()
+STATUS_ENV = "BERT_JAX_COMPILE_STATUS"  # the child writes the step it is compiling here
+PROGRESS_INTERVAL_SEC = progress_lib.INTERVAL_SEC  # seconds between progress lines
+
+
+def stop_children() -> int:
+  """Kills the compiling children (an interrupt) and refuses new ones until
+  ``resume_children``; how many were running."""
+  _stopping.set()
+  with _children_lock:
+    running = list(_children)
+  for proc in running:
+    with contextlib.suppress(OSError):
+      proc.kill()
+  return len(running)
+
+
+def resume_children() -> None:
+  """Children may start again (after ``stop_children``)."""
+  _stopping.clear()
+
+
+def read_status(path: str) -> str:
+  """What a child's status file says it is compiling ("" when nothing yet)."""
+  try:
+    with open(path) as f:
+      return f.read().strip()
+  except OSError:
+    return ""
+
+
 def run_in_child(
-  target: str, args: tuple, log_path: str = "", command: tuple[str, ...] | None = None
+  target: str,
+  args: tuple,
+  log_path: str = "",
+  command: tuple[str, ...] | None = None,
+  status: str = "",
 ) -> dict[str, Any]:
   """``compile_worker.TARGETS[target](*args)`` in a child process; its JSON-safe result.
 
   CompilerDied when the child dies: the message names the signal or exit status, the child's
   output file (``log_path``; a new temporary file when empty) and its last line. A ValueError
   raised in the child is raised here with its message (a CompileError as a CompileError, any
-  other as a ValueError)."""
+  other as a ValueError). Stopped when ``stop_children`` killed it (or was called before it
+  started) or a SIGINT ended it. ``status``: a file the child writes the step it is compiling to (``read_status``).
+  An exception here (KeyboardInterrupt) kills the child before it propagates."""
+  if _stopping.is_set():
+    raise Stopped("stopped before the compile started")
+  env = _child_env()
+  if status:
+    env[STATUS_ENV] = status
   with tempfile.TemporaryDirectory(prefix="bert_jax_compile") as tmp:
     out = os.path.join(tmp, "result.json")
-    proc = subprocess.run(
+    proc = subprocess.Popen(
       [*(command or WORKER), out],
-      input=pickle.dumps((target, args)),
-      env=_child_env(),
-      capture_output=True,
-      check=False,
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      env=env,
     )
+    with _children_lock:
+      _children.add(proc)
+    if _stopping.is_set():  # stop_children ran between the check above and the start
+      proc.kill()
+    try:
+      _, stderr_bytes = proc.communicate(pickle.dumps((target, args)))
+    except BaseException:  # an interrupt: the child goes with us
+      proc.kill()
+      proc.wait()
+      raise
+    finally:
+      with _children_lock:
+        _children.discard(proc)
+    if _stopping.is_set() or proc.returncode == -signal.SIGINT:  # Ctrl-C reached the child too
+      raise Stopped("the compile was stopped")
     if proc.returncode == 0 and os.path.exists(out):
       with open(out) as f:
         result = json.load(f)
@@ -110,7 +183,7 @@ def run_in_child(
       return result
   code = proc.returncode
   how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-  stderr = proc.stderr.decode(errors="replace")
+  stderr = stderr_bytes.decode(errors="replace")
   if log_path:
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     f = open(log_path, "w")
@@ -122,9 +195,27 @@ def run_in_child(
   raise CompilerDied(f"the compiler process died ({how}; its output: {f.name}) {tail[0][:300]}")
 
 
-def compile_for_topology_isolated(config, topo, **kwargs) -> dict[str, Any]:
+def compile_for_topology_isolated(
+  config, topo, *, progress: Callable[[str], None] | None = None, **kwargs
+) -> dict[str, Any]:
   """``compiler.compile_for_topology(config, topo, **kwargs)`` in a child process: the same
-  result, its ``reports`` rebuilt from the steps (without the compiled executables)."""
-  result = run_in_child("compile_for_topology", (config, topo, kwargs))
+  result, its ``reports`` rebuilt from the steps (without the compiled executables).
+  ``progress``: gets a line at least every ``progress.INTERVAL_SEC`` (30 s) while the child
+  compiles, naming the step it is on (``train seq512 (2 of 3)``) and the time elapsed."""
+  if progress is None:
+    result = run_in_child("compile_for_topology", (config, topo, kwargs))
+  else:
+    with tempfile.TemporaryDirectory(prefix="bert_jax_status") as tmp:
+      status = os.path.join(tmp, "status")
+
+      def log(line: str) -> None:
+        now = read_status(status)
+        progress(f"{line}; at {now}" if now else line)
+
+      beat = progress_lib.Heartbeat(
+        f"compile for {topo.describe()}", interval_sec=PROGRESS_INTERVAL_SEC, log=log
+      )
+      with beat:
+        result = run_in_child("compile_for_topology", (config, topo, kwargs), status=status)
   result["reports"] = [StepReport(**step) for step in result["steps"]]
   return result

@@ -20,6 +20,15 @@ see ``default_workers``), and each compile runs in a child process (``compile_is
 crash of the compiler is one failed candidate, not the end of the plan. Rows: fits first,
 fastest estimated step first; then the candidates that do not fit, with the compiler's numbers
 (or, for a compile that failed otherwise, its error).
+
+Before any compile the config is checked as a run checks it (``check_run_config``; the task's
+checks; ``phase`` must be one of the run's phases; each candidate's batch layout: a layout the
+run would refuse, e.g. one the eval batch does not divide over, is not a candidate). A cache
+entry that cannot be read (empty, cut short) is a warning naming its file and is compiled
+again. While it runs the plan logs a line at least every 30 s (the meshes searched of N, with an
+ETA after the first, the compiles done, what is compiling and for how long). An interrupt
+(Ctrl-C) kills the compiling children and starts no other compile; ``make_plan`` then raises
+KeyboardInterrupt within seconds.
 """
 
 from __future__ import annotations
@@ -37,10 +46,13 @@ import time
 from typing import Any
 
 import jax
+from absl import logging
 
 from bert_jax.parallel.topology import Topology, topology_devices
 from bert_jax.plan import isolation
 from bert_jax.plan.compiler import compile_for_topology
+from bert_jax.train import progress as progress_lib
+from bert_jax.train.run_config import check_batch_layout, check_run_config
 
 # Part of every cache key: bump it when bert_jax/plan/report.py's estimate changes its formula.
 # 2: the compute term uses the chip's float32 matmul rate for float32 steps (TF32 on GPUs).
@@ -48,9 +60,12 @@ from bert_jax.plan.compiler import compile_for_topology
 # 4: with gradient accumulation, FLOPs and bytes are the accumulation loop's body times its trips.
 # 5: collectives inside the accumulation loop count once per trip (the TPU module gives the bound
 #    only in the loop's condition; they counted once).
-ESTIMATE_VERSION = 5
+# 6: multi-slice: the cross-slice part of a collective (libtpu's megascale send / recv) is costed
+#    at DCN bandwidth, and a one-slice program's replica groups are matched within a slice.
+ESTIMATE_VERSION = 6
 # What a quick plan screens its candidates with (``make_plan(quick=True)``).
 QUICK = dict(jax_exec_time_optimization_effort=-1.0)
+PROGRESS_INTERVAL_SEC = progress_lib.INTERVAL_SEC  # a plan's progress lines, at least this often
 
 
 def mesh_candidates(num_devices: int, global_batch: int, max_tensor: int = 8) -> list[tuple]:
@@ -122,17 +137,29 @@ def _cache_path(config, topo: Topology, phase: int, cache_dir: str) -> str:
   return os.path.join(os.path.expanduser(cache_dir), f"{_key(config, topo, phase)}.json")
 
 
-def _read_cached(path: str) -> dict:
-  with open(path) as f:
-    return dict(json.load(f), cached=True)
+def _read_cached(path: str) -> dict | None:
+  """The cache entry at ``path``; None when there is none, or (with a warning naming the file)
+  when it cannot be read: an empty or cut-short entry is compiled again, not the end of a plan."""
+  if not path or not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      entry = json.load(f)
+    if not isinstance(entry, dict) or not entry.get("steps"):
+      raise ValueError("not a compile result")
+  except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+    logging.warning("%s: unreadable plan-cache entry (%s); compiling it again", path, e)
+    return None
+  return dict(entry, cached=True)
 
 
 def compile_cached(config, topo: Topology, phase: int, cache_dir: str, devices=None) -> dict:
   """One candidate's train-step report (``compile_for_topology`` of one phase, no eval),
   read from ``cache_dir`` when this exact config was compiled before."""
   path = _cache_path(config, topo, phase, cache_dir)
-  if path and os.path.exists(path):
-    return _read_cached(path)
+  cached = _read_cached(path)
+  if cached is not None:
+    return cached
   result = compile_for_topology(config, topo, phases=[phase], with_eval=False, devices=devices)
   result.pop("reports")
   if path:
@@ -153,8 +180,9 @@ def compile_isolated(
   candidate whose error says why, not the end of the plan. A crashed child's output is kept
   beside the cache entry (``<key>.failed.log``). Cache hits are read here without a child."""
   path = _cache_path(config, topo, phase, cache_dir)
-  if path and os.path.exists(path):
-    return _read_cached(path)
+  cached = _read_cached(path)
+  if cached is not None:
+    return cached
   start = time.perf_counter()
   log_path = f"{path[: -len('.json')]}.failed.log" if path else ""
   try:
@@ -182,6 +210,87 @@ def default_workers(num_meshes: int) -> int:
   return max(1, min(num_meshes, (os.cpu_count() or 1) // 2, by_memory))
 
 
+def plan_phases(config) -> int:
+  """How many train phases a run of ``config`` has (pre-training with a seq-512 phase: 2)."""
+  from bert_jax.tasks import build_job  # noqa: PLC0415
+
+  return len(build_job(config, abstract=True).phases)
+
+
+def check_plan_args(
+  config, topo: Topology, *, phase: int = 0, max_meshes: int = 6, workers: int = 0
+) -> list[tuple]:
+  """The checks of ``make_plan``'s input, before any compile: ValueError naming the argument
+  or config key; the mesh candidates (``mesh_candidates``, at most ``max_meshes``, those whose
+  batch layout a run would accept)."""
+  if max_meshes < 1:
+    raise ValueError(f"--plan_max_meshes={max_meshes}: must be at least 1")
+  if workers < 0:
+    raise ValueError(f"--plan_workers={workers}: must be >= 0 (0: as the host allows)")
+  check_run_config(config)
+  phases = plan_phases(config)  # the task's own checks too
+  if not 0 <= phase < phases:
+    which = "0 (seq128) or 1 (phase 2)" if phases == 2 else "0 (the config has one phase)"
+    raise ValueError(f"--plan_phase={phase}: must be {which}")
+  batch = config.train_batch_size if phase == 0 else config.phase2.train_batch_size
+  meshes, refused = [], ""
+  for mesh in mesh_candidates(topo.num_devices, batch):
+    try:  # the run's own layout check (eval batch, processes) at accumulation 1
+      check_batch_layout(
+        _candidate_config(config, mesh, False, 1, phase),
+        dict(zip(("data", "fsdp", "tensor"), mesh)),
+        processes=max(1, topo.num_hosts),
+      )
+    except ValueError as e:
+      refused = refused or str(e)
+      continue
+    meshes.append(mesh)
+  if not meshes:
+    why = f" a run accepts ({refused})" if refused else ""
+    raise ValueError(
+      f"no data x fsdp x tensor layout of {topo.num_devices} chips divides the global batch "
+      f"{batch}{why}"
+    )
+  return meshes[:max_meshes]
+
+
+class _Tracker:
+  """What the plan is doing, for its progress lines: meshes searched of N, compiles done and
+  the compiles running (each candidate and since when)."""
+
+  def __init__(self, topo: Topology, meshes: int):
+    self.lock = threading.Lock()
+    self.name, self.meshes, self.searched, self.done = topo.describe(), meshes, 0, 0
+    self.running: dict[int, tuple[str, float]] = {}
+    self.start = time.monotonic()
+
+  def begin(self, what: str) -> None:
+    with self.lock:
+      self.running[threading.get_ident()] = (what, time.monotonic())
+
+  def end(self) -> None:
+    with self.lock:
+      self.running.pop(threading.get_ident(), None)
+      self.done += 1
+
+  def mesh_done(self) -> None:
+    with self.lock:
+      self.searched += 1
+
+  def line(self, heartbeat: str) -> str:
+    """``heartbeat`` ("plan ...: still running, 2m30s") with the plan's state."""
+    with self.lock:
+      now = time.monotonic()
+      text = f"{heartbeat}; meshes {self.searched} of {self.meshes} searched"
+      if 0 < self.searched < self.meshes:
+        left = (now - self.start) / self.searched * (self.meshes - self.searched)
+        text += f" (eta {progress_lib.format_duration(left)})"
+      text += f", {self.done} compiles done"
+      for what, since in self.running.values():
+        text += f"; {what} for {progress_lib.format_duration(now - since)}"
+    return text
+
+
 def make_plan(
   config,
   topo: Topology,
@@ -193,12 +302,14 @@ def make_plan(
   isolate: bool = True,
   quick: bool = False,
   log=print,
+  progress=None,
 ) -> dict[str, Any]:
-  """Compiles the candidates (module docstring); ``log`` gets a line per compile. The meshes
-  are searched concurrently by ``workers`` threads (0: ``default_workers``); each mesh's
+  """Compiles the candidates (module docstring); ``log`` gets a line per compile, ``progress``
+  (default: ``log``) a line at least every ``PROGRESS_INTERVAL_SEC`` while the plan runs. The
+  meshes are searched concurrently by ``workers`` threads (0: ``default_workers``); each mesh's
   remat / accumulation search is sequential, and the result does not depend on ``workers``.
   With ``isolate`` each compile runs in a child process (``compile_isolated``); without it in
-  this one.
+  this one. ValueError (``check_plan_args``) before any compile for input a run would refuse.
 
   ``quick``: the candidates are compiled with ``QUICK`` (the compiler's lowest execution-time
   optimisation effort: about 5x faster for BERT-base on a TPU, with the same FLOPs, about half
@@ -206,21 +317,25 @@ def make_plan(
   this process's settings in their rank order, each with more accumulation where it needs it,
   until one fits there: that one is ``best``, with its numbers at these settings (``verified``
   lists each such compile)."""
+  meshes = check_plan_args(config, topo, phase=phase, max_meshes=max_meshes, workers=workers)
   batch = config.train_batch_size if phase == 0 else config.phase2.train_batch_size
-  meshes = mesh_candidates(topo.num_devices, batch)[:max_meshes]
-  if not meshes:
-    raise ValueError(
-      f"no data x fsdp x tensor layout of {topo.num_devices} chips divides the global batch {batch}"
-    )
   devices = topology_devices(topo)  # here too: a missing compiler is one clear error up front
+  stop = threading.Event()  # an interrupt: no compile starts after it
+  tracker = _Tracker(topo, len(meshes))
 
-  def compile_one(mesh: tuple, remat: bool, accum: int) -> dict:
+  def compile_one(mesh: tuple, remat: bool, accum: int, what: str) -> dict:
     """One candidate's row (mesh, remat, accumulation, the compiler's verdict and numbers)."""
+    if stop.is_set():
+      raise isolation.Stopped("the plan was interrupted")
     cfg = _candidate_config(config, mesh, remat, accum, phase)
-    if isolate:
-      res = compile_isolated(cfg, topo, phase, cache_dir)
-    else:
-      res = compile_cached(cfg, topo, phase, cache_dir, devices)
+    tracker.begin(what)
+    try:
+      if isolate:
+        res = compile_isolated(cfg, topo, phase, cache_dir)
+      else:
+        res = compile_cached(cfg, topo, phase, cache_dir, devices)
+    finally:
+      tracker.end()
     step = res["steps"][0]
     return dict(
       mesh=dict(zip(("data", "fsdp", "tensor"), mesh)),
@@ -241,9 +356,11 @@ def make_plan(
     rows = []
     dp = mesh[0] * mesh[1]
     while True:
-      log(f"{verb} data={mesh[0]} fsdp={mesh[1]} tensor={mesh[2]} remat={remat} "
-          f"grad_accum={accum} ...")  # fmt: skip
-      rows.append(compile_one(mesh, remat, accum))
+      what = f"data={mesh[0]} fsdp={mesh[1]} tensor={mesh[2]} remat={remat} grad_accum={accum}"
+      if stop.is_set():
+        raise isolation.Stopped("the plan was interrupted")
+      log(f"{verb} {what} ...")
+      rows.append(compile_one(mesh, remat, accum, f"{verb} {what}"))
       if rows[-1]["fits"] or batch // (2 * accum) < dp or (batch // accum) % 2:
         return rows
       if not rows[-1]["memory"]:
@@ -253,26 +370,44 @@ def make_plan(
   def search(mesh: tuple) -> list[dict]:
     """One mesh's rows: remat off, then on (only if off needs accumulation)."""
     rows = descend(mesh, False, 1)
-    if rows[-1]["fits"] and rows[-1]["grad_accum_steps"] == 1:
-      return rows  # remat would only recompute
-    return rows + descend(mesh, True, 1)
+    if not (rows[-1]["fits"] and rows[-1]["grad_accum_steps"] == 1):
+      rows += descend(mesh, True, 1)  # (when it fits at 1, remat would only recompute)
+    tracker.mesh_done()
+    return rows
 
   workers = workers or default_workers(len(meshes))
   settings = isolation.compiler_settings()
   screening = isolation.compiler_options(**QUICK) if quick else contextlib.nullcontext()
-  with screening, concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="plan") as pool:
-    per_mesh = list(pool.map(search, meshes))
-  rows = [row for mesh_rows in per_mesh for row in mesh_rows]
-  fitting = sorted((r for r in rows if r["fits"]), key=lambda r: r["estimate"]["step_seconds"])
-  rest = [r for r in rows if not r["fits"]]
-  best = fitting[0] if fitting and not quick else None
-  verified = []
-  for row in fitting if quick else []:  # in rank order, at this process's own settings
-    mesh = (row["mesh"]["data"], row["mesh"]["fsdp"], row["mesh"]["tensor"])
-    verified += descend(mesh, row["remat"], row["grad_accum_steps"], "verifying")
-    if verified[-1]["fits"]:
-      best = verified[-1]
-      break
+  say = progress or log
+  beat = progress_lib.Heartbeat(
+    f"plan for {topo.describe()}",
+    interval_sec=PROGRESS_INTERVAL_SEC,
+    log=lambda line: say(tracker.line(line)),
+  )
+  pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="plan")
+  try:
+    with beat:
+      with screening:
+        per_mesh = list(pool.map(search, meshes))
+      rows = [row for mesh_rows in per_mesh for row in mesh_rows]
+      fitting = sorted((r for r in rows if r["fits"]), key=lambda r: r["estimate"]["step_seconds"])
+      rest = [r for r in rows if not r["fits"]]
+      best = fitting[0] if fitting and not quick else None
+      verified = []
+      for row in fitting if quick else []:  # in rank order, at this process's own settings
+        mesh = (row["mesh"]["data"], row["mesh"]["fsdp"], row["mesh"]["tensor"])
+        verified += descend(mesh, row["remat"], row["grad_accum_steps"], "verifying")
+        if verified[-1]["fits"]:
+          best = verified[-1]
+          break
+  except (KeyboardInterrupt, isolation.Stopped):
+    stop.set()
+    isolation.stop_children()  # the compiling children end now; their threads return
+    pool.shutdown(wait=isolate, cancel_futures=True)
+    isolation.resume_children()
+    raise KeyboardInterrupt from None
+  finally:
+    pool.shutdown(wait=False)
   return dict(
     topology=topo.to_dict(),
     phase=phase,
@@ -297,7 +432,7 @@ def input_demand(global_batch: int, step_seconds: float, topo: Topology) -> dict
   return dict(hosts=hosts, examples_per_second_per_host=global_batch / step_seconds / hosts)
 
 
-def _format_row(rank: str, r: dict[str, Any]) -> list[str]:
+def _format_row(rank: str, r: dict[str, Any], label: str = "") -> list[str]:
   m, e = r["mesh"], r["estimate"]
   mem = r["memory"].get("total_bytes") or r["memory"].get("needed_bytes") or 0
   timing = (
@@ -309,7 +444,7 @@ def _format_row(rank: str, r: dict[str, Any]) -> list[str]:
   lines = [
     f"  {rank:>4}  {m['data']:>4} {m['fsdp']:>4} {m['tensor']:>6} {'on' if r['remat'] else 'off':>5}"
     f" {r['grad_accum_steps']:>5} {r['micro_batch_per_chip']:>8g}  {'yes' if r['fits'] else 'NO':>4}"
-    f" {mem / 1024**3:>10.2f} {timing}  {src}"
+    f" {mem / 1024**3:>10.2f} {timing}  {src}{'  ' + label if label else ''}"
   ]
   if not r["fits"] and not mem and r["error"]:
     lines.append(f"        failed: {r['error']}")
@@ -324,14 +459,43 @@ def format_plan(plan: dict[str, Any]) -> str:
     "  rank  data fsdp tensor remat accum seq/chip  fits  total GiB  est. step      tok/s  MFU"
     "  compile",
   ]
-  if plan.get("quick"):
+  quick = plan.get("quick")
+  if quick:
     lines.insert(
       1, f"  quick: candidates compiled with {QUICK}, then verified as compiled for a run"
     )
+    lines.append(
+      "  screened at the lowest compiler effort: 'quick est.' rows rank the layouts; their "
+      "est. step and memory are not a run's"
+    )
   for i, r in enumerate(plan["candidates"], 1):
-    lines += _format_row(str(i) if r["fits"] else "-", r)
+    lines += _format_row(str(i) if r["fits"] else "-", r, "quick est." if quick else "")
+  if quick and plan.get("verified"):
+    lines.append("  verified as a run compiles it (the run's numbers):")
   for r in plan.get("verified", []):
-    lines += _format_row("ver.", r)
+    lines += _format_row("ver.", r, "verified")
+  if quick and plan["best"] is not None:
+    b = plan["best"]
+    screened = next(
+      (
+        r
+        for r in plan["candidates"]
+        if r["fits"] and (r["mesh"], r["remat"]) == (b["mesh"], b["remat"])
+      ),
+      None,
+    )
+    was = (
+      f" (its quick estimate: {screened['estimate']['step_seconds'] * 1e3:.1f} ms at "
+      f"accumulation {screened['grad_accum_steps']})"
+      if screened
+      else ""
+    )
+    m = b["mesh"]
+    lines.append(
+      f"  best: data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']} remat "
+      f"{'on' if b['remat'] else 'off'} accum {b['grad_accum_steps']}: est. step "
+      f"{b['estimate']['step_seconds'] * 1e3:.1f} ms verified{was}"
+    )
   if plan["best"] is None:
     lines.append("  No candidate fits" + (" once verified." if plan.get("quick") else "."))
   else:

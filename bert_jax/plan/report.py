@@ -25,6 +25,13 @@ Time per step (per chip; every chip runs the same SPMD program):
   serial   = compute + ici + dcn                  (no overlap: an upper estimate)
 MFU = model FLOPs per step / (step x chips x that peak); model FLOPs are the task's
 ``flops_per_example`` (bert_jax/train/flops.py) x global batch, remat excluded.
+
+The console table (``format_report``) gives each step's global batch and the sequences each chip
+computes per step (global / (data x fsdp)). A step that fits with less than ``TIGHT_FREE``
+(10%) of the chip's memory free (on GPUs: of what JAX may allocate) is flagged under the table,
+``yes (tight: 0.64 GiB free, 4%)``: the compiler's total leaves out what a run adds beside the
+step (the next batch's device buffers while this step runs, a checkpoint's host copies,
+allocator fragmentation), so such a fit may not survive the run.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from bert_jax.parallel.topology import Topology
 from bert_jax.plan import hlo
 
 _GPU_NETWORKS = {"ici": "nvlink", "dcn": "ib"}  # how a GPU report names the two networks
+TIGHT_FREE = 0.10  # a fit with less than this fraction of the chip's memory free is "tight"
 _UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
@@ -60,6 +68,8 @@ class StepReport:
   collectives: list[dict[str, Any]] = dataclasses.field(default_factory=list)
   estimate: dict[str, Any] = dataclasses.field(default_factory=dict)
   error: str = ""
+  global_batch: int = 0  # sequences (rows) per step, all chips
+  batch_per_chip: float = 0.0  # global_batch / (data x fsdp)
   compiled: Any = dataclasses.field(default=None, repr=False, compare=False)  # not in to_dict
 
   def to_dict(self) -> dict[str, Any]:
@@ -202,6 +212,7 @@ def step_report(
   tokens: int,
   compute_dtype: str = "bfloat16",
   loop_trips: int = 1,
+  global_batch: int = 0,
 ) -> StepReport:
   """Compiles ``lowered`` for the topology and reports it; an out-of-memory refusal is a
   report with ``fits=False`` (other compile errors raise).
@@ -210,7 +221,10 @@ def step_report(
   XLA's cost analysis counts a loop's body once, so the step's FLOPs and bytes accessed are
   the analysis's times this (the optimizer update outside the loop, small beside the
   micro-steps, is then counted ``loop_trips`` times too). Collectives are counted per
-  execution from the HLO (``hlo.collectives``: once per trip inside the loop)."""
+  execution from the HLO (``hlo.collectives``: once per trip inside the loop).
+  ``global_batch``: the step's rows, all chips (the report's batch columns)."""
+  dp = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1) if mesh is not None else 1
+  batch = dict(global_batch=int(global_batch), batch_per_chip=global_batch / dp)
   start = time.perf_counter()
   try:
     compiled = (
@@ -225,7 +239,7 @@ def step_report(
     memory = dict(params_bytes=params_bytes, opt_state_bytes=opt_state_bytes, **short)
     memory["hbm_bytes"] = topo.chip.hbm_bytes
     first = next((line for line in msg.splitlines() if line.strip()), msg)
-    return StepReport(name, False, time.perf_counter() - start, memory, error=first[:500])
+    return StepReport(name, False, time.perf_counter() - start, memory, error=first[:500], **batch)
   seconds = time.perf_counter() - start
   memory = dict(params_bytes=params_bytes, opt_state_bytes=opt_state_bytes)
   memory.update(compiled_memory(compiled, topo.chip.hbm_bytes))
@@ -235,7 +249,10 @@ def step_report(
   hosts = [d.process_index for d in mesh.devices.flat] if topo.is_gpu else None
   colls = hlo.collectives(compiled.as_text(), mesh, domains=hosts)
   est = estimate(flops, bytes_accessed, colls, topo, model_flops, tokens, compute_dtype)
-  return StepReport(name, fits, seconds, memory, flops, bytes_accessed, colls, est, error, compiled)
+  return StepReport(
+    name, fits, seconds, memory, flops, bytes_accessed, colls, est, error, compiled=compiled,
+    **batch,
+  )  # fmt: skip
 
 
 def _limit_check(memory: dict[str, float], topo: Topology) -> tuple[bool, str]:
@@ -269,6 +286,20 @@ def _gb(x: float) -> str:
   return f"{x / 1024**3:.2f}"
 
 
+def _batch(x: float) -> str:
+  return f"{x:g}" if x else "-"
+
+
+def tight_fit(memory: dict[str, float]) -> str:
+  """The note "tight: 0.64 GiB free, 4%" when a fitting step leaves less than ``TIGHT_FREE``
+  of the chip's memory (HBM; on GPUs what JAX may allocate) free; "" otherwise."""
+  limit = memory.get("available_bytes") or memory.get("hbm_bytes") or 0
+  free = memory.get("free_bytes")
+  if not limit or free is None or free >= TIGHT_FREE * limit:
+    return ""
+  return f"tight: {_gb(free)} GiB free, {free / limit:.0%}"
+
+
 def _mfu(e: dict[str, Any]) -> str:
   return f"{e['mfu']:.0%}" if e["model_flops"] else "-"  # "-": the task states no model FLOPs
 
@@ -290,17 +321,27 @@ def format_report(reports: list[StepReport], topo: Topology, header: str = "") -
       f"  peak {est['peak_flops'] / 1e12:,.1f} TFLOP/s per chip at {est['compute_dtype']} "
       "(the estimate's compute term and MFU)"
     )
-  cols = "step", "fits", "params", "opt", "temp", "total", "free", "compile", "est. step", "tok/s"
+  cols = (
+    "step", "batch", "/chip", "fits", "params", "opt", "temp", "total", "free", "compile",
+    "est. step", "tok/s",
+  )  # fmt: skip
   lines.append(
-    "{:<16} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>11}  MFU  bound".format(*cols)
+    "{:<16} {:>6} {:>6} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>11}  MFU  bound".format(
+      *cols
+    )
   )
+  tight = []
   for r in reports:
     m, e = r.memory, r.estimate
+    head = f"{r.name:<16} {_batch(r.global_batch):>6} {_batch(r.batch_per_chip):>6}"
     if r.fits:
+      note = tight_fit(m)
+      if note:
+        tight.append(f"  {r.name}: yes ({note})")
       lines.append(
-        f"{r.name:<16} {'yes':>5} {_gb(m['params_bytes']):>8} {_gb(m['opt_state_bytes']):>8} "
-        f"{_gb(m['temp_bytes']):>8} {_gb(m['total_bytes']):>8} {_gb(m['free_bytes']):>8} "
-        f"{r.compile_seconds:>7.1f}s {e['step_seconds'] * 1e3:>8.1f}ms "
+        f"{head} {'tight' if note else 'yes':>5} {_gb(m['params_bytes']):>8} "
+        f"{_gb(m['opt_state_bytes']):>8} {_gb(m['temp_bytes']):>8} {_gb(m['total_bytes']):>8} "
+        f"{_gb(m['free_bytes']):>8} {r.compile_seconds:>7.1f}s {e['step_seconds'] * 1e3:>8.1f}ms "
         f"{e['tokens_per_second']:>11,.0f} {_mfu(e):>4}  {e['bound']}"
       )
     else:
@@ -312,11 +353,18 @@ def format_report(reports: list[StepReport], topo: Topology, header: str = "") -
         else r.error
       )
       lines.append(
-        f"{r.name:<16} {'NO':>5} {_gb(m['params_bytes']):>8} {_gb(m['opt_state_bytes']):>8}  "
+        f"{head} {'NO':>5} {_gb(m['params_bytes']):>8} {_gb(m['opt_state_bytes']):>8}  "
         f"{detail}; compile {r.compile_seconds:.1f}s"
       )
+  lines += tight
+  if tight:
+    lines.append(
+      f"  (tight: under {TIGHT_FREE:.0%} of the chip's memory free; a run adds buffers the "
+      "compiler does not count: docs/compile.md)"
+    )
   lines.append(
-    "  (memory in GiB per chip; params/opt from the shardings, the rest from the compiler)"
+    "  (batch: sequences per step, all chips; /chip: per chip, global / (data x fsdp); memory "
+    "in GiB per chip; params/opt from the shardings, the rest from the compiler)"
   )
   for r in reports:
     if r.collectives:

@@ -45,6 +45,7 @@ from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
 from bert_jax.train.job import EvalResult, Job, PhaseSpec
 from bert_jax.train.loop import phase_index
+from bert_jax.train.run_config import check_batch_layout
 
 
 def phase_boundary(config) -> int:
@@ -132,29 +133,16 @@ def _run_files_writer(config, bert: BertConfig, sources: DataSources):
 
 
 def _validate(config, mesh) -> None:
+  """The pre-training checks of ``config``; with ``mesh`` (a run's), its batch layout too
+  (``check_batch_layout``; a compile for a topology checks it against the topology's mesh)."""
   check_objective(config.objective)
   mask_rates(config)
   if config.save_checkpoints_steps <= 0:
     raise ValueError(
       f"config.save_checkpoints_steps must be positive, got {config.save_checkpoints_steps}"
     )
-  checks = [
-    ("train_batch_size", config.train_batch_size, config.grad_accum_steps, "grad_accum_steps"),
-    ("eval_batch_size", config.eval_batch_size, 1, ""),
-  ]
-  if config.phase2.fraction > 0:
-    checks.append(
-      (
-        "phase2.train_batch_size",
-        config.phase2.train_batch_size,
-        config.phase2.grad_accum_steps,
-        "phase2.grad_accum_steps",
-      )
-    )
-  for key, batch, accum, accum_key in checks:
-    if accum < 1 or batch % accum:
-      raise ValueError(f"config.{key}={batch} is not divisible by config.{accum_key}={accum}")
-    parallel.check_batch_size(batch // accum, mesh, key if accum == 1 else f"{key} / {accum_key}")
+  if mesh is not None:
+    check_batch_layout(config, mesh)
 
 
 def batch_spec(
@@ -178,9 +166,7 @@ def batch_spec(
 def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
   """The pre-training ``Job``; with ``workdir=None``, abstract (no data read, nothing written)."""
   abstract = workdir is None
-  check_objective(config.objective)
-  if not abstract:
-    _validate(config, mesh)
+  _validate(config, None if abstract else mesh)
   sources = abstract_sources(config) if abstract else resolve_data(config, workdir)
   vocab_size = sources.vocab_size
   if abstract and config.bert_config_file:

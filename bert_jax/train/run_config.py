@@ -1,9 +1,16 @@
-"""Range checks of a run config's numbers, before anything runs or is written.
+"""Checks of a run config's numbers, before anything runs, compiles or is written.
 
 ``check_run_config(config)`` raises one ValueError naming every key whose value is out of range
 (a negative learning rate would train by gradient ascent and report "completed"; a learning
 rate of 0 trains nothing). A rule applies to a key only where the config has it: pre-training
 and fine-tuning configs share most keys, and each rule says what its values mean.
+
+``check_run_config(config, mesh)`` (a ``jax.sharding.Mesh`` or its sizes, ``{"data": 2, "fsdp":
+4, ...}``) checks the batch layout too (``check_batch_layout``): each batch (train, eval, phase
+2's where the run has one) divides into its gradient-accumulation steps, each micro-batch into
+the data-parallel size (data x fsdp) and the processes. ``pretrain``, ``finetune``,
+``bert_jax.compile`` (and its planner) and the launcher's pre-flight refuse a config with the
+same one-line error.
 """
 
 from __future__ import annotations
@@ -57,8 +64,9 @@ def _lookup(config, dotted: str) -> tuple[bool, Any]:
   return True, node
 
 
-def check_run_config(config) -> None:
-  """ValueError naming each out-of-range key (see the module docstring)."""
+def check_run_config(config, mesh=None, *, processes: int | None = None) -> None:
+  """ValueError naming each out-of-range key (see the module docstring); with ``mesh``, then
+  the batch layout (``check_batch_layout``)."""
   problems = []
   for key, ok, what in _RULES:
     present, value = _lookup(config, key)
@@ -77,3 +85,44 @@ def check_run_config(config) -> None:
       problems.append(f"config.num_train_steps={steps!r} (must be >= {floor})")
   if problems:
     raise ValueError("invalid config: " + "; ".join(problems))
+  if mesh is not None:
+    check_batch_layout(config, mesh, processes=processes)
+
+
+def _batch_keys(config) -> list[tuple[str, str]]:
+  """(batch key, its accumulation key or "") of each batch the run feeds."""
+  keys = [("train_batch_size", "grad_accum_steps" if "grad_accum_steps" in config else "")]
+  if "eval_batch_size" in config:
+    keys.append(("eval_batch_size", ""))
+  present, fraction = _lookup(config, "phase2.fraction")
+  if present and fraction > 0:
+    keys.append(("phase2.train_batch_size", "phase2.grad_accum_steps"))
+  return keys
+
+
+def check_batch_layout(config, mesh, *, processes: int | None = None) -> None:
+  """ValueError naming the key when a batch does not divide into its accumulation steps, or a
+  (micro-)batch into the data-parallel size data x fsdp of ``mesh`` (a Mesh or its sizes) or
+  into ``processes`` (default: this run's, ``jax.process_count()``; a compile for a topology
+  passes its hosts'). The messages are ``bert_jax.parallel.check_batch_size``'s."""
+  shape = dict(mesh.shape) if hasattr(mesh, "axis_names") else dict(mesh)
+  dp = int(shape.get("data", 1)) * int(shape.get("fsdp", 1))
+  if processes is None:
+    import jax  # noqa: PLC0415 (the range checks stay light)
+
+    processes = jax.process_count()
+  for key, accum_key in _batch_keys(config):
+    batch = _lookup(config, key)[1]
+    accum = _lookup(config, accum_key)[1] if accum_key else 1
+    if accum < 1 or batch % accum:
+      raise ValueError(f"config.{key}={batch} is not divisible by config.{accum_key}={accum}")
+    micro, what = batch // accum, key if accum == 1 else f"{key} / {accum_key}"
+    if micro <= 0 or micro % dp:
+      raise ValueError(
+        f"config.{what}={micro} is not divisible by the data-parallel size {dp} "
+        f"(mesh data={shape.get('data', 1)} x fsdp={shape.get('fsdp', 1)})"
+      )
+    if micro % processes:
+      raise ValueError(
+        f"config.{what}={micro} is not divisible by the number of processes {processes}"
+      )
