@@ -258,6 +258,13 @@ def test_bad_config_errors(tmp_path, shared_data, minilm_dir):
   c.data_dir = str(shared_data / "glue")
   with pytest.raises(ValueError, match="train_batch_size=12 is not divisible"):
     runner.finetune(c, str(tmp_path / "a"))
+  c = _tiny(glue.get_config("rte"), minilm_dir, max_train_examples=32, grad_accum_steps=3)
+  c.data_dir = str(shared_data / "glue")
+  with pytest.raises(
+    ValueError, match=r"config.train_batch_size=16 is not divisible by config.grad_accum_steps=3"
+  ):
+    runner.finetune(c, str(tmp_path / "a2"))  # refused before a step, as pre-training does
+  assert not (tmp_path / "a2").exists()
   c = _tiny(glue.get_config("rte"), minilm_dir)
   with pytest.raises(ValueError, match="config.data_dir is empty"):
     runner.finetune(c, str(tmp_path / "b"))

@@ -62,6 +62,7 @@ from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
 from bert_jax.train.job import EvalResult, Job, PhaseSpec
 from bert_jax.train.metrics import json_safe, scalar_metrics
+from bert_jax.train.run_config import check_run_config
 from bert_jax.train.trainer import BEST_DIR
 
 
@@ -156,8 +157,7 @@ class _Finetuning:
     self.evals = [self.task.load_split(s) for s in self.task.eval_splits]
     self.data_stats = {d.split: d.stats for d in [self.train] + self.evals}
     logging.info("Data: %s", self.data_stats)
-    parallel.check_batch_size(int(config.train_batch_size), mesh, "train_batch_size")
-    parallel.check_batch_size(int(config.eval_batch_size), mesh, "eval_batch_size")
+    check_run_config(config, mesh)  # the batches against accumulation, data x fsdp, hosts
     self.eval_batch_size = _eval_batch_size(config, self.evals, mesh)
     self.per_epoch, self.total, self.warmup = _plan(config, self.train.num_rows)
     self.bucketer = make_bucketer(self.task, config)
