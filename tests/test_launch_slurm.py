@@ -20,13 +20,13 @@ import os
 import pathlib
 import re
 import shlex
-import stat
 import subprocess
 import sys
 import time
 
 import pytest
 from conftest import subprocess_env_for
+from launch_fakes import executable, records
 from slurm_cluster import SlurmCluster, SlurmUnavailable, free_port
 
 from launch.job import Job, LaunchError
@@ -55,35 +55,7 @@ BANNER = re.compile(
 )
 
 
-def executable(path, text):
-  path.write_text(text)
-  path.chmod(path.stat().st_mode | stat.S_IXUSR)
-  return str(path)
-
-
 # --- the script, run against stand-ins (no cluster) --------------------------------------------
-
-
-@pytest.fixture
-def fake_python(tmp_path):
-  """A stand-in interpreter that records its argv and jax.distributed environment."""
-  record = tmp_path / "records"
-  record.mkdir()
-  script = f"""#!{sys.executable}
-import json, os, sys
-keys = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "CUDA_VISIBLE_DEVICES")
-rec = {{"argv": sys.argv[1:], **{{k: os.environ.get(k) for k in keys}}}}
-with open(os.path.join({str(record)!r}, "p%s.json" % os.environ["JAX_PROCESS_ID"]), "w") as f:
-  json.dump(rec, f)
-"""
-  return executable(tmp_path / "fake_python", script), record
-
-
-def records(record_dir):
-  return sorted(
-    (json.loads(p.read_text()) for p in record_dir.glob("p*.json")),
-    key=lambda r: int(r["JAX_PROCESS_ID"]),
-  )
 
 
 def directives(script):

@@ -104,18 +104,7 @@ def bert_config_from(config, vocab_size: int) -> BertConfig:
 
 
 def _check_workdir_model(workdir: str, bert: BertConfig) -> None:
-  path = epath.Path(workdir) / "model_config.json"
-  if not path.exists():
-    return
-  existing = read_json(path)
-  new = bert.to_dict()
-  diff = {k: (existing.get(k), v) for k, v in new.items() if existing.get(k) != v}
-  if diff:
-    shown = ", ".join(f"{k}: {a} in the workdir vs {b} now" for k, (a, b) in diff.items())
-    raise ValueError(
-      f"{path}: this workdir holds another model ({shown}); use another "
-      "--workdir or the same model settings. Nothing was changed."
-    )
+  trainer.check_same_model(epath.Path(workdir) / "model_config.json", bert.to_dict())
 
 
 def _run_files_writer(config, bert: BertConfig, sources: DataSources):

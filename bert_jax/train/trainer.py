@@ -213,8 +213,16 @@ def check_workdir_identity(config, workdir: str) -> None:
   sizes = _config_model_sizes(config)
   if sizes is None:
     return
+  check_same_model(model_path, sizes)
+
+
+def check_same_model(model_path, expected: dict[str, Any]) -> None:
+  """ValueError naming each of ``expected``'s keys whose value differs in the workdir's
+  ``model_config.json`` (``model_path``); nothing when the file is absent."""
+  if not epath.Path(model_path).exists():
+    return
   existing = read_json(model_path)
-  diff = {k: (existing.get(k), v) for k, v in sizes.items() if existing.get(k) != v}
+  diff = {k: (existing.get(k), v) for k, v in expected.items() if existing.get(k) != v}
   if diff:
     shown = ", ".join(f"{k}: {a} in the workdir vs {b} now" for k, (a, b) in diff.items())
     raise ValueError(
