@@ -57,7 +57,9 @@ class Progress:
     elapsed = self.clock() - self.t_start
     rate = self.done / elapsed if elapsed > 0 else 0.0
     if self.total:
-      text = f"{self.what}: {self.done}/{self.total} {self.unit} ({100 * self.done / self.total:.0f}%)"
+      text = (
+        f"{self.what}: {self.done}/{self.total} {self.unit} ({100 * self.done / self.total:.0f}%)"
+      )
     else:
       text = f"{self.what}: {self.done} {self.unit}"
     text += f", {rate:.2f} {self.unit}/s, elapsed {format_duration(elapsed)}"
