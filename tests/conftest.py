@@ -14,6 +14,7 @@ import. Every run writes the skips it saw to ``$BERT_JAX_SKIP_LOG`` when that is
 """
 
 import json
+import logging
 import os
 import pathlib
 import re
@@ -65,6 +66,14 @@ def tiny_pretrain_config(mesh=(1, 1, 1), **overrides):
   for k, v in overrides.items():
     c[k] = v
   return c
+
+
+@pytest.fixture(autouse=True)
+def _absl_records_reach_the_root_logger():
+  """Each test starts with absl's logger passing every level on to the root logger, where
+  ``caplog`` listens: TensorFlow's SavedModel export (tests/test_export.py) leaves it at WARNING
+  for the rest of the process, which hid the INFO lines later tests in that worker check."""
+  logging.getLogger("absl").setLevel(logging.NOTSET)
 
 
 @pytest.fixture

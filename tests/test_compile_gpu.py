@@ -282,7 +282,9 @@ def test_slurm_and_kubernetes_preflight_compile_for_their_gpus(monkeypatch, tmp_
   assert asked == ["h100:2x8", "a100-80gb:4", "h200:3x8"]
   monkeypatch.undo()
 
-  with pytest.raises(LaunchError, match=r"pre-flight for h999:8: unknown GPU topology .*h100"):
+  with pytest.raises(
+    LaunchError, match=r"slurm target: --gpu_type='h999': unknown GPU topology .*h100"
+  ):
     launch(job, slurm.SlurmTarget(partition="p", gpu_type="h999"))
   assert not (tmp_path / "run").exists()
   with pytest.raises(LaunchError, match=r"gpu_type 'h100' needs gpus_per_host >= 1"):

@@ -153,7 +153,7 @@ def test_a_step_that_compiles_a_new_shape_is_kept_out_of_the_rates():
   def step_fn(state, b):
     if b["input_ids"].shape not in seen:
       seen.add(b["input_ids"].shape)
-      time.sleep(0.5)  # a compile
+      time.sleep(2.0)  # a compile
     return jitted(state, b)
 
   def inputs():
@@ -166,8 +166,9 @@ def test_a_step_that_compiles_a_new_shape_is_kept_out_of_the_rates():
   train_loop(_State(jnp.zeros((), jnp.int32)), [phase], _Manager(), options, writer, mesh, rules)
   logged = {step: values for step, values in writer.logged}
   m = logged[4]  # steps 2-4; step 3 is the first of length 64
-  assert 0.5 <= m["train/compile_sec"] < 5
-  assert m["train/steps_per_sec"] > 20  # 2 steps of milliseconds, not 3 steps in half a second
+  assert 2.0 <= m["train/compile_sec"] < 10
+  # 2 steps of milliseconds (even on a loaded host), not 3 steps in over 2 s (1.5 steps/s)
+  assert m["train/steps_per_sec"] > 3
   np.testing.assert_allclose(m["train/tokens_per_sec"] / m["train/examples_per_sec"], 32)
   assert "train/compile_sec" not in logged[8]  # no new shape in steps 5-8
 

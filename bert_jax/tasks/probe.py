@@ -379,16 +379,6 @@ def _interval() -> float:
   return progress_lib.INTERVAL_SEC  # read when the work starts
 
 
-def _read_json(path: str) -> Any:
-  """``read_json``, with a file that is not UTF-8 text an error naming it."""
-  try:
-    return read_json(path)
-  except UnicodeDecodeError as e:
-    raise ValueError(
-      f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); expected JSON"
-    ) from None
-
-
 def main_task_note(config, task, pre) -> str:
   """Empty when the main task can be scored: ``config.init_checkpoint`` is a bert_jax
   fine-tuning workdir of ``config.task`` and the checkpoint read (``pre``) carries its
@@ -399,7 +389,7 @@ def main_task_note(config, task, pre) -> str:
   files = {f: os.path.join(path, f) for f in ("head.json", "config.json")}
   if not all(os.path.isfile(f) for f in files.values()):
     return f"{path} is not a bert_jax fine-tuning workdir (no head.json + config.json)"
-  run_config, head = _read_json(files["config.json"]), _read_json(files["head.json"])
+  run_config, head = read_json(files["config.json"]), read_json(files["head.json"])
   if not isinstance(run_config, dict) or not isinstance(head, dict):
     bad = files["config.json"] if not isinstance(run_config, dict) else files["head.json"]
     raise ValueError(f"{bad}: expected a JSON object")
