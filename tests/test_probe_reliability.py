@@ -143,7 +143,9 @@ def test_an_unreadable_workdir_file_fails_before_training_and_leaves_no_workdir(
   workdir = tmp_path / "probe"
   with pytest.raises(ValueError) as e:
     probe.run_probe(_config(broken, cola_dir), str(workdir))
-  assert str(e.value).startswith(f"{broken / 'config.json'}: not UTF-8 text (byte 0x89 at offset 0)")
+  assert str(e.value).startswith(
+    f"{broken / 'config.json'}: not UTF-8 text (byte 0x89 at offset 0)"
+  )
   assert not workdir.exists()  # created by the probe, removed when it failed
   existing = tmp_path / "existing"
   existing.mkdir()
