@@ -248,3 +248,46 @@ def test_slow_steps_log_a_progress_line_at_least_every_interval():
   # Step 1 (compiling) at t=6; then a line once 30 s passed: steps 6, 11, 16, 21; the last, 22.
   assert logged == [1, 6, 11, 16, 21, 22]
   assert all("train/steps_per_sec" in values for step, values in writer.logged if step in (6, 11))
+
+
+def test_the_loop_runs_at_most_two_steps_ahead_of_the_device():
+  """JAX dispatches steps asynchronously; the loop waits for step N-2's results before going on
+  from step N, so its clock (progress lines every 30 s, rates) follows the steps done, not their
+  dispatch (a fine-tuning run had queued minutes of steps and logged nothing meanwhile)."""
+  from bert_jax import parallel
+  from bert_jax.train.loop import LoopOptions, Phase, train_loop
+  from configs.common import logical_axis_rules
+
+  waited: list[int] = []  # (step waited for) in order
+  dispatched: list[int] = []
+
+  class Pending:
+    """A step's metric not computed yet: records when the loop waits for it."""
+
+    def __init__(self, step):
+      self.step = step
+
+    def block_until_ready(self):
+      waited.append(self.step)
+      return self
+
+    def __float__(self):
+      return 0.0
+
+  def step_fn(state, b):
+    step = len(dispatched) + 1
+    # the loop waits for step - 2 at the latest right after dispatching step
+    assert all(s in waited for s in range(1, step - 2)), (step, waited)
+    dispatched.append(step)
+    return _State(state.step + 1), {"loss": Pending(step)}
+
+  def inputs():
+    while True:
+      yield {"input_ids": np.ones((8, 16), np.int32)}
+
+  mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  rules = parallel.normalize_rules(logical_axis_rules())
+  phase = Phase("p", 12, inputs, step_fn, 8, 16)
+  options = LoopOptions(save_every_steps=100, log_every_steps=100)
+  train_loop(_State(jnp.zeros((), jnp.int32)), [phase], _Manager(), options, _Writer(), mesh, rules)
+  assert dispatched == list(range(1, 13)) and set(range(1, 11)) <= set(waited)

@@ -37,6 +37,9 @@ from bert_jax.parallel.sharding import Rules, make_global_batch
 from bert_jax.train.metrics import MetricWriter, progress_line
 from bert_jax.train.progress import INTERVAL_SEC, Heartbeat
 
+# Steps dispatched but not waited for (see train_loop): enough to keep the device fed.
+MAX_STEPS_IN_FLIGHT = 2
+
 
 class NonFiniteLossError(FloatingPointError):
   """Training produced a NaN/inf loss; nothing was saved after the last finite step."""
@@ -289,6 +292,11 @@ def train_loop(
       step += 1
       manager.check_for_errors()  # a failed background save surfaces within one step
       pending.append((step, metrics))
+      if len(pending) > MAX_STEPS_IN_FLIGHT:
+        # JAX dispatches steps asynchronously: without this the loop would run minutes ahead of
+        # the device, and its clock (progress lines, the interval's rates) would measure
+        # dispatch, not steps done. A step or two queued keeps the device busy.
+        jax.block_until_ready(pending[-1 - MAX_STEPS_IN_FLIGHT][1])
       if step - phase_start == 1:
         flush(step)  # each phase's first step (compilation) is timed apart from the rest
       elif step % options.log_every_steps == 0 or step == total:
