@@ -136,6 +136,11 @@ def compilation_cache_config() -> ml_collections.ConfigDict:
 def add_common(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds every shared section to ``config`` (unlocked) and returns it."""
   config.seed = 12345
+  # How attention is computed: "reference" (BERT's, with attention dropout), "dot_product"
+  # (jax.nn.dot_product_attention: cuDNN on GPUs), "splash" (Pallas, TPUs), or "auto" (the
+  # fused kernel of the platform when attention_probs_dropout_prob is 0, else "reference").
+  # Fused kernels have no attention dropout: asking for one with dropout > 0 is an error.
+  config.attention_kernel = "reference"
   config.mesh = mesh_config()
   config.logical_axis_rules = logical_axis_rules()
   config.optimizer = optimizer_config()

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from bert_jax.model import matmul
 from bert_jax.model.config import BertConfig
 from bert_jax.model.dropout import Dropout
+from bert_jax.model.kernels.attention import AttentionMask, fused_attention
 from bert_jax.model.layer_norm import FastLayerNorm
 
 Array = jax.Array
@@ -112,7 +113,11 @@ class Embeddings(nn.Module):
     self.LayerNorm = layer_norm(c, "LayerNorm")
     self.dropout = Dropout(c.hidden_dropout_prob)
 
-  def __call__(self, input_ids_BxL, segment_ids_BxL, deterministic: bool) -> Array:
+  def __call__(
+    self, input_ids_BxL, segment_ids_BxL, deterministic: bool, position_ids_BxL=None
+  ) -> Array:
+    """``position_ids_BxL``: each token's position (restarting per packed sequence); by default
+    the row's positions 0..L-1."""
     length = input_ids_BxL.shape[-1]
     if length > self.config.max_position_embeddings:
       raise ValueError(
@@ -127,13 +132,16 @@ class Embeddings(nn.Module):
     # token hits): a one-hot product, as google-research/bert computes them, whose gradient is
     # a matmul instead of a scatter into two rows (another 61 ms). Positions: a slice.
     words_BxLxD = jnp.take(self.word_embeddings.embedding, input_ids_BxL, axis=0)
-    positions_LxD = self.position_embeddings.embedding[:length]
+    if position_ids_BxL is None:
+      positions_xLxD = self.position_embeddings.embedding[None, :length]
+    else:
+      positions_xLxD = jnp.take(self.position_embeddings.embedding, position_ids_BxL, axis=0)
     table_TxD = self.token_type_embeddings.embedding
     types_BxLxT = jax.nn.one_hot(segment_ids_BxL, table_TxD.shape[0], dtype=table_TxD.dtype)
     types_BxLxD = jnp.einsum(
       "blt,td->bld", types_BxLxT, table_TxD, precision=jax.lax.Precision.HIGHEST
     )  # exact: each row times 1.0 (GPUs would round a float32 dot to TF32 by default)
-    x_BxLxD = words_BxLxD + positions_LxD[None] + types_BxLxD
+    x_BxLxD = words_BxLxD + positions_xLxD + types_BxLxD
     x_BxLxD = self.LayerNorm(x_BxLxD)
     x_BxLxD = self.dropout(x_BxLxD, deterministic=deterministic)
     return nn.with_logical_constraint(x_BxLxD, ("batch", "length", "embed"))
@@ -210,17 +218,20 @@ _low_precision_masked_softmax.defvjp(
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention under a padding mask; softmax in float32 (``masked_softmax_as``).
+  """Multi-head self-attention under an :class:`AttentionMask`.
 
   Queries come from ``xq_BxQxD`` and keys/values from ``x_BxLxD``: the same array in a normal
   layer, or only the rows at a few positions (Q < L) when only those rows' outputs are needed.
+  ``softmax(q k^T / sqrt(K)) v`` is computed by ``config.attention_kernel``: here for the
+  reference path (softmax in float32, ``masked_softmax_as``, then dropout), else by a fused
+  kernel of :mod:`bert_jax.model.kernels.attention`.
   """
 
   config: BertConfig
 
   @nn.compact
-  def __call__(self, xq_BxQxD, x_BxLxD, mask_Bx1xMxL, deterministic: bool) -> Array:
-    """``mask_Bx1xMxL``: True where a query may attend to a key; M is 1 or Q."""
+  def __call__(self, xq_BxQxD, x_BxLxD, mask, deterministic: bool) -> Array:
+    """``mask``: an :class:`AttentionMask`, or its dense form (boolean, Bx1xMxL, M 1 or Q)."""
     c = self.config
     h, k = c.num_attention_heads, c.head_dim
     qkv = functools.partial(
@@ -230,24 +241,32 @@ class SelfAttention(nn.Module):
     k_BxLxHxK = qkv(name="key")(x_BxLxD)
     v_BxLxHxK = qkv(name="value")(x_BxLxD)
     q_BxQxHxK = nn.with_logical_constraint(q_BxQxHxK, ("batch", "length", "heads", "kv"))
-    q_BxQxHxK = q_BxQxHxK / jnp.sqrt(k).astype(q_BxQxHxK.dtype)
+    if c.attention_kernel == "reference":
+      ctx_BxQxHxK = self.reference(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask, deterministic)
+    else:
+      ctx_BxQxHxK = fused_attention(c.attention_kernel, q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask)
+    ctx_BxQxHxK = nn.with_logical_constraint(ctx_BxQxHxK, ("batch", "length", "heads", "kv"))
+    return Projection(
+      c, "blhk,hkd->bld", (h, k, c.hidden_size), ("heads", "kv", "embed"), 1, name="output"
+    )(ctx_BxQxHxK)
+
+  def reference(self, q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask: AttentionMask, deterministic):
+    c = self.config
+    q_BxQxHxK = q_BxQxHxK / jnp.sqrt(c.head_dim).astype(q_BxQxHxK.dtype)
     s_BxHxQxL = jnp.einsum(
       "bqhk,bshk->bhqs", q_BxQxHxK, k_BxLxHxK, preferred_element_type=jnp.float32
     )
+    mask_Bx1xMxL = mask.dense() if isinstance(mask, AttentionMask) else mask
     p_BxHxQxL = masked_softmax_as(s_BxHxQxL, mask_Bx1xMxL, c.dtype)
     # In low precision (accelerators, where memory per chip decides the batch) the backward pass
     # keeps only p: the dropout mask is redrawn and p·v's dropped input recomputed.
     low_precision = jnp.dtype(c.dtype) != jnp.float32
-    ctx_BxQxHxK = Dropout(c.attention_probs_dropout_prob, recompute=low_precision)(
+    return Dropout(c.attention_probs_dropout_prob, recompute=low_precision)(
       p_BxHxQxL,
       deterministic=deterministic,
       then=lambda p_BxHxQxL, v_BxLxHxK: jnp.einsum("bhqs,bshk->bqhk", p_BxHxQxL, v_BxLxHxK),
       operands=(v_BxLxHxK,),
     )
-    ctx_BxQxHxK = nn.with_logical_constraint(ctx_BxQxHxK, ("batch", "length", "heads", "kv"))
-    return Projection(
-      c, "blhk,hkd->bld", (h, k, c.hidden_size), ("heads", "kv", "embed"), 1, name="output"
-    )(ctx_BxQxHxK)
 
 
 def gather_positions(x_BxLxD: Array, positions_BxP: Array) -> Array:
@@ -265,15 +284,13 @@ class TransformerLayer(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_Bx1xMxL, deterministic: bool, positions_BxP=None) -> Array:
-    """``mask_Bx1xMxL``: M = 1 (padding only) or M = L (a row per query: causal attention)."""
+  def __call__(self, x_BxLxD, mask: AttentionMask, deterministic: bool, positions_BxP=None):
     c = self.config
     drop = Dropout(c.hidden_dropout_prob)
-    xq_BxQxD = x_BxLxD if positions_BxP is None else gather_positions(x_BxLxD, positions_BxP)
-    if positions_BxP is not None and mask_Bx1xMxL.shape[2] > 1:  # the queries' mask rows
-      rows_Bx1xPx1 = positions_BxP[:, None, :, None].astype(jnp.int32)
-      mask_Bx1xMxL = jnp.take_along_axis(mask_Bx1xMxL, rows_Bx1xPx1, axis=2)
-    a_BxQxD = SelfAttention(c, name="attention")(xq_BxQxD, x_BxLxD, mask_Bx1xMxL, deterministic)
+    xq_BxQxD = x_BxLxD
+    if positions_BxP is not None:
+      xq_BxQxD, mask = gather_positions(x_BxLxD, positions_BxP), mask.at_queries(positions_BxP)
+    a_BxQxD = SelfAttention(c, name="attention")(xq_BxQxD, x_BxLxD, mask, deterministic)
     y_BxQxD = layer_norm(c, "attention_LayerNorm")(
       xq_BxQxD + drop(a_BxQxD, deterministic=deterministic)
     )
@@ -302,7 +319,14 @@ class BertEncoder(nn.Module):
   replaced by ``gathered_output`` (BxPxD, the rows at ``output_positions_BxP``), equal to
   ``gather_positions(sequence_output, output_positions_BxP)`` of the full computation. At
   BERT-base and seq 128 with 20 predictions this skips ~6% of the encoder's FLOPs. Not
-  combinable with ``output_hidden_states``.
+  combinable with ``output_hidden_states``. (With the splash kernel, which takes whole rows as
+  queries, the last layer is computed in full and the rows gathered: the same values.)
+
+  Packed rows (several sequences per row, Krell et al. 2021): ``sequence_ids_BxL`` (0 on
+  padding, 1..S the sequence of each token) confines attention to each sequence (and causal
+  attention to the sequence's earlier tokens), ``position_ids_BxL`` restarts positions per
+  sequence, and ``cls_positions_BxS`` (each sequence's [CLS]) makes ``pooled_output`` BxSxD, one
+  per sequence. A sequence's outputs are then those of the sequence alone in a row.
   """
 
   config: BertConfig
@@ -322,7 +346,12 @@ class BertEncoder(nn.Module):
     deterministic: bool = True,
     output_hidden_states: bool = False,
     output_positions_BxP=None,
+    *,
+    position_ids_BxL=None,
+    sequence_ids_BxL=None,
+    cls_positions_BxS=None,
   ) -> dict[str, Any]:
+    c = self.config
     if output_positions_BxP is not None and output_hidden_states:
       raise ValueError(
         "output_positions_BxP and output_hidden_states are exclusive: hidden "
@@ -332,28 +361,38 @@ class BertEncoder(nn.Module):
       input_mask_BxL = jnp.ones_like(input_ids_BxL)
     if segment_ids_BxL is None:
       segment_ids_BxL = jnp.zeros_like(input_ids_BxL)
-    mask_Bx1xMxL = (input_mask_BxL > 0)[:, None, None, :]  # M = 1
-    if self.config.is_decoder:  # M = L: query i sees keys <= i
-      length = input_ids_BxL.shape[-1]
-      causal_LxL = jnp.arange(length)[:, None] >= jnp.arange(length)[None, :]
-      mask_Bx1xMxL = mask_Bx1xMxL & causal_LxL[None, None]
-    x_BxLxD = self.embeddings(input_ids_BxL, segment_ids_BxL, deterministic)
+    mask = AttentionMask(input_mask_BxL > 0, sequence_ids_BxL, causal=c.is_decoder)
+    x_BxLxD = self.embeddings(input_ids_BxL, segment_ids_BxL, deterministic, position_ids_BxL)
     hidden = [x_BxLxD]
     for layer in self.layers[:-1]:
-      x_BxLxD = layer(x_BxLxD, mask_Bx1xMxL, deterministic)
+      x_BxLxD = layer(x_BxLxD, mask, deterministic)
       hidden.append(x_BxLxD)
+    # C: the [CLS] rows the pooler reads, 1 (position 0) or S (packed sequences).
+    cls_BxC = cls_positions_BxS
+    if cls_BxC is None:
+      cls_BxC = jnp.zeros(input_ids_BxL.shape[:1] + (1,), jnp.int32)
+    n_cls = cls_BxC.shape[1]
     if output_positions_BxP is None:
-      x_BxLxD = self.layers[-1](x_BxLxD, mask_Bx1xMxL, deterministic)
+      x_BxLxD = self.layers[-1](x_BxLxD, mask, deterministic)
       hidden.append(x_BxLxD)
       out = {"sequence_output": x_BxLxD}
-      cls_BxD = x_BxLxD[:, 0]
-    else:  # [CLS] first, for the pooler
-      cls_Bx1 = jnp.zeros(output_positions_BxP.shape[:1] + (1,), jnp.int32)
-      positions_Bx1pP = jnp.concatenate([cls_Bx1, output_positions_BxP.astype(jnp.int32)], 1)
-      x_Bx1pPxD = self.layers[-1](x_BxLxD, mask_Bx1xMxL, deterministic, positions_Bx1pP)
-      out = {"gathered_output": x_Bx1pPxD[:, 1:]}
-      cls_BxD = x_Bx1pPxD[:, 0]  # row 0 is [CLS]
-    out["pooled_output"] = jnp.tanh(self.pooler(cls_BxD))
+      cls_BxCxD = (
+        x_BxLxD[:, :1] if cls_positions_BxS is None else gather_positions(x_BxLxD, cls_BxC)
+      )
+    else:  # the [CLS] rows first, for the pooler
+      positions_BxCpP = jnp.concatenate(
+        [cls_BxC.astype(jnp.int32), output_positions_BxP.astype(jnp.int32)], 1
+      )
+      if c.attention_kernel == "splash":  # whole rows as queries
+        x_BxLxD = self.layers[-1](x_BxLxD, mask, deterministic)
+        x_BxCpPxD = gather_positions(x_BxLxD, positions_BxCpP)
+      else:
+        x_BxCpPxD = self.layers[-1](x_BxLxD, mask, deterministic, positions_BxCpP)
+      out = {"gathered_output": x_BxCpPxD[:, n_cls:]}
+      cls_BxCxD = x_BxCpPxD[:, :n_cls]
+    # BxSxD for packed rows, BxD (the [CLS] at 0) otherwise
+    cls_xD = cls_BxCxD if cls_positions_BxS is not None else cls_BxCxD[:, 0]
+    out["pooled_output"] = jnp.tanh(self.pooler(cls_xD))
     if output_hidden_states:
       out["hidden_states"] = tuple(hidden)
     return out

@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from bert_jax.model.kernels.attention import check_kernel
+
 # Size presets from the paper and google-research/bert's compact models (intermediate = 4H).
 PRESETS: dict[str, tuple[int, int, int]] = {
   # name: (num_hidden_layers, hidden_size, num_attention_heads)
@@ -56,8 +58,12 @@ class BertConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  # How attention is computed (bert_jax.model.kernels.attention): "reference" (BERT's einsum,
+  # softmax and attention dropout), "dot_product" or "splash" (fused, no attention dropout).
+  attention_kernel: str = "reference"
 
   def __post_init__(self):
+    check_kernel(self.attention_kernel, self.attention_probs_dropout_prob)
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
         f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
@@ -136,7 +142,7 @@ class BertConfig:
     """The architecture fields as in bert_config.json (numerics fields left out; ``is_decoder``
     only when True, so a bidirectional model's file is google-research/bert's)."""
     d = dataclasses.asdict(self)
-    for k in ("dtype", "param_dtype", "remat"):
+    for k in ("dtype", "param_dtype", "remat", "attention_kernel"):
       d.pop(k)
     if not self.is_decoder:
       d.pop("is_decoder")

@@ -106,7 +106,13 @@ class BertForPreTraining(nn.Module):
     masked_lm_positions=None,
     deterministic: bool = True,
     output_hidden_states: bool = False,
+    *,
+    position_ids=None,
+    sequence_ids=None,
+    cls_positions=None,
   ) -> dict[str, Any]:
+    """Packed rows (``BertEncoder``): ``position_ids``, ``sequence_ids`` and ``cls_positions``
+    (BxS); ``nsp_logits`` is then BxSx2, one per packed sequence."""
     c = self.config
     encoder = BertEncoder(c, name="bert")
     sparse = masked_lm_positions is not None and not output_hidden_states
@@ -117,6 +123,9 @@ class BertForPreTraining(nn.Module):
       deterministic,
       output_hidden_states,
       output_positions_BxP=masked_lm_positions if sparse else None,
+      position_ids_BxL=position_ids,
+      sequence_ids_BxL=sequence_ids,
+      cls_positions_BxS=cls_positions,
     )
     # N: the rows MLM logits are computed for, P masked positions or all L positions.
     if sparse:
@@ -141,7 +150,9 @@ class BertForPreTraining(nn.Module):
 
 
 class BertForSequenceClassification(nn.Module):
-  """[CLS] pooled output -> dropout -> linear; num_labels == 1 is regression (STS-B)."""
+  """[CLS] pooled output -> dropout -> linear; num_labels == 1 is regression (STS-B).
+
+  Packed rows (``BertEncoder``): ``logits`` BxSxN, one per sequence at ``cls_positions``."""
 
   config: BertConfig
   num_labels: int
@@ -156,10 +167,21 @@ class BertForSequenceClassification(nn.Module):
     segment_ids=None,
     deterministic: bool = True,
     output_hidden_states: bool = False,
+    *,
+    position_ids=None,
+    sequence_ids=None,
+    cls_positions=None,
   ) -> dict[str, Any]:
     c = self.config
     out = BertEncoder(c, name="bert")(
-      input_ids, input_mask, segment_ids, deterministic, output_hidden_states
+      input_ids,
+      input_mask,
+      segment_ids,
+      deterministic,
+      output_hidden_states,
+      position_ids_BxL=position_ids,
+      sequence_ids_BxL=sequence_ids,
+      cls_positions_BxS=cls_positions,
     )
     pooled = Dropout(c.hidden_dropout_prob)(out["pooled_output"], deterministic=deterministic)
     out["logits"] = head_dense(c, self.num_labels, "classifier", self.head_init)(pooled)
@@ -167,7 +189,7 @@ class BertForSequenceClassification(nn.Module):
 
 
 class BertForTokenClassification(nn.Module):
-  """Per-token dropout -> linear (NER)."""
+  """Per-token dropout -> linear (NER); packed rows take ``position_ids`` and ``sequence_ids``."""
 
   config: BertConfig
   num_labels: int
@@ -182,10 +204,19 @@ class BertForTokenClassification(nn.Module):
     segment_ids=None,
     deterministic: bool = True,
     output_hidden_states: bool = False,
+    *,
+    position_ids=None,
+    sequence_ids=None,
   ) -> dict[str, Any]:
     c = self.config
     out = BertEncoder(c, name="bert")(
-      input_ids, input_mask, segment_ids, deterministic, output_hidden_states
+      input_ids,
+      input_mask,
+      segment_ids,
+      deterministic,
+      output_hidden_states,
+      position_ids_BxL=position_ids,
+      sequence_ids_BxL=sequence_ids,
     )
     seq = Dropout(c.hidden_dropout_prob)(out["sequence_output"], deterministic=deterministic)
     out["logits"] = head_dense(c, self.num_labels, "classifier", self.head_init)(seq)

@@ -1,0 +1,239 @@
+"""Attention kernels behind one switch, ``BertConfig.attention_kernel``.
+
+  reference     einsum, masked softmax in float32, dropout on the probabilities, einsum: BERT's
+                computation, the only kernel with attention dropout (the paper's 0.1)
+  dot_product   ``jax.nn.dot_product_attention``: cuDNN's fused attention on GPUs, XLA's
+                elsewhere; no attention dropout
+  splash        Pallas splash attention on TPUs (interpreted when lowered for a CPU, which tests
+                use); no attention dropout; lengths a multiple of 128
+
+Every kernel computes ``softmax(q k^T / sqrt(K) + mask) v`` under the same :class:`AttentionMask`
+(padding, left-to-right, packed sequences); the reference path builds the dense boolean mask,
+the fused kernels take what they accept (a mask, segment ids). The run configs' key
+``config.attention_kernel`` adds ``auto``, resolved per platform by
+:func:`resolve_attention_kernel`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import struct
+from jax import lax
+
+Array = jax.Array
+
+KERNELS = ("reference", "dot_product", "splash")
+FUSED = ("dot_product", "splash")
+CHOICES = ("auto",) + KERNELS
+SPLASH_BLOCK = 128
+
+
+def check_kernel(name: str, attention_dropout: float, key: str = "attention_kernel") -> None:
+  """ValueError for an unknown kernel, or a fused one asked to drop attention probabilities."""
+  if name not in KERNELS:
+    raise ValueError(f"{key}={name!r} is not one of {KERNELS}")
+  if name in FUSED and float(attention_dropout) > 0:
+    raise ValueError(
+      f"{key}={name!r} has no attention dropout but attention_probs_dropout_prob is "
+      f"{attention_dropout}: set it to 0, or use the 'reference' kernel"
+    )
+
+
+def platform_of(mesh) -> str:
+  """'cpu', 'gpu' or 'tpu': the platform of ``mesh``'s devices (a topology's mesh too), or of
+  jax's default devices without a mesh."""
+  devices = jax.devices() if mesh is None else list(np.asarray(mesh.devices).flat)
+  platform = devices[0].platform.lower()
+  return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+
+
+def resolve_attention_kernel(
+  requested: str, *, attention_dropout: float, platform: str, max_seq_length: int
+) -> str:
+  """The kernel a run uses for ``config.attention_kernel``; one-line errors name the keys.
+
+  ``auto``: the reference path while attention dropout is on (logged), else splash on a TPU
+  (lengths a multiple of 128), cuDNN's through ``dot_product`` on a GPU, and the reference
+  path on a CPU (where it is the tuned form).
+  """
+  if requested not in CHOICES:
+    raise ValueError(f"config.attention_kernel={requested!r} is not one of {CHOICES}")
+  dropout = float(attention_dropout)
+  if requested == "auto":
+    if dropout > 0:
+      logging.info(
+        "config.attention_kernel='auto': the reference path, since attention dropout "
+        "(config.attention_probs_dropout_prob=%g) needs it; set it to 0 for a fused kernel",
+        dropout,
+      )
+      return "reference"
+    if platform == "tpu" and max_seq_length % SPLASH_BLOCK == 0:
+      return "splash"
+    return "dot_product" if platform in ("gpu", "tpu") else "reference"
+  if requested in FUSED and dropout > 0:
+    raise ValueError(
+      f"config.attention_kernel={requested!r} has no attention dropout but "
+      f"config.attention_probs_dropout_prob={dropout:g}: set it to 0, or use 'reference' "
+      "(or 'auto', which falls back to it)"
+    )
+  if requested == "splash":
+    if platform != "tpu":
+      raise ValueError(
+        f"config.attention_kernel='splash' runs on TPUs only; these devices are {platform!r} "
+        "(use 'dot_product' or 'auto')"
+      )
+    if max_seq_length % SPLASH_BLOCK:
+      raise ValueError(
+        f"config.attention_kernel='splash' needs config.max_seq_length a multiple of "
+        f"{SPLASH_BLOCK}, got {max_seq_length}"
+      )
+  return requested
+
+
+@struct.dataclass
+class AttentionMask:
+  """Which keys each query sees: the padding, left-to-right order, packed sequences.
+
+  ``key_valid_BxL``: real tokens. ``sequence_ids_BxL`` (packing): 0 on padding, 1..S the packed
+  sequence a token belongs to; a query sees only keys of its own sequence. ``causal``: a query
+  sees only keys at or before it. ``query_index_BxQ``: the row positions of the queries, where
+  they are a subset of the row (the last layer computed at a few positions only).
+  """
+
+  key_valid_BxL: Array
+  sequence_ids_BxL: Array | None = None
+  causal: bool = struct.field(pytree_node=False, default=False)
+  query_index_BxQ: Array | None = None
+
+  def at_queries(self, positions_BxQ: Array) -> AttentionMask:
+    return self.replace(query_index_BxQ=positions_BxQ.astype(jnp.int32))
+
+  def dense(self) -> Array:
+    """Boolean Bx1xMxL, True where a query may attend a key; M = 1 for padding alone."""
+    mask_Bx1xMxL = self.key_valid_BxL[:, None, None, :]
+    if self.sequence_ids_BxL is None and not self.causal:
+      return mask_Bx1xMxL
+    length = self.key_valid_BxL.shape[-1]
+    if self.query_index_BxQ is None:
+      q_BxQ = jnp.broadcast_to(jnp.arange(length), self.key_valid_BxL.shape)
+    else:
+      q_BxQ = self.query_index_BxQ
+    if self.causal:
+      k_L = jnp.arange(length)
+      mask_Bx1xMxL = mask_Bx1xMxL & (q_BxQ[:, None, :, None] >= k_L[None, None, None, :])
+    if self.sequence_ids_BxL is not None:
+      ids_BxL = self.sequence_ids_BxL
+      q_ids_BxQ = jnp.take_along_axis(ids_BxL, q_BxQ, axis=1)
+      same_Bx1xQxL = q_ids_BxQ[:, None, :, None] == ids_BxL[:, None, None, :]
+      mask_Bx1xMxL = mask_Bx1xMxL & same_Bx1xQxL
+    return mask_Bx1xMxL
+
+  def segment_ids(self) -> Array:
+    """Int32 BxL ids under which equal ids attend each other: the packed sequences, or 1 on
+    real tokens and 0 on padding (padding queries then see only padding: their rows are never
+    read)."""
+    if self.sequence_ids_BxL is not None:
+      return self.sequence_ids_BxL.astype(jnp.int32)
+    return self.key_valid_BxL.astype(jnp.int32)
+
+
+def fused_attention(
+  kernel: str, q_BxQxHxK: Array, k_BxLxHxK: Array, v_BxLxHxK: Array, mask: AttentionMask
+) -> Array:
+  """``softmax(q k^T / sqrt(K) under mask) v`` by a fused kernel: BxQxHxK in q's dtype."""
+  if kernel == "dot_product":
+    return _dot_product(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask)
+  if kernel == "splash":
+    return _splash(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask)
+  raise ValueError(f"attention_kernel={kernel!r} is not one of {FUSED}")
+
+
+def _dot_product(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask) -> Array:
+  dense = mask.dense() if isinstance(mask, AttentionMask) else mask
+  return jax.nn.dot_product_attention(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask=dense)
+
+
+def _splash(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask: AttentionMask) -> Array:
+  """Splash attention over (batch, heads) shards of the current mesh; queries are the whole row
+  (the encoder does not narrow a splash layer's queries)."""
+  if mask.query_index_BxQ is not None:
+    raise ValueError("splash attention takes every position of the row as a query")
+  b, length, heads, k = q_BxQxHxK.shape
+  scale = 1.0 / np.sqrt(k)
+  to_bhlk = lambda x: jnp.swapaxes(x, 1, 2)
+  q, kk, v = (
+    to_bhlk(q_BxQxHxK * jnp.asarray(scale, q_BxQxHxK.dtype)),
+    to_bhlk(k_BxLxHxK),
+    to_bhlk(v_BxLxHxK),
+  )
+  ids_BxL = mask.segment_ids()
+  mesh = jax.sharding.get_abstract_mesh()
+  spec_bhlk = nn.logical_to_mesh_axes(("batch", "heads", None, None))
+  spec_bl = nn.logical_to_mesh_axes(("batch", None))
+  shards = _shard_count(mesh, spec_bhlk[1])
+  if heads % shards:
+    raise ValueError(f"splash attention: {heads} heads do not split over {shards} shards")
+  run = functools.partial(_splash_local, causal=mask.causal)
+  if mesh.empty or not mesh.axis_names:
+    out = run(q, kk, v, ids_BxL)
+  else:
+    out = jax.shard_map(
+      run,
+      mesh=mesh,
+      in_specs=(spec_bhlk, spec_bhlk, spec_bhlk, spec_bl),
+      out_specs=spec_bhlk,
+      check_vma=False,
+    )(q, kk, v, ids_BxL)
+  del b, length
+  return to_bhlk(out)
+
+
+def _shard_count(mesh, axes) -> int:
+  if axes is None or mesh.empty:
+    return 1
+  names = axes if isinstance(axes, tuple) else (axes,)
+  return int(np.prod([mesh.shape[n] for n in names]))
+
+
+def _splash_local(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, ids_BxL, *, causal: bool):
+  """The kernel over one device's shard, vmapped over its rows; interpreted on a CPU."""
+  heads, length = q_BxHxLxK.shape[1], q_BxHxLxK.shape[2]
+
+  def run(interpret: bool):
+    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
+      splash_attention_kernel as splash,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
+      splash_attention_mask as masks,
+    )
+
+    one = masks.CausalMask((length, length)) if causal else masks.FullMask((length, length))
+    block = min(512, length)
+    sizes = splash.BlockSizes(
+      block_q=block,
+      block_kv_compute=block,
+      block_kv=block,
+      block_q_dkv=block,
+      block_kv_dkv=block,
+      block_kv_dkv_compute=block,
+      block_q_dq=block,
+      block_kv_dq=block,
+    )
+    kernel = splash.make_splash_mha(
+      masks.MultiHeadMask([one] * heads),
+      block_sizes=sizes,
+      head_shards=1,
+      q_seq_shards=1,
+      interpret=interpret,
+    )
+    row = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(q=ids, kv=ids))
+    return lambda *args: jax.vmap(row)(*args)
+
+  operands = (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, ids_BxL)
+  return lax.platform_dependent(*operands, cpu=run(True), tpu=run(False))
