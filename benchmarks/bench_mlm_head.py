@@ -8,7 +8,7 @@ MLM decoder over ``--rows`` predictions (640: 32 sequences of 128 with 20 masked
 step) and BERT's 30,522-word vocabulary, float32, medians of ``--calls`` calls, ``--rounds``
 rounds interleaved. Variants:
 
-* ``bert_jax``: the step's head as it runs (``matmul.tied_logits``, ``heads.add_vocab_bias``,
+* ``bert_jax``: the step's head as it runs (``matmul.tied_logits``, ``matmul.add_vocab_bias``,
   the cross-entropy and accuracy of ``tasks/pretraining_loss.py``).
 * ``padded_<V>``: the same with the table padded by zero rows and the bias by -1e9 to V words
   (the GEMM-friendly vocabulary sizes other frameworks pad to); the loss is the same.
@@ -35,8 +35,8 @@ import numpy as np
 from absl import app, flags
 
 from bert_jax import hugepages
-from bert_jax.model import matmul
-from bert_jax.model.heads import add_vocab_bias
+from bert_jax.model.kernels import matmul
+from bert_jax.model.kernels.matmul import add_vocab_bias
 from bert_jax.tasks import pretraining_loss
 
 _HIDDEN = flags.DEFINE_list("hidden", ["128", "256"], "hidden sizes (tiny 128, mini 256, ...)")

@@ -17,7 +17,7 @@ device; PyTorch runs on the GPU when jax does, else on the CPU). The differences
 are bert_jax's: it computes MLM logits only at the masked positions (as google-research/bert),
 and so the last encoder layer too (only [CLS] and the masked rows are read), while HF's model
 computes them at every position and the loss masks the rest; and its dropout draws 16 random
-bits per element instead of 32 (bert_jax/model/dropout.py), which matters where the attention
+bits per element instead of 32 (bert_jax/model/kernels/dropout.py), which matters where the attention
 probabilities (B x H x L x L) are large next to the matmuls (small models, seq 512). Runs are
 interleaved (ours, HF, ours, HF, ...) and the median of ``--repeats`` timings of ``--steps``
 steps, each after one untimed step, is reported. MFU uses bert_jax's model-FLOPs formula

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model.heads import add_vocab_bias
+from bert_jax.model.kernels.matmul import add_vocab_bias
 from bert_jax.tasks.pretraining_loss import argmax_is
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from bert_jax.model import BertConfig
 from bert_jax.model.bert import SelfAttention, masked_softmax_as
-from bert_jax.model.dropout import Dropout
+from bert_jax.model.kernels.dropout import Dropout
 
 MIN = jnp.finfo(jnp.float32).min
 

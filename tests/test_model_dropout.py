@@ -14,7 +14,7 @@ import pytest
 from jax.extend.random import threefry_2x32
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bert_jax.model.dropout import Dropout, keep_mask, keep_threshold
+from bert_jax.model.kernels.dropout import Dropout, keep_mask, keep_threshold
 
 
 def _apply(rate, x, key, deterministic=False):

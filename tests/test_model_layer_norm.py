@@ -1,4 +1,4 @@
-"""bert_jax.model.layer_norm.FastLayerNorm against flax's nn.LayerNorm (parameter tree, values
+"""bert_jax.model.kernels.layer_norm.FastLayerNorm against flax's nn.LayerNorm (parameter tree, values
 to the bit) and, for its written-out gradient, JAX's autodiff of the plain formula in float64
 (whose values are checked against NumPy's)."""
 
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model.layer_norm import FastLayerNorm
+from bert_jax.model.kernels.layer_norm import FastLayerNorm
 
 
 def _inputs(shape=(3, 7, 96)):

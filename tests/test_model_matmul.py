@@ -1,4 +1,4 @@
-"""bert_jax.model.matmul: bfloat16 products in the form XLA:CPU runs natively, the same values.
+"""bert_jax.model.kernels.matmul: bfloat16 products in the form XLA:CPU runs natively, the same values.
 
 References: ``jnp.einsum`` in float32 (or ``np.einsum`` in float64), flax's
 ``nn.DenseGeneral`` for the dense layer's parameters and float32 outputs, and JAX's own autodiff
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from bert_jax.model import BertConfig, matmul
+from bert_jax.model import BertConfig
 from bert_jax.model.bert import dense
+from bert_jax.model.kernels import matmul
 
 BF16_ULP = 2.0**-8  # bfloat16 keeps 8 bits of mantissa: one rounding is within this, relatively
 

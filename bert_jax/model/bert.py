@@ -15,11 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.model import matmul
 from bert_jax.model.config import BertConfig
-from bert_jax.model.dropout import Dropout
+from bert_jax.model.kernels import matmul
 from bert_jax.model.kernels.attention import AttentionMask, fused_attention
-from bert_jax.model.layer_norm import FastLayerNorm
+from bert_jax.model.kernels.dropout import Dropout
+from bert_jax.model.kernels.layer_norm import layer_norm as layer_norm_kernel
+from bert_jax.model.kernels.softmax import masked_softmax_as
 
 Array = jax.Array
 
@@ -46,20 +47,10 @@ def bias_init(axes: tuple[str | None, ...]):
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.Module:
-  # Variance as mean((x - mean)^2), as BERT and PyTorch compute it: Flax's default
-  # E[x^2] - E[x]^2 loses float32 precision on hidden states whose mean is large. In float32,
-  # FastLayerNorm: nn.LayerNorm's parameters and values, its gradient written out on CPUs.
+  """LayerNorm over the hidden axis, its variance the mean of squared deviations (as BERT)."""
   scale_init = nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",))
-  if jnp.dtype(config.dtype) == jnp.float32 and jnp.dtype(config.param_dtype) == jnp.float32:
-    return FastLayerNorm(config.layer_norm_eps, scale_init, bias_init(("embed",)), name=name)
-  return nn.LayerNorm(
-    epsilon=config.layer_norm_eps,
-    dtype=config.dtype,
-    param_dtype=config.param_dtype,
-    use_fast_variance=False,
-    scale_init=scale_init,
-    bias_init=bias_init(("embed",)),
-    name=name,
+  return layer_norm_kernel(
+    config.layer_norm_eps, config.dtype, config.param_dtype, scale_init, bias_init(("embed",)), name
   )
 
 
@@ -71,7 +62,7 @@ def dense(config: BertConfig, features: int, axes, name: str, initializer=None) 
 class Dense(nn.Module):
   """``x @ kernel + bias`` over the last axis, with ``nn.DenseGeneral``'s parameters (names,
   shapes, initialisation, the compute dtype's casts) and the same float32 ops; in bfloat16 the
-  product and the bias's gradient take :mod:`bert_jax.model.matmul`'s CPU forms."""
+  product and the bias's gradient take :mod:`bert_jax.model.kernels.matmul`'s CPU forms."""
 
   config: BertConfig
   features: int
@@ -148,7 +139,7 @@ class Embeddings(nn.Module):
 
   def attend(self, h_xD: Array) -> Array:
     """Logits against the (tied) word embedding table: the MLM decoder (``Embed.attend``'s
-    product, the same values, in :mod:`bert_jax.model.matmul`'s form)."""
+    product, the same values, in :mod:`bert_jax.model.kernels.matmul`'s form)."""
     return matmul.tied_logits(h_xD, self.word_embeddings.embedding, self.config.dtype)
 
 
@@ -179,42 +170,6 @@ class Projection(nn.Module):
       c.param_dtype,
     )
     return matmul.add_bias(matmul.einsum(self.equation, x, kernel, c.dtype), bias)
-
-
-def masked_softmax_as(s_f32: Array, mask: Array, dtype) -> Array:
-  """``softmax(where(mask, s_f32, min), -1).astype(dtype)``, computed in float32.
-
-  For a low-precision ``dtype`` the backward pass keeps only the ``dtype`` output: not the
-  float32 probabilities ``jax.nn.softmax`` keeps, nor the float32 masked scores and the
-  broadcast mask ``jnp.where`` keeps (in bfloat16 that is 2 bytes per element of B x H x L x L
-  per layer instead of 9). The gradient, ``p * (g - sum(g * p))`` (zero where masked, as
-  p is), is computed in float32 from it. For float32 it is exactly the plain expression.
-  """
-  if jnp.dtype(dtype) == jnp.float32:
-    return jax.nn.softmax(jnp.where(mask, s_f32, jnp.finfo(jnp.float32).min), axis=-1)
-  return _low_precision_masked_softmax(s_f32, mask, jnp.dtype(dtype))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _low_precision_masked_softmax(s_f32: Array, mask: Array, dtype) -> Array:
-  s_f32 = jnp.where(mask, s_f32, jnp.finfo(jnp.float32).min)
-  return jax.nn.softmax(s_f32, axis=-1).astype(dtype)
-
-
-def _low_precision_masked_softmax_fwd(s_f32, mask, dtype):
-  p = _low_precision_masked_softmax(s_f32, mask, dtype)
-  return p, p
-
-
-def _low_precision_masked_softmax_bwd(dtype, p, g):
-  del dtype
-  p32, g32 = p.astype(jnp.float32), g.astype(jnp.float32)
-  return p32 * (g32 - jnp.sum(g32 * p32, axis=-1, keepdims=True)), None
-
-
-_low_precision_masked_softmax.defvjp(
-  _low_precision_masked_softmax_fwd, _low_precision_masked_softmax_bwd
-)
 
 
 class SelfAttention(nn.Module):

@@ -12,7 +12,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from bert_jax.model.bert import (
   BertEncoder,
@@ -23,7 +22,8 @@ from bert_jax.model.bert import (
   layer_norm,
 )
 from bert_jax.model.config import BertConfig
-from bert_jax.model.dropout import Dropout
+from bert_jax.model.kernels.dropout import Dropout
+from bert_jax.model.kernels.matmul import add_vocab_bias
 
 Array = jax.Array
 HEAD_INITS = ("normal", "truncated_normal")
@@ -40,45 +40,6 @@ def head_dense(c: BertConfig, features: int, name: str, head_init: str) -> Dense
     raise ValueError(f"config.head_init must be one of {HEAD_INITS}, got {head_init!r}")
   normal = nn.initializers.normal(c.initializer_range) if head_init == "normal" else None
   return dense(c, features, ("embed", None), name, initializer=normal)
-
-
-def add_vocab_bias(logits_BxNxV: Array, bias_V: Array) -> Array:
-  """``logits + bias`` (of one dtype), whose bias gradient (the sum of B x N rows of V) is a
-  matrix product with two rows of ones instead of a reduction.
-
-  Same values (summed in float32, rounded to the bias's dtype). On XLA:CPU the sum over the
-  rows of a 30,522-wide gradient is a slow pass: 640 rows took 53 ms as a reduction, 26-36 ms
-  as a product with a vector of ones and 1.4-1.5 ms as a product with a 2-row matrix of ones
-  (a vector is not a matrix to XLA:CPU's GEMM kernels), in float32 and bfloat16 alike. Only
-  this bias: the encoder's (4,096 rows of 128-3,072) sum in 0.02-1.3 ms either way.
-  """
-  if logits_BxNxV.dtype != bias_V.dtype:
-    raise ValueError(f"logits ({logits_BxNxV.dtype}) and bias ({bias_V.dtype}) differ in dtype")
-  return _add_bias_summed_by_dot(logits_BxNxV, bias_V)
-
-
-@jax.custom_vjp
-def _add_bias_summed_by_dot(x_BxNxV, b_V):
-  return x_BxNxV + b_V
-
-
-def _add_bias_fwd(x_BxNxV, b_V):
-  return x_BxNxV + b_V, None
-
-
-def _add_bias_bwd(_, g_BxNxV):  # g has the one dtype of logits, bias and output
-  g_MxV = g_BxNxV.reshape(-1, g_BxNxV.shape[-1])
-  db_2xV = jnp.einsum(
-    "mv,km->kv",
-    g_MxV,
-    jnp.ones((2, g_MxV.shape[0]), g_MxV.dtype),
-    preferred_element_type=jnp.float32,
-    precision=jax.lax.Precision.HIGHEST,  # a GPU would round float32 inputs to TF32
-  )
-  return g_BxNxV, db_2xV[0].astype(g_BxNxV.dtype)
-
-
-_add_bias_summed_by_dot.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
 class BertForPreTraining(nn.Module):

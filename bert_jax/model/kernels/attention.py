@@ -155,8 +155,23 @@ def fused_attention(
 
 
 def _dot_product(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask) -> Array:
-  dense = mask.dense() if isinstance(mask, AttentionMask) else mask
-  return jax.nn.dot_product_attention(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask=dense)
+  """``jax.nn.dot_product_attention`` under the dense mask: cuDNN's fused kernel when lowered
+  for an NVIDIA GPU in 16-bit floats (cuDNN has no float32 kernel), XLA's otherwise (the
+  function's own default is XLA's on every platform)."""
+  dense_Bx1xMxL = mask.dense() if isinstance(mask, AttentionMask) else mask
+  dense_Bx1xMxL = jnp.broadcast_to(
+    dense_Bx1xMxL, dense_Bx1xMxL.shape[:2] + (q_BxQxHxK.shape[1], k_BxLxHxK.shape[1])
+  )
+
+  def run(implementation):
+    return lambda q, k, v, m: jax.nn.dot_product_attention(
+      q, k, v, mask=m, implementation=implementation
+    )
+
+  operands = (q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, dense_Bx1xMxL)
+  if jnp.dtype(q_BxQxHxK.dtype) not in (jnp.bfloat16, jnp.float16):
+    return run("xla")(*operands)
+  return lax.platform_dependent(*operands, cuda=run("cudnn"), default=run("xla"))
 
 
 def _splash(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask: AttentionMask) -> Array:

@@ -69,3 +69,20 @@ class FastLayerNorm(nn.Module):
     cpu = functools.partial(_with_written_gradient, self.epsilon)
     default = functools.partial(_plain, self.epsilon)
     return lax.platform_dependent(x, scale, bias, cpu=cpu, default=default)
+
+
+def layer_norm(epsilon: float, dtype, param_dtype, scale_init, bias_init, name: str) -> nn.Module:
+  """A LayerNorm computing its variance as mean((x - mean)^2), as BERT and PyTorch do (flax's
+  default E[x^2] - E[x]^2 loses float32 precision on hidden states whose mean is large):
+  ``FastLayerNorm`` in float32, ``nn.LayerNorm(use_fast_variance=False)`` otherwise."""
+  if jnp.dtype(dtype) == jnp.float32 and jnp.dtype(param_dtype) == jnp.float32:
+    return FastLayerNorm(epsilon, scale_init, bias_init, name=name)
+  return nn.LayerNorm(
+    epsilon=epsilon,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    use_fast_variance=False,
+    scale_init=scale_init,
+    bias_init=bias_init,
+    name=name,
+  )
