@@ -47,7 +47,6 @@ or ``TPU_ACCELERATOR_TYPE`` leave JAX to choose as it does by default (``platfor
 from __future__ import annotations
 
 import functools
-import glob
 import importlib.util
 import os
 import re
@@ -62,6 +61,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from bert_jax import hugepages
+from bert_jax.accelerators import accelerator_on_host
 from bert_jax.config_files import add_config_import_roots
 
 USAGE_EXIT = 2
@@ -85,10 +85,6 @@ CONFIG_KEYS_HINT = f"(--{_CONFIG_KEYS_FLAG} lists them)"
 # What JAX's own discovery reads to find an accelerator (jax/_src/hardware_utils.py): TPU device
 # files (/dev/accel* on v2-v4, /dev/vfio on v5e and later), Google's PCI vendor with a TPU's
 # device id, and the device files of NVIDIA (also WSL2's /dev/dxg) and AMD GPUs.
-TPU_DEVICE_GLOBS = ("dev/accel*", "dev/vfio")
-TPU_PCI_VENDOR = "0x1ae0"
-TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076")
-GPU_DEVICE_FILES = ("dev/nvidia0", "dev/nvidiactl", "dev/dxg", "dev/kfd")
 
 
 def run(
@@ -273,7 +269,7 @@ def platforms_for_host(
   "cpu" where JAX's default would probe libtpu on a host without a TPU and then fall back to
   the CPU anyway: libtpu is installed, ``JAX_PLATFORMS`` is unset or empty, neither
   ``JAX_FORCE_TPU_INIT`` nor ``TPU_ACCELERATOR_TYPE`` is set, and ``root`` shows neither a TPU
-  nor a GPU (``TPU_DEVICE_GLOBS``, ``TPU_PCI_DEVICES``, ``GPU_DEVICE_FILES``)."""
+  nor a GPU (``bert_jax.accelerators.accelerator_on_host``)."""
   if environ.get("JAX_PLATFORMS", "").strip():
     return None
   if "JAX_FORCE_TPU_INIT" in environ or environ.get("TPU_ACCELERATOR_TYPE"):
@@ -282,22 +278,8 @@ def platforms_for_host(
     libtpu_installed = bool(environ.get("TPU_LIBRARY_PATH")) or (
       importlib.util.find_spec("libtpu") is not None
     )
-  if not libtpu_installed:
+  if not libtpu_installed or accelerator_on_host(environ, root) is not None:
     return None
-  if any(glob.glob(os.path.join(root, pattern)) for pattern in TPU_DEVICE_GLOBS):
-    return None
-  if any(os.path.exists(os.path.join(root, path)) for path in GPU_DEVICE_FILES):
-    return None
-  for vendor in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
-    try:
-      with open(vendor) as f:
-        if f.read().strip() != TPU_PCI_VENDOR:
-          continue
-      with open(os.path.join(os.path.dirname(vendor), "device")) as f:
-        if f.read().strip() in TPU_PCI_DEVICES:
-          return None
-    except OSError:
-      continue
   return "cpu"
 
 

@@ -20,8 +20,11 @@ the change cannot help or was declined:
   refuses them; /sys/kernel/mm/transparent_hugepage/enabled);
 * ``GLIBC_TUNABLES`` already sets ``glibc.malloc.hugetlb`` (any value: the user's choice);
 * ``BERT_JAX_HUGEPAGES=0`` (opt out);
-* ``JAX_PLATFORMS`` names an accelerator first (``tpu``, ``cuda``, ...): the step's buffers are
-  then in the accelerator's memory, and host memory is left as the user started it.
+* the host has an accelerator (``bert_jax.accelerators``: its device files), or
+  ``JAX_PLATFORMS`` names one first (``tpu``, ``cuda``, ...): the step's buffers are then in the
+  accelerator's memory, and host memory is left as the user started it.
+
+A restart says so in one line on stderr before the process is replaced.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import os
 import platform
 import sys
 from collections.abc import Mapping, Sequence
+
+from bert_jax.accelerators import accelerator_on_host
 
 TUNABLE = "glibc.malloc.hugetlb"
 OPT_OUT = "BERT_JAX_HUGEPAGES"
@@ -59,10 +64,14 @@ def glibc_version() -> tuple[int, ...] | None:
 
 
 def tunables_with_hugepages(
-  environ: Mapping[str, str], mode: str | None, glibc: tuple[int, ...] | None
+  environ: Mapping[str, str],
+  mode: str | None,
+  glibc: tuple[int, ...] | None,
+  accelerator: str | None = None,
 ) -> str | None:
-  """The ``GLIBC_TUNABLES`` value to restart with, or None where nothing is to be done."""
-  if environ.get(OPT_OUT, "1") == "0" or mode != "madvise":
+  """The ``GLIBC_TUNABLES`` value to restart with, or None where nothing is to be done
+  (``accelerator``: the host's, 'tpu' or 'gpu', or None)."""
+  if environ.get(OPT_OUT, "1") == "0" or mode != "madvise" or accelerator is not None:
     return None
   if glibc is None or glibc < MIN_GLIBC:
     return None
@@ -99,11 +108,17 @@ def is_entry_point_command(orig_argv: Sequence[str]) -> bool:
 def restart_with_hugepages() -> None:
   """Re-executes this process with the tunable set, where it can help (see the module's doc);
   otherwise returns. Call it first, before any work: ``execv`` replaces the process."""
-  tunables = tunables_with_hugepages(os.environ, thp_mode(), glibc_version())
+  accelerator = accelerator_on_host(os.environ)
+  tunables = tunables_with_hugepages(os.environ, thp_mode(), glibc_version(), accelerator)
   command = restart_command(sys.orig_argv, sys.executable)
   if tunables is None or command is None:
     return
   os.environ["GLIBC_TUNABLES"] = tunables
+  print(
+    f"bert_jax: restarting with GLIBC_TUNABLES={tunables} (transparent huge pages for the "
+    f"CPU's buffers; {OPT_OUT}=0 opts out)",
+    file=sys.stderr,
+  )
   sys.stdout.flush()
   sys.stderr.flush()
   os.execv(*command)

@@ -33,6 +33,21 @@ def test_rules_for_restarting():
   assert add({}, None, GLIBC) is None
   assert add({}, "madvise", (2, 34)) is None
   assert add({}, "madvise", None) is None
+  # An accelerator on the host (JAX_PLATFORMS unset, or even set to cpu): never.
+  assert add({}, "madvise", GLIBC, accelerator="gpu") is None
+  assert add({"JAX_PLATFORMS": "cpu"}, "madvise", GLIBC, accelerator="tpu") is None
+
+
+def test_accelerators_are_read_from_the_host_devices(tmp_path):
+  from bert_jax.accelerators import accelerator_on_host
+
+  assert accelerator_on_host({}, str(tmp_path)) is None
+  (tmp_path / "dev").mkdir()
+  (tmp_path / "dev" / "nvidiactl").touch()
+  assert accelerator_on_host({}, str(tmp_path)) == "gpu"
+  (tmp_path / "dev" / "accel0").touch()
+  assert accelerator_on_host({}, str(tmp_path)) == "tpu"
+  assert accelerator_on_host({"TPU_ACCELERATOR_TYPE": "v5litepod-4"}, "/nonexistent") == "tpu"
 
 
 def test_only_entry_point_commands_restart():
@@ -87,17 +102,18 @@ def _run_child(tmp_path, env_extra) -> dict:
   env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", hugepages.OPT_OUT)}
   env.update(env_extra)
   env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-  out = subprocess.run(
+  done = subprocess.run(
     [sys.executable, str(script), "--flag=1"],
     env=env,
     capture_output=True,
     text=True,
     timeout=120,
     check=True,
-  ).stdout
+  )
+  out = done.stdout
   lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
   starts = [line["pid"] for line in lines if "pid" in line]  # the script ran once per start
-  return {"starts": starts, **lines[-1]}
+  return {"starts": starts, "stderr": done.stderr, **lines[-1]}
 
 
 def test_a_restarted_process_gets_huge_pages(tmp_path):
@@ -108,6 +124,7 @@ def test_a_restarted_process_gets_huge_pages(tmp_path):
   if hugepages.thp_mode() == "madvise" and glibc >= hugepages.MIN_GLIBC:
     assert got["tunables"] == "glibc.malloc.hugetlb=1"
     assert len(got["starts"]) == 2  # restarted once, not again
+    assert got["stderr"].count("bert_jax: restarting with GLIBC_TUNABLES=") == 1
     assert got["huge_kb"] >= 128 * 1024, got  # the kernel's count of huge pages in use
   else:  # the kernel or the libc cannot help: the process runs on as it was started
     assert got["tunables"] is None and len(got["starts"]) == 1
