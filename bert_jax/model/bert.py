@@ -118,10 +118,10 @@ class Embeddings(nn.Module):
     # Looked up in the tables' own dtype (float32) and summed there, normalised by the LayerNorm
     # (which computes in float32 and returns the compute dtype): the gradient of
     # a lookup is a scatter-add into its table, and into a bfloat16 table (flax's Embed casts the
-    # table first) XLA:GPU adds element by element in compare-and-swap loops: 59 ms of a 187 ms
-    # BERT-base step on an H200 (benchmarks/step_trace.py). Token types (2 rows, which every
+    # table first) XLA:GPU adds element by element in compare-and-swap loops, a third of a
+    # BERT-base step (benchmarks/results/model_numerics.md). Token types (2 rows, which every
     # token hits): a one-hot product, as google-research/bert computes them, whose gradient is
-    # a matmul instead of a scatter into two rows (another 61 ms). Positions: a slice.
+    # a matmul instead of a scatter into two rows. Positions: a slice (packed rows: a lookup).
     words_BxLxD = jnp.take(self.word_embeddings.embedding, input_ids_BxL, axis=0)
     if position_ids_BxL is None:
       positions_xLxD = self.position_embeddings.embedding[None, :length]

@@ -10,8 +10,8 @@ micro-benchmark on CPU. On a CPU one threefry-2x32 evaluation serves four elemen
 hash (``jax.extend.random.threefry2x32_p``) and uses both: rows ``g * Q + i`` (Q a quarter of
 the rows, rounded up) take 16-bit part g of the evaluation at counter (the leading axes' flat
 index, ``i * last + column``), iotas over the array's global shape. Not elsewhere: compiled for
-a TPU the four-way form needed more memory (BERT-base / 512 on v5e: 3.63-3.75 GB of temporaries
-per chip against 3.33; the compiler's buffer assignment was not read), so
+a TPU the four-way form needed about 10% more memory per chip
+(benchmarks/results/model_numerics.md), so
 ``lax.platform_dependent`` keeps the two-way form for TPUs and GPUs. The masks (a random
 stream) differ between the two forms. Keys of another PRNG implementation (``rbg``) take the
 two-way form everywhere. Either form is drawn over the global shape, so the mask is the same on
@@ -91,7 +91,7 @@ def _threefry_draws(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   # Row r = g * quarter + i of the array takes 16-bit part g of evaluation (i, column): output
   # word g // 2, its low half for even g, high for odd. Stacked over rows by broadcasting
   # selections and shifts (fusible), not by concatenating; over rows rather than columns, which
-  # was slower on this CPU (mask applied: 3.5 against 2.4 ms for 8 x 2 x 512 x 512).
+  # was slower on a CPU (benchmarks/results/model_numerics.md).
   word_2x1x1x1 = lax.broadcasted_iota(jnp.uint32, (2, 1, 1, 1), 0)
   shifts_2x1x1 = jnp.array([0, 16], jnp.uint32).reshape(2, 1, 1)
   words_2x1xQxL = jnp.where(word_2x1x1x1 == 0, first, second)

@@ -7,8 +7,8 @@ gradient is the textbook one, ``dx = r * (gs - mean(gs) - xhat * mean(gs * xhat)
 ``gs = g * scale``, ``xhat = (x - mean) * r``, ``r = rsqrt(var + eps)``, computed from the saved
 ``xhat`` and ``r``; autodiff of the forward made XLA:CPU run more passes and materialise the
 scale's broadcast. Elsewhere (GPUs, TPUs): autodiff of the same forward.
-Measured: BERT-base / 128 float32 train step 482 -> 489-498 tokens/s (two rounds, old and new
-in alternating processes); at mini and small within the noise. bfloat16 keeps nn.LayerNorm.
+A few percent of a float32 BERT-base step on a CPU (benchmarks/results/model_numerics.md).
+bfloat16 keeps nn.LayerNorm.
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 
 XLA:CPU's YNNPACK kernels multiply bfloat16 operands natively only when the product's result is
 float32: a bfloat16 x bfloat16 -> bfloat16 dot is upcast to a float32 dot (with two conversion
-passes), slower than float32 itself. Measured on an AVX512-BF16 host (4,096 x 768 x 3,072 and
-its two transposes): 297 / 237 GFLOP/s with a bfloat16 result, 513 / 686 with a float32 result,
-against 324 / 414 in float32. So on the CPU a bfloat16 product here is computed with a float32
+passes), slower than float32 itself (benchmarks/results/model_numerics.md). So on the CPU a bfloat16 product here is computed with a float32
 result and rounded once to bfloat16, which is what a bfloat16 product means anyway (accumulated
 in float32, rounded at the end), and its backward pass does the same: the cotangent rounded to
 bfloat16, each operand's gradient a product with a float32 result (the products autodiff would
@@ -60,8 +58,7 @@ def tied_logits(h_xD: Array, table_VxD: Array, dtype) -> Array:
   On a CPU in float32 the table's gradient is computed as the transpose of ``h^T g`` ([D, V])
   instead of autodiff's ``g^T h``: for that form XLA:CPU first copies the whole [rows, V]
   cotangent into its transpose for its YNNPACK kernel, where ``h^T g`` runs on its own dot kernel
-  with the cotangent as it is (640 rows x 30,522, hidden 128 / 256 / 512 / 768: 47 / 73 / 127 /
-  177 ms against 17 / 29 / 65 / 95). The same sums in another order. In bfloat16 that kernel
+  with the cotangent as it is (2-3x faster: benchmarks/results/model_numerics.md). The same sums in another order. In bfloat16 that kernel
   does not take bfloat16 operands with a float32 result, so the product is `einsum`'s there, as
   it is off the CPU (a step compiled for a TPU is unchanged).
   """
@@ -102,8 +99,8 @@ def add_bias(y: Array, bias: Array) -> Array:
 
   On a CPU in bfloat16 the bias's gradient is summed in float32 and returned in the bias's own
   dtype: autodiff's sum of a bfloat16 cotangent is a bfloat16 reduction, which XLA:CPU rewrites
-  into a tree of reduce-windows (42 ms for BERT-small's 4,096 x 2,048 intermediate layer,
-  against 0.25 ms for the float32 sum of the same values).
+  into a tree of reduce-windows, two orders of magnitude slower than the float32 sum of the same
+  values (benchmarks/results/model_numerics.md).
   """
   if y.dtype != jnp.bfloat16 or y.shape[y.ndim - bias.ndim :] != bias.shape:
     return y + bias.astype(y.dtype)
@@ -139,8 +136,8 @@ def _has_batch_index(equation: str) -> bool:
   Those stay as they are: XLA:CPU (jax 0.10.2) fails to run one of their gradient's forms with
   bfloat16 operands and a float32 result ("Unsupported element type for DotThunk::Execute: BF16
   x BF16 = F32", ``bqhk,bhqs->bshk``, the key's gradient in attention); with that gradient
-  upcast to float32 and the rest in this form, attention's products made BERT-mini and -small
-  at sequence 512 no faster (1.27x and 1.18x PyTorch's bf16 step against 1.32x and 1.27x).
+  upcast to float32 and the rest in this form, attention's products were no faster
+  (benchmarks/results/model_numerics.md).
   """
   a, b, out = _terms(equation)
   return bool(set(a) & set(b) & set(out))
@@ -189,10 +186,9 @@ def add_vocab_bias(logits_BxNxV: Array, bias_V: Array) -> Array:
   matrix product with two rows of ones instead of a reduction.
 
   Same values (summed in float32, rounded to the bias's dtype). On XLA:CPU the sum over the
-  rows of a 30,522-wide gradient is a slow pass: 640 rows took 53 ms as a reduction, 26-36 ms
-  as a product with a vector of ones and 1.4-1.5 ms as a product with a 2-row matrix of ones
-  (a vector is not a matrix to XLA:CPU's GEMM kernels), in float32 and bfloat16 alike. Only
-  this bias: the encoder's (4,096 rows of 128-3,072) sum in 0.02-1.3 ms either way.
+  rows of a 30,522-wide gradient is a slow pass as a reduction, and a product with a 2-row
+  matrix of ones runs on its GEMM kernels (a vector is not a matrix to them); only this bias
+  gains (benchmarks/results/model_numerics.md).
   """
   if logits_BxNxV.dtype != bias_V.dtype:
     raise ValueError(f"logits ({logits_BxNxV.dtype}) and bias ({bias_V.dtype}) differ in dtype")
