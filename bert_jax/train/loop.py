@@ -114,6 +114,63 @@ class PreemptionWatcher:
     return bool(np.any(flags))
 
 
+class StepClock:
+  """The loop's time: steady steps' rates over an interval, and when a progress line is due.
+
+  An interval runs from one flush to the next. Steps that compiled the step function for a new
+  batch shape are timed apart (``compiled``) and left out of the interval's rates, as is time
+  the loop spends outside steps (``exclude_since``: an evaluation). ``clock`` (monotonic by
+  default) decides when a line is due; rates use wall time.
+  """
+
+  def __init__(self, step: int, clock: Callable[[], float] = time.monotonic):
+    self.clock = clock
+    self.started = time.time()
+    self.start_interval(step)
+    self.last_line = clock()
+
+  def start_interval(self, step: int) -> None:
+    self.t0, self.step0, self.tokens = time.time(), step, 0
+    self.compile_sec, self.compile_steps = 0.0, 0
+
+  def steady_step(self, tokens: int) -> None:
+    self.tokens += tokens  # input_ids elements fed (bucketed batches are shorter)
+
+  def compiled(self, seconds: float) -> None:
+    self.compile_sec, self.compile_steps = self.compile_sec + seconds, self.compile_steps + 1
+
+  def exclude_since(self, t: float) -> None:
+    """Time since ``t`` (time.time()) is not charged to the interval's steps."""
+    self.t0 += time.time() - t
+
+  def line_due(self, interval_sec: float) -> bool:
+    return self.clock() - self.last_line >= interval_sec
+
+  def end_interval(self, step: int, phase_first_step: bool, global_batch: int) -> dict:
+    """The interval's timings (``first_step_sec``, ``compile_sec``, or the steady rates);
+    starts the next interval."""
+    elapsed = time.time() - self.t0 - self.compile_sec
+    n_steps = step - self.step0 - self.compile_steps
+    out: dict[str, float] = {}
+    if self.compile_steps:
+      out["compile_sec"] = self.compile_sec
+    if phase_first_step and n_steps == 1:
+      out["first_step_sec"] = elapsed  # a phase's first step compiles: not throughput
+    elif elapsed > 0 and n_steps > 0:
+      out.update(
+        examples_per_sec=n_steps * global_batch / elapsed,
+        tokens_per_sec=self.tokens / elapsed,
+        steps_per_sec=n_steps / elapsed,
+        seconds_per_step=elapsed / n_steps,
+      )
+    self.start_interval(step)
+    self.last_line = self.clock()
+    return out
+
+  def wall_sec(self) -> float:
+    return time.time() - self.started
+
+
 def phase_index(phases: Sequence[Phase], step: int) -> int:
   for i, phase in enumerate(phases):
     if step < phase.end_step:
@@ -150,20 +207,13 @@ def train_loop(
   pending: list[tuple[int, dict]] = []
   last_train: dict[str, float] = {}
   last_eval: dict[str, float] = {}
-  t_last, step_last, t_start = time.time(), step, time.time()
-  tokens_since_last = 0  # input_ids elements fed since t_last (bucketed batches are shorter)
-  # Steps since t_last that compiled the step for a new batch shape (a length bucket's first
-  # batch): their seconds and count, left out of the interval's rates (their tokens are not
-  # added to tokens_since_last).
-  compile_sec, compile_steps = 0.0, 0
+  timer = StepClock(step, options.clock)
   shapes_seen: set = set()  # (phase, the batch's shapes) the steps have run with
   status = "completed"
-  t_line = options.clock()  # when the last progress line was logged
 
   def flush(now_step: int) -> None:
     """Fetches pending metrics; stops on a non-finite loss; logs the last one."""
-    nonlocal pending, last_train, t_last, step_last, tokens_since_last
-    nonlocal compile_sec, compile_steps, t_line
+    nonlocal pending, last_train
     if not pending:
       return
     fetched = [(s, _to_float(m)) for s, m in pending]
@@ -182,32 +232,18 @@ def train_loop(
         )
     last_train = dict(fetched[-1][1])
     phase = phases[phase_index(phases, now_step - 1)]
-    elapsed = time.time() - t_last - compile_sec
-    n_steps = now_step - step_last - compile_steps
-    if compile_steps:
-      last_train["compile_sec"] = compile_sec
-    if now_step == phase_start + 1 and n_steps == 1:
-      # a phase's first step compiles its step function: its time is not throughput
-      last_train["first_step_sec"] = elapsed
-    elif elapsed > 0 and n_steps > 0:
-      ex_per_sec = n_steps * phase.global_batch_size / elapsed
-      last_train.update(
-        examples_per_sec=ex_per_sec,
-        tokens_per_sec=tokens_since_last / elapsed,
-        steps_per_sec=n_steps / elapsed,
-        eta_sec=(total - now_step) * elapsed / n_steps,
-      )
+    timings = timer.end_interval(now_step, now_step == phase_start + 1, phase.global_batch_size)
+    if "seconds_per_step" in timings:
+      timings["eta_sec"] = (total - now_step) * timings.pop("seconds_per_step")
       if options.peak_flops_per_device > 0 and phase.flops_per_example > 0:
-        last_train["mfu"] = (
-          ex_per_sec
+        timings["mfu"] = (
+          timings["examples_per_sec"]
           * phase.flops_per_example
           / (options.peak_flops_per_device * jax.device_count())
         )
-    t_last, step_last, tokens_since_last = time.time(), now_step, 0
-    compile_sec, compile_steps = 0.0, 0
+    last_train.update(timings)
     writer.scalars(now_step, {f"train/{k}": v for k, v in last_train.items()})
     logging.info(progress_line(now_step, total, last_train, phase.name))
-    t_line = options.clock()
 
   def save(now_step: int) -> None:
     flush(now_step)
@@ -229,10 +265,11 @@ def train_loop(
     )
 
   def run_eval(now_step: int) -> None:
-    nonlocal last_eval, t_last
+    nonlocal last_eval
     flush(now_step)
+    t_eval = time.time()
     last_eval = dict(options.eval_fn(state))
-    t_last = time.time()  # the evaluation's time is not charged to the next steps' rates
+    timer.exclude_since(t_eval)  # the evaluation's time is not charged to the next steps' rates
     writer.scalars(now_step, {f"eval/{k}": v for k, v in last_eval.items()})
     logging.info(
       "eval at step %d: %s",
@@ -264,7 +301,7 @@ def train_loop(
         ):
           inputs.set_state(input_state)  # resumed mid-phase: continue where the checkpoint was
         current, phase_start = idx, step
-        t_last, step_last, tokens_since_last = time.time(), step, 0
+        timer.start_interval(step)
       batch = make_global_batch(next(inputs), mesh, rules)
       tokens = (
         batch["input_ids"].size
@@ -284,10 +321,10 @@ def train_loop(
         t_compile = time.time()
         state, metrics = phases[idx].train_step(state, batch)
         jax.block_until_ready(metrics)
-        compile_sec, compile_steps = compile_sec + time.time() - t_compile, compile_steps + 1
+        timer.compiled(time.time() - t_compile)
       else:
         state, metrics = phases[idx].train_step(state, batch)
-        tokens_since_last += tokens
+        timer.steady_step(tokens)
       shapes_seen.add(shapes)
       step += 1
       manager.check_for_errors()  # a failed background save surfaces within one step
@@ -301,7 +338,7 @@ def train_loop(
         flush(step)  # each phase's first step (compilation) is timed apart from the rest
       elif step % options.log_every_steps == 0 or step == total:
         flush(step)
-      elif options.clock() - t_line >= options.progress_interval_sec:
+      elif timer.line_due(options.progress_interval_sec):
         flush(step)  # slow steps: a line at least every progress_interval_sec
       if step == total or step % options.save_every_steps == 0:
         save(step)
@@ -322,6 +359,6 @@ def train_loop(
     num_train_steps=total,
     train=last_train,
     eval=last_eval,
-    wall_time_sec=time.time() - t_start,
+    wall_time_sec=timer.wall_sec(),
     last_checkpoint_step=manager.latest_step(),
   )
