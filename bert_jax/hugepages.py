@@ -8,7 +8,7 @@ The MLM decoder's float32 logits alone (640 rows x 30,522) are ~20,000 faults pe
 product took 26 ms, 11 ms into memory that stays mapped. With the tunable, glibc advises its
 mappings (and its heap) as transparent huge pages, 2 MiB each: ~250 faults and 13 ms there;
 whole pre-training steps on a 2-core CPU ran 1.1-1.6x faster at BERT-tiny to -small and level
-at -base (docs/pretraining.md, "Host memory: huge pages").
+at -base (benchmarks/results/history/host_memory_huge_pages.md).
 
 The tunable is read by the dynamic loader when a process starts, so it cannot be switched on
 later: ``restart_with_hugepages`` re-executes the current command line (same process id,

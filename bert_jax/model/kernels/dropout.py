@@ -22,7 +22,7 @@ The keep decision is ``bits16 < round((1 - rate) * 65536)`` and the kept values 
 ``rate`` (0.1 becomes 0.1000061). The 16-bit parts are spread over the array by broadcasting
 against selections and shifts rather than by concatenating them: a concatenation kept the TPU
 compiler from fusing the draw into its consumers, and was slower on CPU too
-(docs/pretraining.md). Same interface as ``nn.Dropout`` (a "dropout" rng stream,
+(benchmarks/results/history/pretrain_step_memory_tpu.md). Same interface as ``nn.Dropout`` (a "dropout" rng stream,
 ``deterministic``).
 """
 
