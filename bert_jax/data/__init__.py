@@ -9,5 +9,6 @@ Modules (import what you need; nothing is imported here, so `import bert_jax.dat
   example_proto                 tf.train.Example serialization without TensorFlow (workers)
   generate                      parallel deterministic generation over input shards
   pipeline                      PretrainInput (training, resumable) and eval_batches
+  packing                       PackedPretrainInput: several instances per row (resumable)
   default_corpus                prepare_default_data: CPython's own docs as a built-in corpus
 """

@@ -140,3 +140,28 @@ def records_have_sentence_pairs(
   if not seen:
     raise ValueError(f"{files}: no records to read")
   return False
+
+
+def record_shape(file_patterns) -> tuple[int, int]:
+  """(sequence length, predictions per sequence) of the files' records, from the first record
+  (files in sorted order): the lengths of its input_ids and masked_lm_positions. ValueError
+  when the files hold no record or it is not of the pre-training schema."""
+  files = corpus.expand_patterns(file_patterns)
+  try:
+    for record in tf.data.TFRecordDataset(files).take(1):
+      example = tf.train.Example.FromString(record.numpy())
+      features = example.features.feature
+      if "input_ids" not in features or "masked_lm_positions" not in features:
+        raise ValueError(
+          f"{files[0]}: its first record has no input_ids / masked_lm_positions (not the "
+          "pre-training schema)"
+        )
+      return (
+        len(features["input_ids"].int64_list.value),
+        len(features["masked_lm_positions"].int64_list.value),
+      )
+  except tf.errors.DataLossError as e:
+    raise ValueError(
+      find_broken_file(files) or f"{files}: corrupt TFRecord data: {e.message}"
+    ) from None
+  raise ValueError(f"{files}: no records to read")

@@ -9,6 +9,12 @@ the loss, the learning-rate schedule over both phases, one phase per sequence le
 input: TFRecords, the built-in corpus or synthetic batches) and the held-out evaluation; the
 trainer (``bert_jax.train.trainer``) does the rest. The workdir's model_config.json, if any,
 must describe the same model (checked before anything is written).
+
+With ``config.packing.enabled`` the training rows hold several instances each
+(``bert_jax.data.packing``) and the model sees each packed sequence on its own
+(``position_ids``, ``sequence_ids``, ``cls_positions``). The real-token share of the training
+rows, packed or not, is logged (at the first batch, every 1,000th and at the end of a completed
+run) and written to summary.json as ``input_token_share``.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from bert_jax import parallel
 from bert_jax.checkpoint import read_json, write_json
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.model.kernels.attention import platform_of, resolve_attention_kernel
 from bert_jax.tasks.pretraining_data import (
   DataSources,
+  TokenShare,
   abstract_sources,
   batch_keys,
   eval_batches,
@@ -75,7 +83,10 @@ def learning_rate_schedule(config):
   return optimizers.join_schedules([s1, s2], [boundary])
 
 
-def bert_config_from(config, vocab_size: int) -> BertConfig:
+def bert_config_from(config, vocab_size: int, mesh=None) -> BertConfig:
+  """The run's encoder: the preset (or bert_config_file) with the config's dtype, remat,
+  dropout rates and attention kernel (``config.attention_kernel`` resolved for the platform
+  of ``mesh``, or of the default devices without one)."""
   if config.bert_config_file:
     bert = BertConfig.from_dict(read_json(config.bert_config_file), source=config.bert_config_file)
     if bert.vocab_size != vocab_size:
@@ -91,16 +102,35 @@ def bert_config_from(config, vocab_size: int) -> BertConfig:
       f"config.objective={config.objective!r} needs bidirectional attention; set "
       "config.objective='ltr' or use a bidirectional model config"
     )
-  bert = bert.replace(dtype=config.dtype, remat=config.remat, is_decoder=config.objective == "ltr")
-  longest = max(
-    config.max_seq_length, config.phase2.max_seq_length if config.phase2.fraction > 0 else 0
+  bert = bert.replace(
+    dtype=config.dtype,
+    remat=config.remat,
+    is_decoder=config.objective == "ltr",
+    hidden_dropout_prob=float(config.hidden_dropout_prob),
+    attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),
   )
+  lengths = [config.max_seq_length] + (
+    [config.phase2.max_seq_length] if config.phase2.fraction > 0 else []
+  )
+  longest = max(lengths)
   if longest > bert.max_position_embeddings:
     raise ValueError(
       f"config.max_seq_length/phase2.max_seq_length {longest} exceeds the "
       f"model's max_position_embeddings {bert.max_position_embeddings}"
     )
-  return bert
+  platform = platform_of(mesh)
+  kernels = {
+    resolve_attention_kernel(
+      config.attention_kernel,
+      attention_dropout=bert.attention_probs_dropout_prob,
+      platform=platform,
+      max_seq_length=length,
+    )
+    for length in lengths
+  }
+  if len(kernels) > 1:  # "auto" on a TPU with a phase length splash cannot take
+    kernels.discard("splash")
+  return bert.replace(attention_kernel=kernels.pop())
 
 
 def _check_workdir_model(workdir: str, bert: BertConfig) -> None:
@@ -135,11 +165,26 @@ def _validate(config, mesh) -> None:
 
 
 def batch_spec(
-  batch: int, seq_len: int, predictions: int, objective: str = "mlm_nsp"
+  batch: int, seq_len: int, predictions: int, objective: str = "mlm_nsp", sequences: int = 0
 ) -> dict[str, jax.ShapeDtypeStruct]:
   """One global pre-training batch: google-research/bert's TFRecord features that
-  ``objective`` reads (all of them for mlm_nsp)."""
+  ``objective`` reads (all of them for mlm_nsp); ``sequences > 0``: packed rows of up to that
+  many sequences (``bert_jax.data.packing``'s features)."""
   i32 = np.int32
+  if sequences:
+    spec = {
+      k: jax.ShapeDtypeStruct((batch, seq_len), i32)
+      for k in ("input_ids", "input_mask", "segment_ids", "position_ids", "sequence_ids")
+    }
+    spec.update(
+      masked_lm_positions=jax.ShapeDtypeStruct((batch, predictions), i32),
+      masked_lm_ids=jax.ShapeDtypeStruct((batch, predictions), i32),
+      masked_lm_weights=jax.ShapeDtypeStruct((batch, predictions), np.float32),
+      cls_positions=jax.ShapeDtypeStruct((batch, sequences), i32),
+      next_sentence_labels=jax.ShapeDtypeStruct((batch, sequences), i32),
+      next_sentence_weights=jax.ShapeDtypeStruct((batch, sequences), np.float32),
+    )
+    return {k: spec[k] for k in batch_keys(objective, packed=True)}
   spec = {
     "input_ids": jax.ShapeDtypeStruct((batch, seq_len), i32),
     "input_mask": jax.ShapeDtypeStruct((batch, seq_len), i32),
@@ -160,7 +205,7 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
   vocab_size = sources.vocab_size
   if abstract and config.bert_config_file:
     vocab_size = int(read_json(config.bert_config_file)["vocab_size"])
-  bert = bert_config_from(config, vocab_size)
+  bert = bert_config_from(config, vocab_size, mesh)
   if not abstract:
     _check_workdir_model(workdir, bert)
   objective = config.objective
@@ -173,6 +218,7 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
     return model.init(rng, ids, ids, ids, preds)["params"]
 
   boundary = phase_boundary(config)
+  shares = [TokenShare(f"seq{d.max_seq_length}", d.packed) for d in sources.phases]
   settings = [(config.train_batch_size, config.grad_accum_steps, boundary)]
   if boundary < config.num_train_steps:
     settings.append(
@@ -184,18 +230,20 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
       end_step=end,
       global_batch_size=batch,
       seq_len=data.max_seq_length,
-      batch_spec=batch_spec(batch, data.max_seq_length, data.max_predictions_per_seq, objective),
+      batch_spec=batch_spec(
+        batch, data.max_seq_length, data.row_predictions, objective, data.max_sequences_per_row
+      ),
       grad_accum_steps=accum,
       flops_per_example=flops_lib.train_flops_per_example(
         bert,
         data.max_seq_length,
-        data.max_seq_length if objective == "ltr" else data.max_predictions_per_seq,
+        data.max_seq_length if objective == "ltr" else data.row_predictions,
       ),
       make_input=None
       if abstract
-      else input_factory(config, sources, data, parallel.host_batch_size(batch)),
+      else input_factory(config, sources, data, parallel.host_batch_size(batch), share),
     )
-    for data, (batch, accum, end) in zip(sources.phases, settings)
+    for data, (batch, accum, end), share in zip(sources.phases, settings, shares)
   ]
   eval_step = make_pretraining_eval(model, objective)
   last = sources.phases[-1]
@@ -223,9 +271,24 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
   if abstract:
     return job
   job.write_run_files = _run_files_writer(config, bert, sources)
+  job.finish = _token_share_report(shares)
   if config.synthetic_data or any(d.eval_input_files for d in sources.phases):
     job.evaluate = _evaluator(config, sources, phases, mesh)
   return job
+
+
+def _token_share_report(shares: list[TokenShare]):
+  """``job.finish``: logs each phase's real-token share of the training rows this process
+  delivered and returns them for summary.json as ``input_token_share`` (per phase name)."""
+
+  def finish(ctx) -> dict[str, Any]:
+    del ctx
+    for share in shares:
+      if share.rows:
+        share.log()
+    return {"input_token_share": {s.name: s.summary() for s in shares if s.rows}}
+
+  return finish
 
 
 def _evaluator(config, sources: DataSources, phases, mesh):

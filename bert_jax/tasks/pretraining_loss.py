@@ -14,6 +14,13 @@ Table 5 ablations.
   cross-entropy of predicting it, averaged over those positions; the output layer is the MLM
   head's (tied to the embeddings), so parameters and checkpoints have the same layout.
 
+Packed rows (``bert_jax.data.packing``: ``sequence_ids`` in the batch) give the same losses as
+the unpacked rows of the same sequences: the model sees ``position_ids``, ``sequence_ids`` (each
+sequence attends only to itself; causally within itself for ltr) and ``cls_positions`` (the NSP
+head at each sequence's [CLS], BxSx2); MLM is the same weighted mean over the masked tokens; NSP
+is the mean over the real sequences (``next_sentence_weights``); ltr predicts token i + 1 only
+where it is of the same sequence as token i.
+
 Eval sums and summaries report loss, accuracy and perplexity (exp of the mean loss, the paper's
 Table 6 "LM (ppl)") of the LM part under ``mlm_*`` for the masked objectives and ``lm_*`` for
 ``ltr``; NSP figures only for ``mlm_nsp``.
@@ -45,6 +52,11 @@ def check_objective(objective: str) -> str:
 def _forward(model: BertForPreTraining, params, batch, rng, deterministic: bool, objective: str):
   rngs = None if deterministic else {"dropout": rng}
   positions = None if objective == "ltr" else batch["masked_lm_positions"]
+  packed = {}
+  if "sequence_ids" in batch:
+    packed = dict(position_ids=batch["position_ids"], sequence_ids=batch["sequence_ids"])
+    if objective == "mlm_nsp":
+      packed["cls_positions"] = batch["cls_positions"]
   return model.apply(
     {"params": params},
     batch["input_ids"],
@@ -53,6 +65,7 @@ def _forward(model: BertForPreTraining, params, batch, rng, deterministic: bool,
     positions,
     deterministic=deterministic,
     rngs=rngs,
+    **packed,
   )
 
 
@@ -87,11 +100,16 @@ def xent_terms(logits_BxNxV, ids_BxN, w_BxN, prefix: str) -> dict[str, jax.Array
 
 def next_token_targets(batch) -> tuple[jax.Array, jax.Array]:
   """(targets BxL, weights BxL): row i's target is token i + 1, weighted 1 where that token is
-  real (input_mask); the last position predicts nothing."""
+  real (input_mask) and, in packed rows, of the same sequence as token i; the last position
+  predicts nothing."""
   ids_BxL = batch["input_ids"]
   targets_BxL = jnp.concatenate([ids_BxL[:, 1:], jnp.zeros_like(ids_BxL[:, :1])], axis=1)
   mask_BxL = batch["input_mask"]
   w_BxL = jnp.concatenate([mask_BxL[:, 1:], jnp.zeros_like(mask_BxL[:, :1])], axis=1)
+  if "sequence_ids" in batch:
+    seq_BxL = batch["sequence_ids"]
+    next_BxL = jnp.concatenate([seq_BxL[:, 1:], jnp.zeros_like(seq_BxL[:, :1])], axis=1)
+    w_BxL = w_BxL * ((next_BxL == seq_BxL) & (seq_BxL > 0))
   return targets_BxL, w_BxL.astype(jnp.float32)
 
 
@@ -100,7 +118,18 @@ def _per_example_terms(out, batch, objective: str):
     targets_BxL, w_BxL = next_token_targets(batch)
     return xent_terms(out["mlm_logits"], targets_BxL, w_BxL, "lm")
   terms = xent_terms(out["mlm_logits"], batch["masked_lm_ids"], batch["masked_lm_weights"], "mlm")
-  if objective == "mlm_nsp":
+  if objective == "mlm_nsp" and "next_sentence_weights" in batch:  # packed: BxS sequences
+    nsp_logits_BxSx2 = out["nsp_logits"].astype(jnp.float32)
+    labels_BxS = batch["next_sentence_labels"]
+    w_BxS = batch["next_sentence_weights"].astype(jnp.float32)
+    nsp_xent_BxS = optax.softmax_cross_entropy_with_integer_labels(nsp_logits_BxSx2, labels_BxS)
+    nsp_correct_BxS = (jnp.argmax(nsp_logits_BxSx2, -1) == labels_BxS).astype(jnp.float32)
+    terms.update(
+      nsp_loss_sum=jnp.sum(nsp_xent_BxS * w_BxS),
+      nsp_correct=jnp.sum(nsp_correct_BxS * w_BxS),
+      nsp_count=jnp.sum(w_BxS),
+    )
+  elif objective == "mlm_nsp":
     nsp_logits_Bx2 = out["nsp_logits"].astype(jnp.float32)
     labels_B = batch["next_sentence_labels"].reshape(-1)
     # Held-out batches padded to full size mark their padding rows with example_weights 0.
