@@ -58,6 +58,17 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   # each bucket compiles once. "32": multiples of 32 up to max_seq_length; "16,64,128": these
   # lengths; "": off (every batch at max_seq_length).
   config.length_buckets = "32"
+  # Packing (bert_jax/tasks/finetune_input.py: Packer; GLUE and NER only, not with a defence):
+  # each training step's rows (the same ones as unpacked) are packed several to a row of
+  # max_seq_length, each its own [CLS] ... [SEP] attending only to itself, and the loss is the
+  # same mean over them; dev/test rows are packed the same way and their predictions unpacked,
+  # so the metrics are those of the unpacked model. Replaces length_buckets when on.
+  config.packing = ml_collections.ConfigDict(
+    dict(
+      enabled=False,
+      max_sequences_per_row=16,  # at most this many sequences in one packed row
+    )
+  )
   # Evaluation / checkpoints: evaluate on the dev split(s) every eval_every_steps (0 = at the
   # end of each epoch) and keep the best checkpoint by the task's primary metric.
   config.eval_every_steps = 0

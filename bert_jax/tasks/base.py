@@ -49,6 +49,14 @@ the cut always keeps inside; ``prediction_axes`` maps ``predict`` outputs with a
 before ``evaluate``. Padding is masked in attention, so the model's outputs on the real
 positions do not change.
 
+Packing (``config.packing.enabled``, ``bert_jax.tasks.finetune_input.Packer``). A task whose
+``packing_unsupported()`` returns "" (GLUE, NER) may have several rows packed into one: every
+array with a length axis (``sequence_axes``) moves with its tokens, every other array becomes
+[R, S, ...] (one entry per sequence slot), and the batch gains ``position_ids``,
+``sequence_ids``, ``cls_positions`` and ``sequence_weights`` (1 per real sequence slot).
+``apply`` passes the model's packing inputs (``packed_inputs``) found in the batch; ``loss``
+weighs per-sequence terms by ``sequence_weights``.
+
 Whatever else post-processing needs (example ids, token-to-word maps, SQuAD windows' offsets)
 goes in ``SplitData.examples`` / ``SplitData.features``, which the runner never looks at.
 ``SplitData.stats`` holds counts worth reporting (examples read, truncated, skipped); the runner
@@ -82,6 +90,8 @@ import numpy as np
 from bert_jax.model import BertConfig
 
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
+# A packed batch's model inputs (keyword arguments of the heads), when present in the batch.
+PACKED_INPUTS = ("position_ids", "sequence_ids", "cls_positions")
 
 
 @dataclasses.dataclass
@@ -126,6 +136,8 @@ class Task(abc.ABC):
   eval_splits: Sequence[str] = ("dev",)
   test_splits: Sequence[str] = ("test",)
   position_keys: Sequence[str] = ()
+  # The packing inputs the task's model takes as keyword arguments (see PACKED_INPUTS).
+  packed_inputs: Sequence[str] = PACKED_INPUTS
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
     self.config = config
@@ -139,6 +151,10 @@ class Task(abc.ABC):
   @property
   def num_labels(self) -> int:
     return len(self.labels)
+
+  def packing_unsupported(self) -> str:
+    """Why ``config.packing.enabled`` cannot be used with this task ("" when it can)."""
+    return f"task {self.name!r} cannot be packed (GLUE and NER can)"
 
   @property
   def sequence_axes(self) -> dict[str, int]:
@@ -175,10 +191,16 @@ class Task(abc.ABC):
     deterministic: bool,
     rng: jax.Array | None = None,
   ) -> dict[str, Any]:
-    """Run the model on a batch (dropout rng under the name "dropout")."""
+    """Run the model on a batch (dropout rng under the name "dropout"); a packed batch's
+    ``packed_inputs`` are passed as keyword arguments."""
     rngs = None if deterministic or rng is None else {"dropout": rng}
+    packed = {k: batch[k] for k in self.packed_inputs if k in batch}
     return model.apply(
-      {"params": params}, *(batch[k] for k in INPUT_KEYS), deterministic=deterministic, rngs=rngs
+      {"params": params},
+      *(batch[k] for k in INPUT_KEYS),
+      deterministic=deterministic,
+      rngs=rngs,
+      **packed,
     )
 
   def init_variables(self, model: nn.Module, rng: jax.Array, batch_size: int) -> Any:

@@ -9,6 +9,11 @@ uniform sample drawn with that seed instead of the first rows); ``private_attrib
 [N, K] array ``private``) and ``defence`` (bert_jax/tasks/defences.py). Pairs are packed ``[CLS] A [SEP] B [SEP]``; a pair that does
 not fit is truncated (longer text first) and counted in the split's ``stats["truncated"]``.
 
+With ``config.packing.enabled`` (bert_jax/tasks/finetune_input.py: ``Packer``) several pairs share a
+row; the logits are then [R, S, N] (one per packed sequence) and the loss the mean over the
+sequences (``sequence_weights``), as unpacked over the same pairs. A defence cannot be packed
+(its adversary reads one pooled output per row).
+
 Test predictions are written in the GLUE server's format: ``<Task>.tsv`` (CoLA.tsv, SST-2.tsv,
 MRPC.tsv, STS-B.tsv, QQP.tsv, MNLI-m.tsv, MNLI-mm.tsv, QNLI.tsv, RTE.tsv, WNLI.tsv, AX.tsv)
 with a header ``index\tprediction`` and label names (entailment, ...), 0/1, or a score.
@@ -31,6 +36,7 @@ from bert_jax.tasks import defences as D
 from bert_jax.tasks import metrics as M
 from bert_jax.tasks import private_attributes as PA
 from bert_jax.tasks.base import SplitData, Task
+from bert_jax.tasks.finetune_input import SEQUENCE_WEIGHTS
 from bert_jax.tasks.glue_data import SPECS, GlueSpec, labels_array, read_tfds, read_tsv
 from bert_jax.tasks.glue_features import encode_texts
 from bert_jax.train.optimizers import OptimizerGroup
@@ -89,6 +95,13 @@ class GlueTask(Task):
     return BertForSequenceClassification(
       bert_config, num_labels=self.num_labels, head_init=self.config.head_init
     )
+
+  def packing_unsupported(self) -> str:
+    if self.defence:
+      return (
+        f"config.defence.name={self.defence!r} cannot be packed (use config.packing.enabled=False)"
+      )
+    return ""
 
   # --- private attributes and defences ------------------------------------------------------
   @functools.cached_property
@@ -230,6 +243,8 @@ class GlueTask(Task):
 
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):
     logits = outputs["logits"].astype(jnp.float32)
+    if SEQUENCE_WEIGHTS in batch:  # packed: [R, S, N] logits, [R, S] labels and weights
+      return self._packed_loss(logits, batch["label"], batch[SEQUENCE_WEIGHTS])
     if self.spec.is_regression:
       pred = logits[:, 0]
       loss = jnp.mean(jnp.square(pred - batch["label"]))
@@ -242,6 +257,17 @@ class GlueTask(Task):
       return loss, metrics
     total, terms = D.defended_loss(self.config.defence, loss, outputs, batch["private"])
     return total, {**metrics, "main_loss": loss, **terms}
+
+  def _packed_loss(self, logits_RxSxN, label_RxS, weight_RxS):
+    """The unpacked loss and metrics over the packed sequences (weight 1; empty slots 0)."""
+    count = jnp.maximum(weight_RxS.sum(), 1.0)
+    if self.spec.is_regression:
+      loss = (jnp.square(logits_RxSxN[..., 0] - label_RxS) * weight_RxS).sum() / count
+      return loss, {"mse": loss}
+    ce_RxS = optax.softmax_cross_entropy_with_integer_labels(logits_RxSxN, label_RxS)
+    loss = (ce_RxS * weight_RxS).sum() / count
+    right_RxS = (jnp.argmax(logits_RxSxN, -1) == label_RxS).astype(jnp.float32)
+    return loss, {"accuracy": (right_RxS * weight_RxS).sum() / count}
 
   def predict(self, outputs: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     return {"logits": outputs["logits"].astype(jnp.float32)}

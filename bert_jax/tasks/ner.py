@@ -8,7 +8,9 @@ ner_sci/bert_paper.bio: a seeded random share of the training sentences is held 
 ``max_train_examples``/``max_eval_examples`` (sentences; 0 = all).
 
 The label of each word sits on its first piece; the loss is the mean cross-entropy over those
-positions only. Evaluation maps the argmax at each word's first piece back to the word and
+positions only. With ``config.packing.enabled`` (bert_jax/tasks/finetune_input.py: ``Packer``) several rows share a
+packed row, their labels and weights at their tokens' positions there, so the loss is the same
+mean over the same labelled pieces. Evaluation maps the argmax at each word's first piece back to the word and
 scores entity chunks with ``ner_conlleval.conlleval`` (primary metric: F1). Predictions are
 written as ``<split>_predictions.txt`` in conlleval's input format: ``word gold predicted``.
 """
@@ -59,6 +61,14 @@ class NerTask(Task):
     self._cache: dict[str, list] = {}
     self._read_stats: dict[str, dict] = {}
     self._labels: list[str] | None = None
+
+  packed_inputs = ("position_ids", "sequence_ids")  # no pooled output: no cls_positions
+
+  def packing_unsupported(self) -> str:
+    # A subclass with its own model (the feature-based BiLSTM) would read across sequences.
+    if type(self).build_model is not NerTask.build_model:
+      return f"task {self.name!r} cannot be packed (its model reads across packed sequences)"
+    return ""
 
   # --- data ---------------------------------------------------------------------------------
   def sentences(self, split: str):

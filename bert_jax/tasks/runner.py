@@ -16,7 +16,11 @@ unless set; rows are shuffled each epoch by a generator seeded with (seed, epoch
 batches of a step depend only on the step and a resumed run sees exactly the batches the
 uninterrupted one would (``bert_jax.tasks.finetune_input``). With ``length_buckets`` each
 train and eval batch is cut to the shortest bucket holding its longest row
-(``bert_jax.tasks.length_buckets``).
+(``bert_jax.tasks.length_buckets``). With ``config.packing.enabled`` (GLUE, NER) each step's rows are
+packed several to a row instead, and dev/test splits are packed and their predictions unpacked
+(``bert_jax.tasks.finetune_input.Packer``); the loss and metrics are the unpacked ones.
+``config.attention_kernel`` is resolved for the mesh's platform where the encoder's config is
+made (``runner_io.with_attention_kernel``).
 
 Every ``eval_every_steps`` (0: each epoch) and at the end, the dev split(s) are evaluated; the
 state whose primary metric on the first dev split is best is kept in ``best/`` (itself a
@@ -34,6 +38,7 @@ and a split is run in batches of at most its rows (rounded up to the data-parall
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -53,6 +58,7 @@ from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.best_checkpoint import checkpoint_dir, has_checkpoint
 from bert_jax.tasks.finetune_input import (
   FinetuneInput,
+  Packer,
   Predictor,
   make_bucketer,
   split_batch_size,
@@ -135,13 +141,33 @@ def _flops_per_row(task: Task, bert_config: BertConfig) -> float:
   return sequences * flops_lib.encoder_train_flops_per_sequence(bert_config, int(shape[-1]))
 
 
-def _abstract_bert_config(config) -> BertConfig:
-  """The encoder an abstract job compiles: ``config.model_preset`` at BERT's 30,522 pieces."""
-  return BertConfig.from_preset(config.model_preset).replace(
+def _abstract_bert_config(config, mesh=None) -> BertConfig:
+  """The encoder an abstract job compiles: ``config.model_preset`` at BERT's 30,522 pieces,
+  with the attention kernel ``config.attention_kernel`` resolves to on ``mesh``."""
+  bert = BertConfig.from_preset(config.model_preset).replace(
     dtype=config.dtype,
     hidden_dropout_prob=float(config.hidden_dropout_prob),
     attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),
   )
+  return io.with_attention_kernel(bert, config, mesh)
+
+
+def make_packer(task: Task, config) -> Packer | None:
+  """The run's ``Packer`` when ``config.packing.enabled`` is on (a one-line ValueError naming the key
+  where the task cannot be packed), else None."""
+  return Packer.for_task(task, config) if config.packing.enabled else None
+
+
+def _row_granule(mesh) -> int:
+  """What a packed batch's row count is a multiple of: the data-parallel size and processes."""
+  dp = parallel.data_parallel_size(mesh) if mesh is not None else 1
+  return math.lcm(dp, jax.process_count())
+
+
+def _batch_spec(task: Task, packer: Packer | None, batch_size: int):
+  """A global batch's shapes: the task's, or packed rows of them."""
+  spec = task.train_batch_spec(batch_size)
+  return spec if packer is None else packer.batch_spec(spec)
 
 
 # --- the job --------------------------------------------------------------------------------
@@ -150,8 +176,9 @@ class _Finetuning:
 
   def __init__(self, config, workdir: str, mesh):
     self.config, self.workdir, self.mesh = config, workdir, mesh
-    self.setup = io.resolve_model(config, workdir)
+    self.setup = io.resolve_model(config, workdir, mesh)
     self.task = create_task(config, self.setup.tokenizer)
+    self.packer = make_packer(self.task, config)  # before any data is read
     self.model = self.task.build_model(self.setup.bert_config)
     self.train = self.task.load_split(self.task.train_split)
     self.evals = [self.task.load_split(s) for s in self.task.eval_splits]
@@ -176,6 +203,7 @@ class _Finetuning:
         self.bucketer,
         int(self.config.max_seq_length),
         step=eval_step,
+        packer=self.packer,
       )
     return self._predictor
 
@@ -277,21 +305,29 @@ class _Finetuning:
           self.total,
           batch,
           int(config.max_seq_length),
-          task.train_batch_spec(batch),
+          _batch_spec(task, self.packer, batch),
           grad_accum_steps=int(config.grad_accum_steps),
-          # Bucketed batches are shorter than max_seq_length: no MFU rather than an inflated one.
+          # Bucketed (or packed) batches are not `batch` rows of max_seq_length: no MFU rather
+          # than an inflated one.
           flops_per_example=0.0
-          if self.bucketer.enabled
+          if self.bucketer.enabled or self.packer is not None
           else _flops_per_row(task, self.setup.bert_config),
           make_input=lambda: FinetuneInput(
-            self.train, self.per_epoch, batch, int(config.seed), self.bucketer
+            self.train,
+            self.per_epoch,
+            batch,
+            int(config.seed),
+            self.bucketer,
+            packer=self.packer,
+            grad_accum_steps=int(config.grad_accum_steps),
+            row_granule=_row_granule(self.mesh),
           ),
         )
       ],
       lr_scale=lr_scale(task),
       optimizer_groups=task.optimizer_groups(),
       eval_step=make_predict_fn(task, model),
-      eval_batch_spec=task.train_batch_spec(self.eval_batch_size),
+      eval_batch_spec=_batch_spec(task, self.packer, self.eval_batch_size),
       init_checkpoint=config.init_checkpoint,
       pretrained_params=self.setup.pretrained.params if self.setup.pretrained else None,
       pretrained_subtrees=("bert",),
@@ -304,8 +340,12 @@ class _Finetuning:
       save_every_steps=int(config.save_checkpoints_steps) or eval_every,
       describe=(
         f"Fine-tuning {task.name}: {self.train.num_rows} rows, {self.total} steps "
-        f"({self.per_epoch} per epoch), warmup {self.warmup}, batch {batch}, length buckets "
-        f"{list(self.bucketer.buckets) if self.bucketer.enabled else 'off'}"
+        f"({self.per_epoch} per epoch), warmup {self.warmup}, batch {batch}, "
+        + (
+          f"packed (at most {self.packer.max_sequences} sequences a row)"
+          if self.packer is not None
+          else f"length buckets {list(self.bucketer.buckets) if self.bucketer.enabled else 'off'}"
+        )
       ),
     )
 
@@ -316,7 +356,8 @@ def build_finetune_job(config, workdir: str | None = None, mesh=None) -> Job:
   if workdir is not None:
     return _Finetuning(config, workdir, mesh).job()
   task = create_task(config, None)
-  bert_config = _abstract_bert_config(config)
+  packer = make_packer(task, config)
+  bert_config = _abstract_bert_config(config, mesh)
   model = task.build_model(bert_config)
   batch = int(config.train_batch_size)
   total = max(int(config.num_train_steps), 1)
@@ -333,15 +374,15 @@ def build_finetune_job(config, workdir: str | None = None, mesh=None) -> Job:
         total,
         batch,
         int(config.max_seq_length),
-        task.train_batch_spec(batch),
+        _batch_spec(task, packer, batch),
         grad_accum_steps=int(config.grad_accum_steps),
-        flops_per_example=_flops_per_row(task, bert_config),
+        flops_per_example=0.0 if packer is not None else _flops_per_row(task, bert_config),
       )
     ],
     lr_scale=lr_scale(task),
     optimizer_groups=task.optimizer_groups(),
     eval_step=make_predict_fn(task, model),
-    eval_batch_spec=task.train_batch_spec(int(config.eval_batch_size)),
+    eval_batch_spec=_batch_spec(task, packer, int(config.eval_batch_size)),
   )
 
 
@@ -403,13 +444,16 @@ def _evaluate(workdir: str, split: str, output_dir: str, overrides) -> dict[str,
   source = checkpoint_dir(workdir, "best")
   if not has_checkpoint(source):
     raise FileNotFoundError(f"{workdir}: no checkpoint to evaluate (checkpoints/ is empty)")
-  bert_config = io.read_model_config(workdir).replace(dtype=config.dtype)
+  mesh = parallel.create_mesh(config.mesh)
+  bert_config = io.with_attention_kernel(
+    io.read_model_config(workdir).replace(dtype=config.dtype), config, mesh
+  )
   task = create_task(config, load_tokenizer(workdir))
+  packer = make_packer(task, config)
   model = task.build_model(bert_config)
   names = {"dev": task.eval_splits, "test": task.test_splits}.get(split, (split,))
   if not names:
     raise ValueError(f"task {task.name} has no {split!r} split")
-  mesh = parallel.create_mesh(config.mesh)
   rules = parallel.normalize_rules(config.logical_axis_rules)
   dp = parallel.data_parallel_size(mesh)
   boxed = jax.eval_shape(lambda: task.init_variables(model, jax.random.PRNGKey(0), dp)["params"])
@@ -431,6 +475,7 @@ def _evaluate(workdir: str, split: str, output_dir: str, overrides) -> dict[str,
     int(config.eval_batch_size),
     make_bucketer(task, config),
     int(config.max_seq_length),
+    packer=packer,
   )
   output_dir = output_dir or os.path.join(workdir, f"eval_{split}")
   splits = []

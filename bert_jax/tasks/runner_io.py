@@ -7,7 +7,9 @@ Where the encoder and tokenizer come from, in order:
      via ``bert_jax.formats.load_pretrained``): its BertConfig and tokenizer;
   3. from scratch: ``BertConfig.from_preset(config.model_preset)`` sized to the tokenizer.
 ``config.vocab_file`` (with ``do_lower_case``) replaces the tokenizer in cases 2 and 3. The run
-config's numerics (``dtype``, dropout rates) are applied on top of the architecture.
+config's numerics (``dtype``, dropout rates, ``attention_kernel`` resolved for the mesh's
+platform by ``bert_jax.model.kernels.attention.resolve_attention_kernel``) are applied on top
+of the architecture.
 
 A workdir (common.md): config.json, model_config.json, vocab.txt / sentencepiece.model +
 tokenizer_config.json, head.json, checkpoints/ (latest, for resume), best/ (a bert_jax workdir
@@ -28,6 +30,7 @@ import ml_collections
 from bert_jax.checkpoint import read_json, write_json
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
+from bert_jax.model.kernels.attention import platform_of, resolve_attention_kernel
 from bert_jax.tasks import GLUE_TASKS
 from bert_jax.tasks.best_checkpoint import has_checkpoint
 from bert_jax.tokenize import load_tokenizer
@@ -36,6 +39,8 @@ from bert_jax.tokenize import load_tokenizer
 # such an older run did (no bucketing; JAX's own compilation-cache setting).
 _ADDED_KEYS = {
   "length_buckets": "",
+  "packing": {"enabled": False, "max_sequences_per_row": 16},
+  "attention_kernel": "reference",
   "compilation_cache": {"dir": "", "min_compile_time_secs": 1.0, "max_size_bytes": -1},
 }
 # Keys GLUE configs gained after workdirs were written (their defaults: configs/glue.py).
@@ -93,8 +98,22 @@ def _causal_attention(config: ml_collections.ConfigDict, is_decoder: bool) -> bo
   return is_decoder and choice == "causal"
 
 
-def resolve_model(config: ml_collections.ConfigDict, workdir: str) -> ModelSetup:
-  """The encoder config, tokenizer and (when initialising) pretrained weights of a run."""
+def with_attention_kernel(bert_config: BertConfig, config, mesh=None) -> BertConfig:
+  """``bert_config`` with the kernel ``config.attention_kernel`` resolves to on ``mesh``'s
+  platform (jax's default devices without a mesh); one-line ValueError naming the key."""
+  requested = config.get("attention_kernel", "reference")
+  kernel = resolve_attention_kernel(
+    requested,
+    attention_dropout=bert_config.attention_probs_dropout_prob,
+    platform=platform_of(mesh),
+    max_seq_length=int(config.max_seq_length),
+  )
+  return bert_config.replace(attention_kernel=kernel)
+
+
+def resolve_model(config: ml_collections.ConfigDict, workdir: str, mesh=None) -> ModelSetup:
+  """The encoder config, tokenizer and (when initialising) pretrained weights of a run on
+  ``mesh`` (its platform decides ``config.attention_kernel='auto'``)."""
   if has_checkpoint(workdir) and os.path.isfile(os.path.join(workdir, "model_config.json")):
     setup = ModelSetup(read_model_config(workdir), _tokenizer(workdir, None))
   else:
@@ -131,6 +150,7 @@ def resolve_model(config: ml_collections.ConfigDict, workdir: str) -> ModelSetup
     hidden_dropout_prob=float(config.hidden_dropout_prob),
     attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),
   )
+  setup.bert_config = with_attention_kernel(setup.bert_config, config, mesh)
   return setup
 
 
