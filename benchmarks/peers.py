@@ -23,9 +23,11 @@ VARIANTS = ("hf_flax", "hf_flax_masked")  # the Flax peers; torch_step is the Py
 
 
 def _hf_config(bert, **extra):
-  """transformers' BertConfig with ``bert``'s (a bert_jax BertConfig) architecture."""
+  """transformers' BertConfig with ``bert``'s (a bert_jax BertConfig) architecture and dropout."""
   from transformers import BertConfig as HFConfig
 
+  extra.setdefault("hidden_dropout_prob", bert.hidden_dropout_prob)
+  extra.setdefault("attention_probs_dropout_prob", bert.attention_probs_dropout_prob)
   return HFConfig(
     vocab_size=bert.vocab_size,
     hidden_size=bert.hidden_size,

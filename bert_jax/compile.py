@@ -21,7 +21,10 @@ refuse (the same one-line error, before any compile), an ``--output`` whose fold
 exist or that names an input (checked before any work); 2 for a bad flag value (``--num_slices``,
 ``--plan_max_meshes``, ``--plan_workers``, ``--plan_phase``); 130 after an interrupt (Ctrl-C:
 the compiling child processes are killed, one line). While it compiles or plans it prints a
-progress line to stderr at least every 30 s. See docs/compile.md.
+progress line to stderr at least every 30 s. The report names the attention kernel the steps
+run (``config.attention_kernel`` resolved for the topology's chips; a fused kernel with attention
+dropout is refused before any compile) and counts the FLOPs of a fused kernel the compiler cannot
+see into (bert_jax.plan.attention). See docs/compile.md.
 """
 
 from __future__ import annotations

@@ -77,6 +77,20 @@ def test_a_fused_kernel_equals_the_reference_path(kernel, packed, is_decoder, po
     np.testing.assert_allclose(np.asarray(b), a, rtol=1e-4, atol=2e-5 * max(1.0, np.abs(a).max()))
 
 
+def test_dot_product_in_bfloat16_equals_the_reference_path_within_its_rounding():
+  """A host without cuDNN (this CPU) takes XLA's kernel; the values are the reference path's."""
+  outs = {}
+  for kernel in ("reference", "dot_product"):
+    config = BertConfig.from_preset("tiny", vocab_size=97).replace(
+      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attention_kernel=kernel
+    )
+    model, batch = BertEncoder(config.replace(dtype="bfloat16")), _batch(True)
+    params = nn.unbox(model.init(jax.random.key(0), batch["input_ids_BxL"])["params"])
+    out = model.apply({"params": params}, **batch)["sequence_output"]
+    outs[kernel] = np.asarray(out.astype(jnp.float32))[batch["input_mask_BxL"] > 0]
+  np.testing.assert_allclose(outs["dot_product"], outs["reference"], atol=0.1, rtol=0.05)
+
+
 def test_splash_sharded_over_batch_and_heads_equals_the_reference_path():
   mesh = create_mesh({"data": 2, "fsdp": 1, "tensor": 2}, jax.devices()[:4])
   rules = normalize_rules([("batch", ("data", "fsdp")), ("heads", "tensor"), ("kv", None)])

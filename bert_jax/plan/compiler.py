@@ -7,6 +7,11 @@ The job is the run's own (``build_job(config, abstract=True)``: model, loss, opt
 assembled by the trainer's own code (abstract state by ``jax.eval_shape``, shardings from the
 logical-axis rules, the jitted donated step) over a mesh of the topology's abstract devices, and
 lowered and compiled by the XLA TPU compiler. Nothing is initialised, read or written.
+
+The attention kernel is the run's (``config.attention_kernel`` resolved for the topology's chips,
+``bert_jax.plan.attention.kernel_for``): the job is built over the topology's mesh, so its model
+uses the kernel a run there would; each step's report names it, and a fused kernel the compiler
+cannot see into (a custom call) has its FLOPs added to the estimate.
 """
 
 from __future__ import annotations
@@ -20,26 +25,46 @@ import jax
 
 from bert_jax import parallel
 from bert_jax.parallel.topology import Topology, topology_devices
+from bert_jax.plan import attention
 from bert_jax.plan.report import StepReport, sharded_bytes, step_report
 from bert_jax.tasks import build_job
 from bert_jax.train import trainer
 from bert_jax.train.run_config import check_run_config
 
 
-def check_config(config, topo: Topology):
+def check_config(config, topo: Topology, devices: list | None = None):
   """The checks a run makes of ``config`` before it starts, for a run on ``topo``, without
   compiling anything: the numbers' ranges and the batch layout on the mesh the config's sizes
   make of the topology's chips (``check_run_config``, the checks ``pretrain`` / ``finetune``
-  make: the same one-line ValueError), and the task builder's own checks (the abstract job:
+  make: the same one-line ValueError), the attention kernel (``attention.kernel_for``: e.g. a
+  fused kernel with attention dropout), and the task builder's own checks (the abstract job:
   objective, mask rates, task name). ``bert_jax.compile``, its planner and the launcher's
-  pre-flight call this before any compile. Returns the abstract job."""
+  pre-flight call this before any compile. Returns the abstract job (built over the topology's
+  mesh where the kernel is a fused one: ``devices``, default the topology's)."""
+  kernel = _check(config, topo)
+  mesh = None if kernel == "reference" else topology_mesh(config, topo, devices)
+  return build_job(config, abstract=True, mesh=mesh)
+
+
+def _check(config, topo: Topology) -> str:
+  """``check_config``'s checks but the task builder's; the resolved attention kernel."""
   check_run_config(config)
   try:
     shape = parallel.resolve_mesh_shape(dict(config.mesh), topo.num_devices)
   except ValueError as e:
     raise ValueError(f"{topo.describe()}: {e}") from None
   check_run_config(config, dict(zip(parallel.MESH_AXES, shape)), processes=_processes(topo))
-  return build_job(config, abstract=True)
+  return attention.kernel_for(config, topo)
+
+
+def topology_mesh(config, topo: Topology, devices: list | None = None):
+  """The run's mesh (``config.mesh``) over the topology's abstract devices (``devices``, default
+  ``topology_devices(topo)``); ValueError naming the topology when the sizes do not fit."""
+  devices = topology_devices(topo) if devices is None else devices
+  try:
+    return parallel.create_mesh(config.mesh, devices=devices)
+  except ValueError as e:
+    raise ValueError(f"{topo.describe()}: {e}") from None
 
 
 def _processes(topo: Topology) -> int:
@@ -61,19 +86,18 @@ def compile_for_topology(
   (``check_config``'s checks) or that cannot be laid out on the topology (mesh sizes).
   ``on_step`` is told each step before it compiles ("train seq128 (1 of 3)")."""
   start = time.perf_counter()
-  job = check_config(config, topo)
-  devices = topology_devices(topo) if devices is None else devices
-  try:
-    mesh = parallel.create_mesh(config.mesh, devices=devices)
-  except ValueError as e:
-    raise ValueError(f"{topo.describe()}: {e}") from None
+  kernel = _check(config, topo)
+  mesh = topology_mesh(config, topo, devices)
+  job = build_job(config, abstract=True, mesh=mesh)  # the task's checks; a run's model there
   rules = parallel.normalize_rules(config.logical_axis_rules)
   asm = trainer.assemble(job, config, mesh, rules)
   params_bytes = sharded_bytes(asm.abstract_state.params)
   opt_bytes = sharded_bytes(asm.abstract_state.opt_state)
+  dims = attention.attention_dims(asm.abstract_state.params)
   common = dict(
-    params_bytes=params_bytes, opt_state_bytes=opt_bytes, compute_dtype=str(config.dtype)
-  )
+    params_bytes=params_bytes, opt_state_bytes=opt_bytes, compute_dtype=str(config.dtype),
+    attention_kernel=kernel,
+  )  # fmt: skip
   reports: list[StepReport] = []
   indices = list(range(len(job.phases)) if phases is None else phases)
   total = len(indices) + bool(with_eval)
@@ -91,6 +115,7 @@ def compile_for_topology(
         tokens=phase.global_batch_size * phase.seq_len,
         loop_trips=phase.grad_accum_steps,
         global_batch=phase.global_batch_size,
+        fused_attention_flops=_fused_flops(kernel, dims, phase.batch_spec, True, config),
         **common,
       )
     )
@@ -109,6 +134,7 @@ def compile_for_topology(
         model_flops=last.flops_per_example / 3 * batch,
         tokens=batch * last.seq_len,
         global_batch=batch,
+        fused_attention_flops=_fused_flops(kernel, dims, job.eval_batch_spec, False, config),
         **common,
       )
     )
@@ -127,8 +153,24 @@ def compile_for_topology(
       )
       for p in job.phases
     ],
+    attention_kernel=kernel,
     steps=[r.to_dict() for r in reports],
     fits=all(r.fits for r in reports),
     seconds=time.perf_counter() - start,
     reports=reports,
+  )
+
+
+def _fused_flops(kernel: str, dims, spec, train: bool, config) -> float:
+  """A fused kernel's FLOPs over one step of ``spec`` (its ``input_ids``: rows [x sequences per
+  row] x length), all chips; 0 for the reference path."""
+  if not attention.is_fused(kernel) or spec is None or "input_ids" not in spec:
+    return 0.0
+  shape = spec["input_ids"].shape
+  return attention.fused_attention_flops(
+    dims,
+    batch=math.prod(shape[:-1]),
+    seq_len=int(shape[-1]),
+    train=train,
+    remat=bool(config.get("remat", False)),
   )

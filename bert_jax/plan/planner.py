@@ -10,7 +10,10 @@ off, then on; for each, gradient accumulation 1, 2, 4, ... (the per-chip micro-b
 until the compiler accepts the step, down to one sequence per chip, or until a compile fails
 for a reason other than memory (a compiler crash: more accumulation is no remedy). Remat on is
 compiled only when remat off does not fit at accumulation 1 (recomputing the forward pass only
-adds work).
+adds work). Attention kernels (``attention.fused_choices``): the kernel ``config.attention_kernel``
+resolves to on the topology; where it is "auto" and resolves to a fused kernel (attention dropout
+0), the reference path is searched beside it (the fused kernel keeps no L x L probabilities, but
+its backward pass recomputes the scores), each mesh with each kernel. Every row names its kernel.
 Every compile is cached on disk (JSON, one file per candidate, keyed by the config with the
 candidate's overrides, the topology with its chip's numbers, ``ESTIMATE_VERSION``, jax and
 libtpu versions, a digest of bert_jax's sources, the compiler settings of
@@ -46,10 +49,11 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
 
 from bert_jax.parallel.topology import Topology, topology_devices
-from bert_jax.plan import isolation
+from bert_jax.plan import attention, isolation
 from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.train import progress as progress_lib
 from bert_jax.train.run_config import check_batch_layout, check_run_config
@@ -62,7 +66,8 @@ from bert_jax.train.run_config import check_batch_layout, check_run_config
 #    only in the loop's condition; they counted once).
 # 6: multi-slice: the cross-slice part of a collective (libtpu's megascale send / recv) is costed
 #    at DCN bandwidth, and a one-slice program's replica groups are matched within a slice.
-ESTIMATE_VERSION = 6
+# 7: a fused attention kernel's FLOPs (a custom call XLA counts none in) are added from the model.
+ESTIMATE_VERSION = 7
 # What a quick plan screens its candidates with (``make_plan(quick=True)``).
 QUICK = dict(jax_exec_time_optimization_effort=-1.0)
 PROGRESS_INTERVAL_SEC = progress_lib.INTERVAL_SEC  # a plan's progress lines, at least this often
@@ -102,11 +107,15 @@ def _code_digest() -> str:
   return h.hexdigest()[:16]
 
 
-def _candidate_config(config, mesh: tuple, remat: bool, accum: int, phase: int):
+def _candidate_config(
+  config, mesh: tuple, remat: bool, accum: int, phase: int, kernel: str | None = None
+):
   c = config.copy_and_resolve_references()
   c.unlock()
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = mesh
   c.remat = remat
+  if kernel is not None:
+    c.attention_kernel = kernel
   if phase == 0:
     c.grad_accum_steps = accum
   else:
@@ -210,11 +219,16 @@ def default_workers(num_meshes: int) -> int:
   return max(1, min(num_meshes, (os.cpu_count() or 1) // 2, by_memory))
 
 
-def plan_phases(config) -> int:
-  """How many train phases a run of ``config`` has (pre-training with a seq-512 phase: 2)."""
+def plan_phases(config, topo: Topology | None = None) -> int:
+  """How many train phases a run of ``config`` has (pre-training with a seq-512 phase: 2); the
+  task's checks of ``config``, its attention kernel resolved for ``topo``'s chips."""
   from bert_jax.tasks import build_job  # noqa: PLC0415
 
-  return len(build_job(config, abstract=True).phases)
+  mesh = None
+  if topo is not None and attention.kernel_for(config, topo) != "reference":
+    devices = np.asarray(topology_devices(topo)).reshape(-1, 1, 1)  # only their platform counts
+    mesh = jax.sharding.Mesh(devices, ("data", "fsdp", "tensor"))
+  return len(build_job(config, abstract=True, mesh=mesh).phases)
 
 
 def check_plan_args(
@@ -228,7 +242,8 @@ def check_plan_args(
   if workers < 0:
     raise ValueError(f"--plan_workers={workers}: must be >= 0 (0: as the host allows)")
   check_run_config(config)
-  phases = plan_phases(config)  # the task's own checks too
+  attention.kernel_for(config, topo)  # a fused kernel with attention dropout: the run's error
+  phases = plan_phases(config, topo)  # the task's own checks too
   if not 0 <= phase < phases:
     which = "0 (seq128) or 1 (phase 2)" if phases == 2 else "0 (the config has one phase)"
     raise ValueError(f"--plan_phase={phase}: must be {which}")
@@ -318,16 +333,18 @@ def make_plan(
   until one fits there: that one is ``best``, with its numbers at these settings (``verified``
   lists each such compile)."""
   meshes = check_plan_args(config, topo, phase=phase, max_meshes=max_meshes, workers=workers)
+  kernels = attention.fused_choices(config, topo)
   batch = config.train_batch_size if phase == 0 else config.phase2.train_batch_size
   devices = topology_devices(topo)  # here too: a missing compiler is one clear error up front
   stop = threading.Event()  # an interrupt: no compile starts after it
   tracker = _Tracker(topo, len(meshes))
 
-  def compile_one(mesh: tuple, remat: bool, accum: int, what: str) -> dict:
-    """One candidate's row (mesh, remat, accumulation, the compiler's verdict and numbers)."""
+  def compile_one(mesh: tuple, remat: bool, accum: int, what: str, kernel: str) -> dict:
+    """One candidate's row (mesh, remat, accumulation, kernel, the compiler's verdict and
+    numbers)."""
     if stop.is_set():
       raise isolation.Stopped("the plan was interrupted")
-    cfg = _candidate_config(config, mesh, remat, accum, phase)
+    cfg = _candidate_config(config, mesh, remat, accum, phase, kernel)
     tracker.begin(what)
     try:
       if isolate:
@@ -341,6 +358,7 @@ def make_plan(
       mesh=dict(zip(("data", "fsdp", "tensor"), mesh)),
       remat=remat,
       grad_accum_steps=accum,
+      attention_kernel=kernel,
       micro_batch_per_chip=batch // accum / (mesh[0] * mesh[1]),
       fits=step["fits"],
       memory=step["memory"],
@@ -350,17 +368,21 @@ def make_plan(
       error=step["error"],
     )
 
-  def descend(mesh: tuple, remat: bool, accum: int, verb: str = "compiling") -> list[dict]:
+  def descend(
+    mesh: tuple, remat: bool, accum: int, kernel: str, verb: str = "compiling"
+  ) -> list[dict]:
     """Rows from ``accum`` on, doubling it until the step fits, the micro-batch cannot halve,
     or a compile fails for a reason other than memory (more accumulation is no remedy)."""
     rows = []
     dp = mesh[0] * mesh[1]
     while True:
       what = f"data={mesh[0]} fsdp={mesh[1]} tensor={mesh[2]} remat={remat} grad_accum={accum}"
+      if len(kernels) > 1:
+        what += f" attention={kernel}"
       if stop.is_set():
         raise isolation.Stopped("the plan was interrupted")
       log(f"{verb} {what} ...")
-      rows.append(compile_one(mesh, remat, accum, f"{verb} {what}"))
+      rows.append(compile_one(mesh, remat, accum, f"{verb} {what}", kernel))
       if rows[-1]["fits"] or batch // (2 * accum) < dp or (batch // accum) % 2:
         return rows
       if not rows[-1]["memory"]:
@@ -368,10 +390,13 @@ def make_plan(
       accum *= 2
 
   def search(mesh: tuple) -> list[dict]:
-    """One mesh's rows: remat off, then on (only if off needs accumulation)."""
-    rows = descend(mesh, False, 1)
-    if not (rows[-1]["fits"] and rows[-1]["grad_accum_steps"] == 1):
-      rows += descend(mesh, True, 1)  # (when it fits at 1, remat would only recompute)
+    """One mesh's rows: for each kernel, remat off, then on (only if off needs accumulation)."""
+    rows = []
+    for kernel in kernels:
+      off = descend(mesh, False, 1, kernel)
+      rows += off
+      if not (off[-1]["fits"] and off[-1]["grad_accum_steps"] == 1):
+        rows += descend(mesh, True, 1, kernel)  # (when it fits at 1, remat would only recompute)
     tracker.mesh_done()
     return rows
 
@@ -396,7 +421,8 @@ def make_plan(
       verified = []
       for row in fitting if quick else []:  # in rank order, at this process's own settings
         mesh = (row["mesh"]["data"], row["mesh"]["fsdp"], row["mesh"]["tensor"])
-        verified += descend(mesh, row["remat"], row["grad_accum_steps"], "verifying")
+        kernel = row["attention_kernel"]
+        verified += descend(mesh, row["remat"], row["grad_accum_steps"], kernel, "verifying")
         if verified[-1]["fits"]:
           best = verified[-1]
           break
@@ -412,6 +438,7 @@ def make_plan(
     topology=topo.to_dict(),
     phase=phase,
     global_batch_size=batch,
+    attention_kernels=kernels,  # the kernels searched (bert_jax.plan.attention.fused_choices)
     candidates=fitting + rest,
     best=best,
     quick=quick,
@@ -441,9 +468,11 @@ def _format_row(rank: str, r: dict[str, Any], label: str = "") -> list[str]:
     else f"{'':>25}"
   )
   src = "cached" if r["cached"] else f"{r['compile_seconds']:.0f}s"
+  kernel = r.get("attention_kernel", "reference")
   lines = [
     f"  {rank:>4}  {m['data']:>4} {m['fsdp']:>4} {m['tensor']:>6} {'on' if r['remat'] else 'off':>5}"
-    f" {r['grad_accum_steps']:>5} {r['micro_batch_per_chip']:>8g}  {'yes' if r['fits'] else 'NO':>4}"
+    f" {r['grad_accum_steps']:>5} {r['micro_batch_per_chip']:>8g} {kernel:>11}"
+    f"  {'yes' if r['fits'] else 'NO':>4}"
     f" {mem / 1024**3:>10.2f} {timing}  {src}{'  ' + label if label else ''}"
   ]
   if not r["fits"] and not mem and r["error"]:
@@ -456,8 +485,8 @@ def format_plan(plan: dict[str, Any]) -> str:
   lines = [
     f"Plan for {t['name']}{' x ' + str(t['num_slices']) if t['num_slices'] > 1 else ''} "
     f"({t['num_chips']} chips), phase {plan['phase']}, global batch {plan['global_batch_size']}",
-    "  rank  data fsdp tensor remat accum seq/chip  fits  total GiB  est. step      tok/s  MFU"
-    "  compile",
+    "  rank  data fsdp tensor remat accum seq/chip   attention  fits  total GiB  est. step"
+    "      tok/s  MFU  compile",
   ]
   quick = plan.get("quick")
   if quick:
@@ -480,7 +509,9 @@ def format_plan(plan: dict[str, Any]) -> str:
       (
         r
         for r in plan["candidates"]
-        if r["fits"] and (r["mesh"], r["remat"]) == (b["mesh"], b["remat"])
+        if r["fits"]
+        and (r["mesh"], r["remat"], r.get("attention_kernel"))
+        == (b["mesh"], b["remat"], b.get("attention_kernel"))
       ),
       None,
     )
@@ -493,7 +524,11 @@ def format_plan(plan: dict[str, Any]) -> str:
     m = b["mesh"]
     lines.append(
       f"  best: data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']} remat "
-      f"{'on' if b['remat'] else 'off'} accum {b['grad_accum_steps']}: est. step "
+      f"{'on' if b['remat'] else 'off'} accum {b['grad_accum_steps']}"
+      + (
+        f" attention {b['attention_kernel']}" if len(plan.get("attention_kernels", [])) > 1 else ""
+      )
+      + ": est. step "
       f"{b['estimate']['step_seconds'] * 1e3:.1f} ms verified{was}"
     )
   if plan["best"] is None:
@@ -516,4 +551,7 @@ def best_overrides(plan: dict[str, Any]) -> list[str]:
     return []
   accum_key = "grad_accum_steps" if plan["phase"] == 0 else "phase2.grad_accum_steps"
   out = [f"--config.mesh.{k}={v}" for k, v in b["mesh"].items()]
-  return out + [f"--config.remat={b['remat']}", f"--config.{accum_key}={b['grad_accum_steps']}"]
+  out += [f"--config.remat={b['remat']}", f"--config.{accum_key}={b['grad_accum_steps']}"]
+  if len(plan.get("attention_kernels", [])) > 1:  # "auto" searched both: name the winner
+    out.append(f"--config.attention_kernel={b['attention_kernel']}")
+  return out

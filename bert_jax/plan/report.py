@@ -14,6 +14,9 @@ XLA_PYTHON_CLIENT_MEM_FRACTION, bert_jax.parallel.gpu_topology.available_bytes),
 numbers when it does not. FLOPs and bytes accessed: the compiler's ``cost_analysis()``; the GPU
 compile-only client has none, so there they are XLA's generic HLO cost analysis of the compiled
 GPU module plus the FLOPs of its cuBLAS GEMM calls (read from the HLO: a custom call counts none).
+A fused attention kernel compiled to a custom call (splash on TPUs, cuDNN's on GPUs: the step's
+``attention_kernel``) has its FLOPs added from the model (``bert_jax.plan.attention``) where the
+compiled module makes such calls: ``attention_flops`` per chip, inside ``flops``.
 
 Time per step (per chip; every chip runs the same SPMD program):
   compute  = max(compiler FLOPs, model FLOPs / chips) / peak FLOP/s at the compute dtype
@@ -46,7 +49,7 @@ import jax
 
 from bert_jax.parallel import gpu_topology
 from bert_jax.parallel.topology import Topology
-from bert_jax.plan import hlo
+from bert_jax.plan import attention, hlo
 
 _GPU_NETWORKS = {"ici": "nvlink", "dcn": "ib"}  # how a GPU report names the two networks
 TIGHT_FREE = 0.10  # a fit with less than this fraction of the chip's memory free is "tight"
@@ -70,6 +73,8 @@ class StepReport:
   error: str = ""
   global_batch: int = 0  # sequences (rows) per step, all chips
   batch_per_chip: float = 0.0  # global_batch / (data x fsdp)
+  attention_kernel: str = "reference"  # the model's attention kernel (bert_jax.plan.attention)
+  attention_flops: float = 0.0  # per chip: the fused kernel's FLOPs added to ``flops``
   compiled: Any = dataclasses.field(default=None, repr=False, compare=False)  # not in to_dict
 
   def to_dict(self) -> dict[str, Any]:
@@ -213,6 +218,8 @@ def step_report(
   compute_dtype: str = "bfloat16",
   loop_trips: int = 1,
   global_batch: int = 0,
+  attention_kernel: str = "reference",
+  fused_attention_flops: float = 0.0,
 ) -> StepReport:
   """Compiles ``lowered`` for the topology and reports it; an out-of-memory refusal is a
   report with ``fits=False`` (other compile errors raise).
@@ -222,9 +229,15 @@ def step_report(
   the analysis's times this (the optimizer update outside the loop, small beside the
   micro-steps, is then counted ``loop_trips`` times too). Collectives are counted per
   execution from the HLO (``hlo.collectives``: once per trip inside the loop).
-  ``global_batch``: the step's rows, all chips (the report's batch columns)."""
+  ``global_batch``: the step's rows, all chips (the report's batch columns).
+  ``attention_kernel``: the model's; ``fused_attention_flops``: that kernel's FLOPs per step,
+  all chips (``attention.fused_attention_flops``), added to the compiler's (per chip: over
+  the chips) where the compiled module calls the kernel as a custom call XLA counts nothing in."""
   dp = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1) if mesh is not None else 1
-  batch = dict(global_batch=int(global_batch), batch_per_chip=global_batch / dp)
+  batch = dict(
+    global_batch=int(global_batch), batch_per_chip=global_batch / dp,
+    attention_kernel=attention_kernel,
+  )  # fmt: skip
   start = time.perf_counter()
   try:
     compiled = (
@@ -245,13 +258,20 @@ def step_report(
   memory.update(compiled_memory(compiled, topo.chip.hbm_bytes))
   fits, error = _limit_check(memory, topo)
   flops, bytes_accessed = (x * loop_trips for x in _cost(compiled))
+  text = compiled.as_text()
+  on = "gpu" if topo.is_gpu else "tpu"
+  added = 0.0
+  if fused_attention_flops and attention.fused_calls(text, attention_kernel, on):
+    added = fused_attention_flops / topo.num_devices
+  flops += added
   # GPUs: a collective whose groups span hosts goes over InfiniBand (reported as "dcn")
   hosts = [d.process_index for d in mesh.devices.flat] if topo.is_gpu else None
-  colls = hlo.collectives(compiled.as_text(), mesh, domains=hosts)
+  colls = hlo.collectives(text, mesh, domains=hosts)
   est = estimate(flops, bytes_accessed, colls, topo, model_flops, tokens, compute_dtype)
+  est["attention_flops_per_chip"] = added
   return StepReport(
     name, fits, seconds, memory, flops, bytes_accessed, colls, est, error, compiled=compiled,
-    **batch,
+    attention_flops=added, **batch,
   )  # fmt: skip
 
 
@@ -321,6 +341,9 @@ def format_report(reports: list[StepReport], topo: Topology, header: str = "") -
       f"  peak {est['peak_flops'] / 1e12:,.1f} TFLOP/s per chip at {est['compute_dtype']} "
       "(the estimate's compute term and MFU)"
     )
+  if reports:
+    train = next((r for r in reports if r.name.startswith("train")), reports[0])
+    lines.append("  " + attention.describe(train.attention_kernel, train.attention_flops))
   cols = (
     "step", "batch", "/chip", "fits", "params", "opt", "temp", "total", "free", "compile",
     "est. step", "tok/s",

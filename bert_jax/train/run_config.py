@@ -26,6 +26,12 @@ def _finite(x) -> bool:
   return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _attention_kernels() -> tuple[str, ...]:
+  from bert_jax.model.kernels.attention import CHOICES  # noqa: PLC0415 (the checks stay light)
+
+  return CHOICES
+
+
 _RULES: tuple[_Rule, ...] = (
   ("learning_rate", lambda v: _finite(v) and v > 0, "a positive number"),
   ("train_batch_size", lambda v: v > 0, "positive"),
@@ -40,6 +46,11 @@ _RULES: tuple[_Rule, ...] = (
   ("max_seq_length", lambda v: v > 1, "> 1"),
   ("hidden_dropout_prob", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
   ("attention_probs_dropout_prob", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+  (
+    "attention_kernel",
+    lambda v: v in _attention_kernels(),
+    "auto, reference, dot_product or splash",
+  ),
   ("phase2.fraction", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
   ("phase2.train_batch_size", lambda v: v > 0, "positive"),
   ("phase2.grad_accum_steps", lambda v: v >= 1, ">= 1"),

@@ -171,6 +171,13 @@ def _dot_product(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask) -> Array:
   operands = (q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, dense_Bx1xMxL)
   if jnp.dtype(q_BxQxHxK.dtype) not in (jnp.bfloat16, jnp.float16):
     return run("xla")(*operands)
+  try:  # jax checks for cuDNN when it traces the cuDNN form, whatever the platform
+    jax.eval_shape(run("cudnn"), *operands)
+  except (RuntimeError, ValueError, NotImplementedError) as e:
+    logging.log_first_n(
+      logging.INFO, "attention_kernel='dot_product': XLA's kernel (cuDNN's: %s)", 1, e
+    )
+    return run("xla")(*operands)
   return lax.platform_dependent(*operands, cuda=run("cudnn"), default=run("xla"))
 
 
