@@ -4,7 +4,7 @@ r"""The attention kernels on one accelerator, in one run of about 8 minutes (one
   python -m benchmarks.device_check --quick       # a CPU smoke run at tiny sizes, < 1 minute
 
 1. Numerics: each fused kernel of the platform (``dot_product``: cuDNN's fused attention on a
-   GPU, i.e. ``jax.nn.dot_product_attention`` with no implementation named; XLA's on a CPU;
+   GPU (``jax.nn.dot_product_attention(implementation="cudnn")``); XLA's on a CPU;
    ``splash`` on a TPU, interpreted on a CPU) against the reference path on a small BertEncoder,
    forward output and every parameter's gradient, in float32 and bfloat16, on a padded batch and
    on a packed one (several sequences per row, ``sequence_ids``); the packed rows are also
