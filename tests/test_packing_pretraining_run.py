@@ -277,3 +277,14 @@ def test_sigkill_and_resume_of_a_packed_run_is_exact(tmp_path, pairs):
   assert "resumed from" in out, out[-3000:]
   resumed = losses_by_step(str(cut_dir))
   assert [resumed[s] for s in range(1, steps + 1)] == [reference[s] for s in range(1, steps + 1)]
+
+
+def test_a_kernel_the_devices_cannot_run_is_refused_before_anything_is_written(tmp_path):
+  from configs import pretrain
+
+  config = pretrain.get_config("tiny")
+  config.attention_kernel, config.attention_probs_dropout_prob = "splash", 0.0
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=r"^config\.attention_kernel='splash' runs on TPUs only"):
+    run_pretraining(config, str(workdir))
+  assert not workdir.exists()  # no corpus prepared, no workdir made

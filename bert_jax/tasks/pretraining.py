@@ -118,19 +118,27 @@ def bert_config_from(config, vocab_size: int, mesh=None) -> BertConfig:
       f"config.max_seq_length/phase2.max_seq_length {longest} exceeds the "
       f"model's max_position_embeddings {bert.max_position_embeddings}"
     )
-  platform = platform_of(mesh)
+  return bert.replace(attention_kernel=attention_kernel(config, mesh))
+
+
+def attention_kernel(config, mesh) -> str:
+  """``config.attention_kernel`` resolved for ``mesh``'s platform and every phase's length (a
+  one-line ValueError naming the keys where it cannot run)."""
+  lengths = [config.max_seq_length] + (
+    [config.phase2.max_seq_length] if config.phase2.fraction > 0 else []
+  )
   kernels = {
     resolve_attention_kernel(
       config.attention_kernel,
-      attention_dropout=bert.attention_probs_dropout_prob,
-      platform=platform,
+      attention_dropout=float(config.attention_probs_dropout_prob),
+      platform=platform_of(mesh),
       max_seq_length=length,
     )
     for length in lengths
   }
   if len(kernels) > 1:  # "auto" on a TPU with a phase length splash cannot take
     kernels.discard("splash")
-  return bert.replace(attention_kernel=kernels.pop())
+  return kernels.pop()
 
 
 def _check_workdir_model(workdir: str, bert: BertConfig) -> None:
@@ -162,6 +170,7 @@ def _validate(config, mesh) -> None:
     )
   if mesh is not None:
     check_batch_layout(config, mesh)
+    attention_kernel(config, mesh)  # before any data is prepared
 
 
 def batch_spec(

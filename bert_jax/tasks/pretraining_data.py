@@ -339,7 +339,7 @@ class TokenShare:
       "%s input: real-token share of rows %.4f (%s, %.2f sequences per row, %d rows)",
       self.name,
       self.share,
-      "packed" if self.packed else "one sequence per row",
+      "packed" if self.packed else "not packed",
       self.summary()["sequences_per_row"],
       self.rows,
     )
