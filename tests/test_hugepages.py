@@ -99,7 +99,10 @@ _CHILD = textwrap.dedent(
 def _run_child(tmp_path, env_extra) -> dict:
   script = tmp_path / "child.py"
   script.write_text(_CHILD)
-  env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", hugepages.OPT_OUT)}
+  # A CPU host: no TPU_ACCELERATOR_TYPE (a compile for a TPU topology earlier in this process
+  # sets it for libtpu).
+  dropped = ("GLIBC_TUNABLES", hugepages.OPT_OUT, "TPU_ACCELERATOR_TYPE")
+  env = {k: v for k, v in os.environ.items() if k not in dropped}
   env.update(env_extra)
   env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
   done = subprocess.run(
