@@ -15,15 +15,6 @@ from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.tasks.pretraining_loss import make_pretraining_loss
 
 VOCAB = 97
-INSTANCE_KEYS = (
-  "input_ids",
-  "input_mask",
-  "segment_ids",
-  "masked_lm_positions",
-  "masked_lm_ids",
-  "masked_lm_weights",
-  "next_sentence_labels",
-)
 
 
 def make_instances(n, length=32, predictions=5, seed=0, min_len=5, unmasked=False):
