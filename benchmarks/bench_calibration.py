@@ -70,7 +70,7 @@ from benchmarks.pretrain_step import (
 from bert_jax import parallel
 from bert_jax.parallel.topology import ChipSpec, Topology, parse_topology
 from bert_jax.plan.compiler import compile_for_topology
-from bert_jax.tasks import build_job
+from bert_jax.tasks.jobs import build_job
 
 _SIZES = flags.DEFINE_list("sizes", ["tiny", "mini", "small", "base"], "pretrain presets")
 _SEQ_LENS = flags.DEFINE_list("seq_lens", ["128", "512"], "sequence lengths (phase 1 / 2)")

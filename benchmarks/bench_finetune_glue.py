@@ -27,7 +27,7 @@ shuffling and head initialisation from the seed). Reported dev metrics are those
 epoch on both sides (no best-checkpoint selection).
 
 Every run is a fresh process (as a sweep runs them), so the two runtimes share no thread
-pools or allocators. bert_jax runs ``bert_jax.tasks.runner.finetune`` (the library call behind
+pools or allocators. bert_jax runs ``bert_jax.tasks.finetuning.runner.finetune`` (the library call behind
 ``python -m bert_jax.finetune``) with its defaults: length buckets of 32 (each batch cut to the
 shortest multiple of 32 holding its longest row), a checkpoint saved after every epoch, and
 JAX's persistent compilation cache in a directory that is new for this benchmark invocation
@@ -133,7 +133,7 @@ def bert_jax_config(task: str, seed: int, args):
 
 
 def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
-  from bert_jax.tasks import runner
+  from bert_jax.tasks.finetuning import runner
 
   c = bert_jax_config(task, seed, args)
   compile0, hits0 = timer.snapshot()
@@ -155,7 +155,7 @@ def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
 
 
 def _hf_encode(tok, spec, path, limit, max_len, pad):
-  from bert_jax.tasks.glue_data import read_tsv  # the TSV columns only
+  from bert_jax.tasks.glue.data import read_tsv  # the TSV columns only
 
   ex, _ = read_tsv(spec, path, True)
   ex = ex[:limit] if limit else ex
@@ -226,7 +226,7 @@ def run_hf(task: str, seed: int, args) -> dict:
     get_linear_schedule_with_warmup,
   )
 
-  from bert_jax.tasks.glue_data import SPECS
+  from bert_jax.tasks.glue.data import SPECS
 
   spec = SPECS[task]
   t_run = time.time()

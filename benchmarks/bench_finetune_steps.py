@@ -30,9 +30,10 @@ def _bert_jax_steps(args, n: int) -> dict:
   import jax
 
   from bert_jax import parallel
-  from bert_jax.tasks import create_task, runner
-  from bert_jax.tasks import runner_io as io
-  from bert_jax.tasks.finetune_input import FinetuneInput
+  from bert_jax.tasks import create_task
+  from bert_jax.tasks.finetuning import runner
+  from bert_jax.tasks.finetuning import runner_io as io
+  from bert_jax.tasks.finetuning.inputs import FinetuneInput
   from bert_jax.train import optimizers
   from bert_jax.train import state as state_lib
   from bert_jax.train import train_step as step_lib
@@ -78,7 +79,7 @@ def _hf_steps(args, n: int) -> dict:
   import torch
   from transformers import BertForSequenceClassification, BertTokenizerFast
 
-  from bert_jax.tasks.glue_data import SPECS, read_tsv
+  from bert_jax.tasks.glue.data import SPECS, read_tsv
 
   spec = SPECS[args.tasks.split(",")[0]]
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
@@ -126,7 +127,7 @@ def _hf_steps(args, n: int) -> dict:
 def _bert_jax_eval(args, task_name: str, n: int) -> dict:
   from benchmarks.bench_finetune_glue import bert_jax_setup
   from bert_jax import parallel
-  from bert_jax.tasks.finetune_input import Predictor, make_bucketer
+  from bert_jax.tasks.finetuning.inputs import Predictor, make_bucketer
 
   c, task, model, params = bert_jax_setup(task_name, 0, args)
   dev = task.load_split("dev")
@@ -152,7 +153,7 @@ def _hf_eval(args, task_name: str, n: int) -> dict:
   from transformers import BertForSequenceClassification, BertTokenizerFast
 
   from benchmarks.bench_finetune_glue import _hf_batch, _hf_encode
-  from bert_jax.tasks.glue_data import SPECS
+  from bert_jax.tasks.glue.data import SPECS
 
   spec = SPECS[task_name]
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)

@@ -9,7 +9,7 @@ step) and BERT's 30,522-word vocabulary, float32, medians of ``--calls`` calls, 
 rounds interleaved. Variants:
 
 * ``bert_jax``: the step's head as it runs (``matmul.tied_logits``, ``matmul.add_vocab_bias``,
-  the cross-entropy and accuracy of ``tasks/pretraining_loss.py``).
+  the cross-entropy and accuracy of ``tasks/pretraining/loss.py``).
 * ``padded_<V>``: the same with the table padded by zero rows and the bias by -1e9 to V words
   (the GEMM-friendly vocabulary sizes other frameworks pad to); the loss is the same.
 * ``fused_floor``: the three products (logits, and the gradient's two) with a single
@@ -37,7 +37,7 @@ from absl import app, flags
 from bert_jax import hugepages
 from bert_jax.model.kernels import matmul
 from bert_jax.model.kernels.matmul import add_vocab_bias
-from bert_jax.tasks import pretraining_loss
+from bert_jax.tasks.pretraining import loss as pretraining_loss
 
 _HIDDEN = flags.DEFINE_list("hidden", ["128", "256"], "hidden sizes (tiny 128, mini 256, ...)")
 _ROWS = flags.DEFINE_integer("rows", 640, "masked predictions per step")

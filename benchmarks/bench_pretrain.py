@@ -47,8 +47,8 @@ from benchmarks import peers, step_profile
 from benchmarks.host_peak import measure_peak_flops
 from bert_jax import hugepages, parallel
 from bert_jax.model import BertConfig, BertForPreTraining
-from bert_jax.tasks.pretraining_loss import make_pretraining_loss
-from bert_jax.tasks.synthetic_input import SyntheticPretrainInput
+from bert_jax.tasks.pretraining.loss import make_pretraining_loss
+from bert_jax.tasks.pretraining.synthetic_input import SyntheticPretrainInput
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers
 from bert_jax.train.state import init_train_state

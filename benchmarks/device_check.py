@@ -97,7 +97,7 @@ class Clock:
 # --- data ---------------------------------------------------------------------------------------
 def instances(batch: int, seq: int, vocab: int = 30522, seed: int = 0):
   """Synthetic pre-training instances, real lengths from L/8 (at least the predictions + 3)."""
-  from bert_jax.tasks.synthetic_input import SyntheticPretrainInput
+  from bert_jax.tasks.pretraining.synthetic_input import SyntheticPretrainInput
 
   preds = PREDICTIONS.get(seq, max(1, seq // 7))
   return SyntheticPretrainInput(

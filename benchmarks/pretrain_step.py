@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from bert_jax import parallel
-from bert_jax.tasks import build_job
+from bert_jax.tasks.jobs import build_job
 from bert_jax.train import trainer
 from configs import pretrain
 

@@ -31,7 +31,7 @@ def get_config(arg: str = "cola_source") -> ml_collections.ConfigDict:
     task, kind = arg, ""
   config = glue.get_config(task)  # validates the task name
   config.unlock()
-  # The GLUE task's private attributes (configs/glue.py, bert_jax/tasks/private_attributes.py).
+  # The GLUE task's private attributes (configs/glue.py, bert_jax/tasks/privacy/attributes.py).
   config.private_attributes = kind
   if kind == "stsb_genre":
     config.num_private_attributes = 3  # STS-B has three genres

@@ -31,7 +31,7 @@ def get_config(version: str = "v1") -> ml_collections.ConfigDict:
   config.max_answer_length = 30
   config.null_score_diff_threshold = 0.0  # v2 only; the best one on dev is reported too
   # Windows are packed to max_seq_length (doc_stride), so most batches would not shrink; off.
-  # When set, the cut keeps every start/end position inside (see bert_jax/tasks/squad.py).
+  # When set, the cut keeps every start/end position inside (see bert_jax/tasks/squad/task.py).
   config.length_buckets = ""
   config.learning_rate = 3e-5  # google-research/bert's README; the paper: 5e-5
   config.num_train_epochs = 2.0  # google-research/bert's README; the paper: 3 (v1.1), 2 (v2.0)

@@ -15,7 +15,7 @@ import transformers
 
 from bert_jax.formats import load_pretrained
 from bert_jax.model import PRESETS, BertConfig, BertEncoder, BertForPreTraining
-from bert_jax.tasks.pretraining_loss import make_pretraining_eval, make_pretraining_loss
+from bert_jax.tasks.pretraining.loss import make_pretraining_eval, make_pretraining_loss
 
 SMALL = dict(
   vocab_size=97,

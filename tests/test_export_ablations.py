@@ -153,7 +153,7 @@ def test_later_tokens_move_earlier_outputs_only_in_the_masked_lm(objective, work
 def test_ltr_export_next_token_loss_is_the_pretraining_loss(workdirs, tmp_path):
   """BertLMHeadModel's loss (labels = the input, shifted inside: row i predicts token i + 1,
   padding ignored) equals bert_jax's ltr pre-training loss on the same batch."""
-  from bert_jax.tasks.pretraining_loss import make_pretraining_loss
+  from bert_jax.tasks.pretraining.loss import make_pretraining_loss
 
   workdir, params, module = workdirs["ltr"]
   export(str(workdir), "hf", str(tmp_path / "hf"))
@@ -209,7 +209,7 @@ def test_params_export_keeps_the_model_and_saved_model_names_the_format(
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """Two-step pre-training runs of objective mlm and ltr (random batches, a one-layer model)."""
-  from bert_jax.tasks.pretraining import run_pretraining
+  from bert_jax.tasks.pretraining.task import run_pretraining
   from configs import pretrain
 
   root = tmp_path_factory.mktemp("ablation_runs")

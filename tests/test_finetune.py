@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.tasks import runner
+from bert_jax.tasks.finetuning import runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -241,7 +241,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_d
   assert [h["step"] for h in resumed["history"]] == [3, 6]
   # The steps after the resume point were cut to more than one length.
   from bert_jax.tasks import create_task
-  from bert_jax.tasks.finetune_input import FinetuneInput, make_bucketer
+  from bert_jax.tasks.finetuning.inputs import FinetuneInput, make_bucketer
   from bert_jax.tokenize import load_tokenizer
 
   c = config()

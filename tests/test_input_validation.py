@@ -14,10 +14,10 @@ import json
 
 import pytest
 
-from bert_jax.tasks.glue_data import SPECS, GlueInputError, read_tsv
-from bert_jax.tasks.ner_data import ConllInputError, read_conll, split_sentences
-from bert_jax.tasks.squad_examples import SquadFormatError, read_squad_examples
-from bert_jax.tasks.swag import SwagInputError, read_swag
+from bert_jax.tasks.glue.data import SPECS, GlueInputError, read_tsv
+from bert_jax.tasks.ner.data import ConllInputError, read_conll, split_sentences
+from bert_jax.tasks.squad.examples import SquadFormatError, read_squad_examples
+from bert_jax.tasks.swag.task import SwagInputError, read_swag
 
 
 # --- GLUE -----------------------------------------------------------------------------------

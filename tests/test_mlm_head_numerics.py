@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.model.kernels.matmul import add_vocab_bias
-from bert_jax.tasks.pretraining_loss import argmax_is
+from bert_jax.tasks.pretraining.loss import argmax_is
 
 
 @pytest.mark.parametrize("vocab", [2, 7, 30522])

@@ -12,15 +12,15 @@ import pytest
 from bert_jax import parallel
 from bert_jax.model import BertConfig
 from bert_jax.tasks import create_task
-from bert_jax.tasks import runner_io as io
-from bert_jax.tasks.finetune_input import (
+from bert_jax.tasks.finetuning import runner_io as io
+from bert_jax.tasks.finetuning.inputs import (
   FinetuneInput,
   Packer,
   Predictor,
   packed_rows,
   place_sequences,
 )
-from bert_jax.tasks.runner import build_finetune_job, make_loss_fn, make_packer
+from bert_jax.tasks.finetuning.runner import build_finetune_job, make_loss_fn, make_packer
 from bert_jax.tokenize import load_tokenizer
 from configs import glue, ner, squad, swag
 from configs.common import logical_axis_rules
@@ -228,7 +228,7 @@ def test_abstract_packed_job_has_packed_batches():
 # --- the attention kernel -------------------------------------------------------------------
 def test_attention_kernel_reaches_the_encoder():
   """config.attention_kernel, resolved for the platform, is the fine-tuned encoder's kernel."""
-  from bert_jax.tasks import runner
+  from bert_jax.tasks.finetuning import runner
 
   c = glue.get_config("mrpc")
   c.unlock()
@@ -251,7 +251,7 @@ def test_attention_kernel_reaches_the_encoder():
 def test_packed_run_trains_and_evaluates_like_the_unpacked_one(tmp_path, shared_data, minilm_dir):
   """Two 4-step runs on an SST-2 slice, dropout off, packed and not (the suite's 8 devices,
   so packed row counts are multiples of 8): the same training losses and dev metrics."""
-  from bert_jax.tasks import runner
+  from bert_jax.tasks.finetuning import runner
 
   def run(packing):
     c = glue.get_config("sst2")

@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax.data.packing import PackedPretrainInput
 from bert_jax.model import BertConfig, BertForPreTraining
-from bert_jax.tasks.pretraining_loss import make_pretraining_loss
+from bert_jax.tasks.pretraining.loss import make_pretraining_loss
 
 VOCAB = 97
 
@@ -220,7 +220,7 @@ def _packed_and_unpacked(objective, rows=3):
 
 
 def _keys(objective, packed):
-  from bert_jax.tasks.pretraining_data import batch_keys
+  from bert_jax.tasks.pretraining.data import batch_keys
 
   return batch_keys(objective, packed)
 
@@ -255,7 +255,7 @@ def test_packed_step_equals_the_unpacked_step_over_the_same_sequences(objective)
 
 @pytest.mark.parametrize("objective", ["mlm_nsp", "ltr"])
 def test_changing_one_packed_sequence_changes_no_other_sequence(objective):
-  from bert_jax.tasks.pretraining_loss import _forward
+  from bert_jax.tasks.pretraining.loss import _forward
 
   packed, _, _ = _packed_and_unpacked(objective, rows=2)
   model = _model(objective)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.tasks.pretraining import bert_config_from, build_pretraining_job, run_pretraining
+from bert_jax.tasks.pretraining.task import bert_config_from, build_pretraining_job, run_pretraining
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def test_unpacked_run_reports_its_share_too(tmp_path, pairs):
 def test_packed_reader_resumes_to_the_same_rows(tmp_path, pairs, objective):
   """The real reader with dynamic whole-word masks (ltr: unmasked), packed: a position saved
   after a few batches restores the same following rows in a new iterator."""
-  from bert_jax.tasks import pretraining_data
+  from bert_jax.tasks.pretraining import data as pretraining_data
 
   dynamic = objective != "ltr"
   config = _config(pairs, objective=objective, dynamic_masking=dynamic, whole_word_mask=dynamic)

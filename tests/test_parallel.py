@@ -11,8 +11,8 @@ from jax.sharding import PartitionSpec as P
 
 from bert_jax import parallel
 from bert_jax.model import BertConfig, BertForPreTraining
-from bert_jax.tasks.pretraining_loss import make_pretraining_loss
-from bert_jax.tasks.synthetic_input import SyntheticPretrainInput
+from bert_jax.tasks.pretraining.loss import make_pretraining_loss
+from bert_jax.tasks.pretraining.synthetic_input import SyntheticPretrainInput
 from bert_jax.train import optimizers
 from bert_jax.train.state import init_train_state
 from bert_jax.train.train_step import jit_train_step, make_train_step

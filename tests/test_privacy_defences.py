@@ -19,9 +19,9 @@ import optax
 import pytest
 
 from bert_jax.model import BertConfig
-from bert_jax.tasks import defences as D
-from bert_jax.tasks import private_attributes as PA
-from bert_jax.tasks.glue import GlueTask
+from bert_jax.tasks.glue.task import GlueTask
+from bert_jax.tasks.privacy import attributes as PA
+from bert_jax.tasks.privacy import defences as D
 from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import optimizers as O
 from configs import glue

@@ -17,8 +17,9 @@ from flax.linen import meta
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
 from bert_jax.model import BertConfig, BertEncoder
-from bert_jax.tasks import probe, probe_attacker
-from bert_jax.tasks import probe_metrics as pm
+from bert_jax.tasks.privacy import attacker as probe_attacker
+from bert_jax.tasks.privacy import metrics as pm
+from bert_jax.tasks.privacy import probe
 from configs import probe as probe_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -301,7 +302,7 @@ def cola_model(tmp_path_factory, cola_dir, minilm_dir):
   from the logits of all dev rows at once (no batching, no padding rows)."""
   from bert_jax.formats.params_only import export_params_only
   from bert_jax.model import BertForSequenceClassification
-  from bert_jax.tasks.glue_features import encode_texts
+  from bert_jax.tasks.glue.features import encode_texts
   from bert_jax.tokenize import load_tokenizer
   from configs import glue
 

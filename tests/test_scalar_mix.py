@@ -119,7 +119,7 @@ def _fb_config(mode="scalar_mix"):
 
 
 def _fb_task(mode="scalar_mix"):
-  from bert_jax.tasks.feature_based import FeatureBasedNerTask
+  from bert_jax.tasks.ner.feature_based import FeatureBasedNerTask
 
   return FeatureBasedNerTask(_fb_config(mode), tokenizer=None)
 
@@ -171,7 +171,7 @@ def test_param_report_gives_the_learned_mix():
 
 
 def test_scalar_mix_mode_is_a_feature_mode_and_needs_no_four_layers():
-  from bert_jax.tasks.feature_based import FEATURE_MODES
+  from bert_jax.tasks.ner.feature_based import FEATURE_MODES
 
   assert "scalar_mix" in FEATURE_MODES
   small = BertConfig(**{**TINY, "num_hidden_layers": 2})

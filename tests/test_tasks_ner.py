@@ -7,8 +7,8 @@ import pytest
 from ml_collections import ConfigDict
 
 from bert_jax.tasks import create_task
-from bert_jax.tasks.ner_conlleval import chunks, conlleval
-from bert_jax.tasks.ner_data import ConllInputError, pack_sentences, read_conll, unpack_predictions
+from bert_jax.tasks.ner.conlleval import chunks, conlleval
+from bert_jax.tasks.ner.data import ConllInputError, pack_sentences, read_conll, unpack_predictions
 
 
 def _perturb(sentences, rng, rate, labels):
@@ -187,7 +187,7 @@ def test_dev_fraction_split_and_unknown_label(tmp_path, shared_data, tokenizer):
 def test_feature_selection_modes():
   import jax.numpy as jnp
 
-  from bert_jax.tasks.feature_based import select_features
+  from bert_jax.tasks.ner.feature_based import select_features
 
   hidden = tuple(jnp.full((1, 2, 3), float(i)) for i in range(7))  # embeddings + 6 layers
   assert float(select_features(hidden, "layer", -1)[0, 0, 0]) == 6

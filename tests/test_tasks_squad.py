@@ -12,10 +12,10 @@ import logging
 import numpy as np
 import pytest
 
-from bert_jax.tasks import squad_eval
-from bert_jax.tasks.squad_examples import SquadFormatError, read_squad_examples
-from bert_jax.tasks.squad_features import convert_examples_to_features
-from bert_jax.tasks.squad_postprocess import (
+from bert_jax.tasks.squad import evaluation as squad_eval
+from bert_jax.tasks.squad.examples import SquadFormatError, read_squad_examples
+from bert_jax.tasks.squad.features import convert_examples_to_features
+from bert_jax.tasks.squad.postprocess import (
   compute_predictions,
   get_final_text,
   write_prediction_files,
@@ -317,7 +317,7 @@ def test_training_features_point_at_cls_outside_the_answer(shared_data, tokenize
 def test_loss_matches_pytorch_cross_entropy():
   import torch
 
-  from bert_jax.tasks.squad import qa_loss
+  from bert_jax.tasks.squad.task import qa_loss
 
   rng = np.random.default_rng(0)
   start = rng.normal(size=(4, 16)).astype(np.float32)

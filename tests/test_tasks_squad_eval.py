@@ -15,9 +15,9 @@ import string
 import numpy as np
 import pytest
 
-from bert_jax.tasks import squad_eval
-from bert_jax.tasks.squad import squad_metrics
-from bert_jax.tasks.squad_postprocess import SquadPredictions
+from bert_jax.tasks.squad import evaluation as squad_eval
+from bert_jax.tasks.squad.postprocess import SquadPredictions
+from bert_jax.tasks.squad.task import squad_metrics
 
 SAMPLES = ["sample-v1.1.json", "sample-v2.0.json", "sample2-v2.0.json"]
 

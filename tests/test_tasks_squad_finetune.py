@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from bert_jax.tasks import squad_eval
-from bert_jax.tasks.squad_examples import read_squad_examples
-from bert_jax.tasks.squad_features import convert_examples_to_features
-from bert_jax.tasks.squad_postprocess import compute_predictions
+from bert_jax.tasks.squad import evaluation as squad_eval
+from bert_jax.tasks.squad.examples import read_squad_examples
+from bert_jax.tasks.squad.features import convert_examples_to_features
+from bert_jax.tasks.squad.postprocess import compute_predictions
 
 
 def _gold_logits(arrays, features):
@@ -52,7 +52,7 @@ def test_task_plumbing_on_a_slice(shared_data, minilm_dir, tmp_path):
 
 
 def test_finetune_and_evaluate_v2_sample(shared_data, minilm_dir, tmp_path):
-  from bert_jax.tasks import runner
+  from bert_jax.tasks.finetuning import runner
   from configs import squad as squad_config
 
   sample = str(shared_data / "squad" / "sample-v2.0.json")

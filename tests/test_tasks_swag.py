@@ -5,7 +5,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from bert_jax.tasks import create_task
-from bert_jax.tasks.swag import SwagInputError, read_swag
+from bert_jax.tasks.swag.task import SwagInputError, read_swag
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,12 @@ import torch
 
 from bert_jax import parallel
 from bert_jax.model import BertConfig, BertForPreTraining
-from bert_jax.tasks.pretraining_loss import (
+from bert_jax.tasks.pretraining.loss import (
   make_pretraining_eval,
   make_pretraining_loss,
   summarize_eval,
 )
-from bert_jax.tasks.synthetic_input import SyntheticPretrainInput
+from bert_jax.tasks.pretraining.synthetic_input import SyntheticPretrainInput
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers
 from bert_jax.train.state import init_train_state

@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from bert_jax import parallel
-from bert_jax.tasks import build_job
+from bert_jax.tasks.jobs import build_job
 from bert_jax.train import optimizers, trainer
 from bert_jax.train.job import EvalResult, Job, PhaseSpec
 from bert_jax.train.run_config import check_run_config

@@ -70,7 +70,7 @@ class CheckpointError(ValueError):
 
 
 # Top-level params a run trains beside the model and never exports: a privacy defence's
-# adversary (bert_jax/tasks/defences.py).
+# adversary (bert_jax/tasks/privacy/defences.py).
 TRAINING_ONLY_SUBTREES = ("adversary",)
 
 

@@ -27,7 +27,7 @@ from bert_jax import parallel
 from bert_jax.parallel.topology import Topology, topology_devices
 from bert_jax.plan import attention
 from bert_jax.plan.report import StepReport, sharded_bytes, step_report
-from bert_jax.tasks import build_job
+from bert_jax.tasks.jobs import build_job
 from bert_jax.train import trainer
 from bert_jax.train.run_config import check_run_config
 

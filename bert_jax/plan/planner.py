@@ -222,7 +222,7 @@ def default_workers(num_meshes: int) -> int:
 def plan_phases(config, topo: Topology | None = None) -> int:
   """How many train phases a run of ``config`` has (pre-training with a seq-512 phase: 2); the
   task's checks of ``config``, its attention kernel resolved for ``topo``'s chips."""
-  from bert_jax.tasks import build_job  # noqa: PLC0415
+  from bert_jax.tasks.jobs import build_job  # noqa: PLC0415
 
   mesh = None
   if topo is not None and attention.kernel_for(config, topo) != "reference":

@@ -2,7 +2,7 @@
 
 From Coavoux, Narayan and Cohen (2018, "Privacy-preserving Neural Representations of Text",
 section 4); r(x) is the representation the classifier reads (the pooler's tanh output), z the
-example's K binary private attributes (``bert_jax.tasks.private_attributes``), and every term is
+example's K binary private attributes (``bert_jax.tasks.privacy.attributes``), and every term is
 a mean over the batch. ``config.defence`` (configs/glue.py) chooses:
 
 ``multidetasking``     a duplicate adversary A (one hidden layer of ``adversary_hidden_size`` ReLU

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.tasks.squad_examples import SquadExample
-from bert_jax.tasks.squad_features import SquadFeature
+from bert_jax.tasks.squad.examples import SquadExample
+from bert_jax.tasks.squad.features import SquadFeature
 
 # null_odds of a question without any non-null candidate: it is predicted "" at any threshold.
 NO_CANDIDATE_NULL_ODDS = 1e9

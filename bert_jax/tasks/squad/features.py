@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.tasks.squad_examples import SquadExample
+from bert_jax.tasks.squad.examples import SquadExample
 
 
 class DocPieces:

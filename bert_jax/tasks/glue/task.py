@@ -5,11 +5,11 @@ Config keys read (see configs/glue.py): ``task``, ``data_source`` ("tsv" | "tfds
 ``max_seq_length``, ``skip_malformed_rows``, ``max_train_examples``/``max_eval_examples``
 (0 = all; slices for quick runs; ``train_sample_seed`` >= 0 makes the training slice a
 uniform sample drawn with that seed instead of the first rows); ``private_attributes``, ``num_private_attributes``,
-``private_attributes_file`` (bert_jax/tasks/private_attributes.py: each split gains an int32
-[N, K] array ``private``) and ``defence`` (bert_jax/tasks/defences.py). Pairs are packed ``[CLS] A [SEP] B [SEP]``; a pair that does
+``private_attributes_file`` (bert_jax/tasks/privacy/attributes.py: each split gains an int32
+[N, K] array ``private``) and ``defence`` (bert_jax/tasks/privacy/defences.py). Pairs are packed ``[CLS] A [SEP] B [SEP]``; a pair that does
 not fit is truncated (longer text first) and counted in the split's ``stats["truncated"]``.
 
-With ``config.packing.enabled`` (bert_jax/tasks/finetune_input.py: ``Packer``) several pairs share a
+With ``config.packing.enabled`` (bert_jax/tasks/finetuning/inputs.py: ``Packer``) several pairs share a
 row; the logits are then [R, S, N] (one per packed sequence) and the loss the mean over the
 sequences (``sequence_weights``), as unpacked over the same pairs. A defence cannot be packed
 (its adversary reads one pooled output per row).
@@ -32,13 +32,13 @@ import numpy as np
 import optax
 
 from bert_jax.model import BertConfig, BertForSequenceClassification
-from bert_jax.tasks import defences as D
-from bert_jax.tasks import metrics as M
-from bert_jax.tasks import private_attributes as PA
 from bert_jax.tasks.base import SplitData, Task
-from bert_jax.tasks.finetune_input import SEQUENCE_WEIGHTS
-from bert_jax.tasks.glue_data import SPECS, GlueSpec, labels_array, read_tfds, read_tsv
-from bert_jax.tasks.glue_features import encode_texts
+from bert_jax.tasks.finetuning import metrics as M
+from bert_jax.tasks.finetuning.inputs import SEQUENCE_WEIGHTS
+from bert_jax.tasks.glue.data import SPECS, GlueSpec, labels_array, read_tfds, read_tsv
+from bert_jax.tasks.glue.features import encode_texts
+from bert_jax.tasks.privacy import attributes as PA
+from bert_jax.tasks.privacy import defences as D
 from bert_jax.train.optimizers import OptimizerGroup
 
 

@@ -31,8 +31,8 @@ from bert_jax.checkpoint import read_json, write_json
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
 from bert_jax.model.kernels.attention import platform_of, resolve_attention_kernel
-from bert_jax.tasks import GLUE_TASKS
-from bert_jax.tasks.best_checkpoint import has_checkpoint
+from bert_jax.tasks.finetuning.best_checkpoint import has_checkpoint
+from bert_jax.tasks.registry import GLUE_TASKS
 from bert_jax.tokenize import load_tokenizer
 
 # Run-config keys added after workdirs were first written, with the value that reproduces what

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.tasks.private_attributes import check_support
+from bert_jax.tasks.privacy.attributes import check_support
 
 PRIVACY_METRICS = ("accuracy", "f1")
 

@@ -33,7 +33,7 @@ from bert_jax.checkpoint import read_json, write_json
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.model.kernels.attention import platform_of, resolve_attention_kernel
-from bert_jax.tasks.pretraining_data import (
+from bert_jax.tasks.pretraining.data import (
   DataSources,
   TokenShare,
   abstract_sources,
@@ -43,7 +43,7 @@ from bert_jax.tasks.pretraining_data import (
   mask_rates,
   resolve_data,
 )
-from bert_jax.tasks.pretraining_loss import (
+from bert_jax.tasks.pretraining.loss import (
   check_objective,
   make_pretraining_eval,
   make_pretraining_loss,

@@ -1,6 +1,6 @@
 """The privacy probe's models and training: r(x) from a frozen encoder, the attacker, the direct
-baseline, and training with selection of the dev-worst-privacy epoch (``bert_jax.tasks.probe``
-describes the probe; ``bert_jax.tasks.probe_metrics`` the metrics).
+baseline, and training with selection of the dev-worst-privacy epoch (``bert_jax.tasks.privacy.probe``
+describes the probe; ``bert_jax.tasks.privacy.metrics`` the metrics).
 
 ``represent`` turns a ``BertEncoder`` output into r(x) (pooled, [CLS] or masked mean of one hidden
 state, or every hidden state pooled for a scalar mix); ``compute_representations`` runs the frozen
@@ -33,8 +33,8 @@ from absl import logging
 
 from bert_jax.model import BertConfig, BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
-from bert_jax.tasks import probe_metrics as pm
 from bert_jax.tasks.base import INPUT_KEYS
+from bert_jax.tasks.privacy import metrics as pm
 from bert_jax.train import progress as progress_lib
 from bert_jax.train.progress import Heartbeat, Progress
 

@@ -31,11 +31,11 @@ import numpy as np
 import optax
 
 from bert_jax.model import BertConfig, BertForQuestionAnswering
-from bert_jax.tasks import squad_eval
 from bert_jax.tasks.base import SplitData, Task
-from bert_jax.tasks.squad_examples import SquadExample, load_squad_json, read_squad_examples
-from bert_jax.tasks.squad_features import convert_examples_to_features
-from bert_jax.tasks.squad_postprocess import (
+from bert_jax.tasks.squad import evaluation as squad_eval
+from bert_jax.tasks.squad.examples import SquadExample, load_squad_json, read_squad_examples
+from bert_jax.tasks.squad.features import convert_examples_to_features
+from bert_jax.tasks.squad.postprocess import (
   SquadPredictions,
   compute_predictions,
   write_prediction_files,

@@ -14,11 +14,11 @@ best checkpoint. Parameters a task does not train (``Task.trainable``) form a fr
 The run: ``num_train_steps`` = ``num_train_epochs`` x (train rows // ``train_batch_size``)
 unless set; rows are shuffled each epoch by a generator seeded with (seed, epoch), so the
 batches of a step depend only on the step and a resumed run sees exactly the batches the
-uninterrupted one would (``bert_jax.tasks.finetune_input``). With ``length_buckets`` each
+uninterrupted one would (``bert_jax.tasks.finetuning.inputs``). With ``length_buckets`` each
 train and eval batch is cut to the shortest bucket holding its longest row
-(``bert_jax.tasks.length_buckets``). With ``config.packing.enabled`` (GLUE, NER) each step's rows are
+(``bert_jax.tasks.finetuning.length_buckets``). With ``config.packing.enabled`` (GLUE, NER) each step's rows are
 packed several to a row instead, and dev/test splits are packed and their predictions unpacked
-(``bert_jax.tasks.finetune_input.Packer``); the loss and metrics are the unpacked ones.
+(``bert_jax.tasks.finetuning.inputs.Packer``); the loss and metrics are the unpacked ones.
 ``config.attention_kernel`` is resolved for the mesh's platform where the encoder's config is
 made (``runner_io.with_attention_kernel``).
 
@@ -33,7 +33,7 @@ one file a sweep collects, ``{"task", "primary_metric", "dev": {...}, "best_step
 Each evaluation and prediction pass logs its progress (batches, rate, ETA) at least every 30 s,
 and a split is run in batches of at most its rows (rounded up to the data-parallel size): an
 ``eval_batch_size`` beyond the largest dev split is cut to it before training, with one line
-(``bert_jax.tasks.finetune_input.split_batch_size``).
+(``bert_jax.tasks.finetuning.inputs.split_batch_size``).
 """
 
 from __future__ import annotations
@@ -52,17 +52,17 @@ from bert_jax.checkpoint import CheckpointManager, write_json
 from bert_jax.checkpoint.lock import WorkdirLock
 from bert_jax.model import BertConfig
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
-from bert_jax.tasks import create_task
-from bert_jax.tasks import runner_io as io
 from bert_jax.tasks.base import SplitData, Task
-from bert_jax.tasks.best_checkpoint import checkpoint_dir, has_checkpoint
-from bert_jax.tasks.finetune_input import (
+from bert_jax.tasks.finetuning import runner_io as io
+from bert_jax.tasks.finetuning.best_checkpoint import checkpoint_dir, has_checkpoint
+from bert_jax.tasks.finetuning.inputs import (
   FinetuneInput,
   Packer,
   Predictor,
   make_bucketer,
   split_batch_size,
 )
+from bert_jax.tasks.registry import create_task
 from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer

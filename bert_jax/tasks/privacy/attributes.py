@@ -84,7 +84,7 @@ def conll_person_names(path: str) -> collections.Counter:
   """Gold PER entities of a CoNLL-2003 file (BIO or IO tags), counted: "Bill Clinton" -> n.
   The file is read strictly (``ner_data.read_conll``): a line without a valid tag, a file that
   is not UTF-8 text or holds no sentence is an error naming the file and line."""
-  from bert_jax.tasks.ner_data import read_conll  # noqa: PLC0415 (only conll_per needs it)
+  from bert_jax.tasks.ner.data import read_conll  # noqa: PLC0415 (only conll_per needs it)
 
   counts: collections.Counter = collections.Counter()
   for sentence in read_conll(path, advice=_STRICT_ADVICE):

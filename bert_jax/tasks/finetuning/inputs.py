@@ -47,7 +47,7 @@ from absl import logging
 
 from bert_jax import parallel
 from bert_jax.tasks.base import SplitData, Task
-from bert_jax.tasks.length_buckets import MASK_KEY, LengthBucketer, parse_buckets
+from bert_jax.tasks.finetuning.length_buckets import MASK_KEY, LengthBucketer, parse_buckets
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 from bert_jax.train.train_step import jit_eval_step
 

@@ -25,7 +25,7 @@ The attacker (section 2.2, 4.2): a feed-forward net, one hidden layer of ``attac
 log-likelihoods (mean over rows); Adam (``attacker_learning_rate``, Dynet's default 1e-3) for
 ``attacker_epochs`` (16) epochs of ``attacker_batch_size`` rows. After each epoch it is scored on
 the attacker's dev rows and the epoch with the worst privacy there (the most successful
-attacker) is kept and reported on test. Metrics: ``bert_jax.tasks.probe_metrics``.
+attacker) is kept and reported on test. Metrics: ``bert_jax.tasks.privacy.metrics``.
 
 Splits. The task's data with private attributes (``task.private_attributes``, the
 ``private`` array of a split): the attacker trains on the task's train split minus a seeded
@@ -57,7 +57,7 @@ Reliability: a probe that fails leaves no workdir it created; long work logs pro
 every 30 s (``bert_jax.train.progress``): loading, reading the task's data, the representations
 of each row set, the attacker's and the direct baseline's training, the main-task evaluation.
 
-Models and training: ``bert_jax.tasks.probe_attacker``; metrics: ``bert_jax.tasks.probe_metrics``.
+Models and training: ``bert_jax.tasks.privacy.attacker``; metrics: ``bert_jax.tasks.privacy.metrics``.
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ from bert_jax.checkpoint import read_json, write_json
 from bert_jax.checkpoint.lock import WorkdirLock
 from bert_jax.model import BertConfig
 from bert_jax.model import scalar_mix as scalar_mix_lib
-from bert_jax.tasks import private_attributes as PA
-from bert_jax.tasks import probe_metrics as pm
-from bert_jax.tasks.probe_attacker import (
+from bert_jax.tasks.privacy import attributes as PA
+from bert_jax.tasks.privacy import metrics as pm
+from bert_jax.tasks.privacy.attacker import (
   Attributes,
   compute_representations,
   train_attacker,
@@ -320,7 +320,7 @@ def load_encoder(config):
   """(encoder directory, Pretrained, tokenizer, BertConfig) of ``config.init_checkpoint``: of a
   fine-tuning workdir its best checkpoint (``config.which_checkpoint``)."""
   from bert_jax.formats import load_pretrained  # noqa: PLC0415
-  from bert_jax.tasks.best_checkpoint import CHOICES, checkpoint_dir  # noqa: PLC0415
+  from bert_jax.tasks.finetuning.best_checkpoint import CHOICES, checkpoint_dir  # noqa: PLC0415
   from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
 
   if not config.init_checkpoint:
@@ -348,7 +348,7 @@ def load_encoder(config):
 def task_splits(config, tokenizer):
   """(task, its PrivateAttributes, train SplitData, test SplitData = the task's first dev split);
   a task without private attributes is an error naming the key."""
-  from bert_jax.tasks import create_task  # noqa: PLC0415
+  from bert_jax.tasks.registry import create_task  # noqa: PLC0415
 
   task = create_task(config, tokenizer)
   logging.info("probe: reading %s and fitting its private attributes", config.task)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from bert_jax.model import BertConfig, BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
-from bert_jax.tasks.ner import NerTask
+from bert_jax.tasks.ner.task import NerTask
 
 FEATURE_MODES = ("layer", "sum_last_four", "concat_last_four", "sum_all", "scalar_mix")
 

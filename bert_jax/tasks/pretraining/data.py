@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from bert_jax.tasks.synthetic_input import SyntheticPretrainInput
+from bert_jax.tasks.pretraining.synthetic_input import SyntheticPretrainInput
 
 
 @dataclasses.dataclass

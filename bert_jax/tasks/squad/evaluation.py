@@ -235,14 +235,14 @@ def is_v2_dataset(dataset: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
-  """``python -m bert_jax.tasks.squad_eval DATA.json predictions.json [--na-prob-file ...]``.
+  """``python -m bert_jax.tasks.squad.evaluation DATA.json predictions.json [--na-prob-file ...]``.
 
   The official scripts' command line: prints their JSON (v1.1 or v2.0 logic, chosen by whether
   the data file has unanswerable questions, or by --version).
   """
   import argparse  # noqa: PLC0415
 
-  from bert_jax.tasks.squad_examples import SquadFormatError, load_squad_json  # noqa: PLC0415
+  from bert_jax.tasks.squad.examples import SquadFormatError, load_squad_json  # noqa: PLC0415
 
   parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
   parser.add_argument("data_file", help="SQuAD JSON (e.g. dev-v2.0.json)")
