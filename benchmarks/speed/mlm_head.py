@@ -1,7 +1,7 @@
 """The MLM head alone: what a fused linear + cross-entropy kernel could save on this CPU.
 
-  python -m benchmarks.bench_mlm_head                      # hidden 128 and 256 (tiny, mini)
-  python -m benchmarks.bench_mlm_head --hidden=128,256,512 --rows=640
+  python -m benchmarks.speed.mlm_head                      # hidden 128 and 256 (tiny, mini)
+  python -m benchmarks.speed.mlm_head --hidden=128,256,512 --rows=640
 
 Times, jitted, the loss and gradient (to the hidden rows, the tied table and the bias) of the
 MLM decoder over ``--rows`` predictions (640: 32 sequences of 128 with 20 masked, a 4,096-token
@@ -27,25 +27,17 @@ entry points use them (bert_jax/hugepages.py).
 from __future__ import annotations
 
 import importlib.util
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
 
+from benchmarks.common import flags
+from benchmarks.common.timing import Timer
 from bert_jax import hugepages
 from bert_jax.model.kernels import matmul
 from bert_jax.model.kernels.matmul import add_vocab_bias
 from bert_jax.tasks.pretraining import loss as pretraining_loss
-
-_HIDDEN = flags.DEFINE_list("hidden", ["128", "256"], "hidden sizes (tiny 128, mini 256, ...)")
-_ROWS = flags.DEFINE_integer("rows", 640, "masked predictions per step")
-_VOCAB = flags.DEFINE_integer("vocab", 30522, "vocabulary size")
-_PADDED = flags.DEFINE_list("padded", ["30528", "30720"], "padded vocabulary sizes to time")
-_CALLS = flags.DEFINE_integer("calls", 10, "timed calls per round (median)")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "interleaved rounds")
-_TORCH = flags.DEFINE_bool("torch", True, "also time the products in PyTorch (if installed)")
 
 
 def _head_loss(padded_to: int | None):
@@ -88,12 +80,12 @@ def _products_loss(h_RxD, table_VxD, bias_V, ids_R):
   return jnp.sum(matmul.tied_logits(h_RxD, table_VxD, jnp.float32)[:, :8]), jnp.float32(0)
 
 
-def _torch_products(args):
-  """The forward product and the gradient's two, in PyTorch, on copies of ``args``."""
+def _torch_products(operands):
+  """The forward product and the gradient's two, in PyTorch, on copies of ``operands``."""
   import torch  # benchmark-only, optional
 
   torch.set_num_threads(min(2, torch.get_num_threads()))
-  h_RxD, table_VxD = (torch.from_numpy(np.array(a)) for a in args[:2])
+  h_RxD, table_VxD = (torch.from_numpy(np.array(a)) for a in operands[:2])
   g_RxV = torch.from_numpy(np.full((h_RxD.shape[0], table_VxD.shape[0]), 1e-3, np.float32))
 
   def run(*_):
@@ -103,45 +95,52 @@ def _torch_products(args):
   return run
 
 
-def _median_ms(f, args) -> float:
-  times = []
-  for _ in range(_CALLS.value):
-    start = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    times.append(time.perf_counter() - start)
-  return 1000 * float(np.median(times))
+def _median_ms(f, operands, calls: int) -> float:
+  return 1000 * Timer(warmup=0, repeats=calls).time(lambda i: f(*operands)).median
 
 
-def main(argv):
-  del argv
+def _parser():
+  p = flags.parser(__doc__)
+  flags.add_list(p, "hidden", ["128", "256"], "hidden sizes (tiny 128, mini 256, ...)")
+  p.add_argument("--rows", type=int, default=640, help="masked predictions per step")
+  p.add_argument("--vocab", type=int, default=30522, help="vocabulary size")
+  flags.add_list(p, "padded", ["30528", "30720"], "padded vocabulary sizes to time")
+  p.add_argument("--calls", type=int, default=10, help="timed calls per round (median)")
+  p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+  flags.add_bool(p, "torch", True, "also time the products in PyTorch (if installed)")
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
   hugepages.restart_with_hugepages()  # before any work: it re-executes this command
   variants = {"bert_jax": _head_loss(None)}
-  variants.update({f"padded_{v}": _head_loss(int(v)) for v in _PADDED.value})
+  variants.update({f"padded_{v}": _head_loss(int(v)) for v in args.padded})
   variants.update(fused_floor=_floor_loss, products=_products_loss)
-  print(f"rows {_ROWS.value}, vocab {_VOCAB.value}, float32; medians of {_CALLS.value} calls (ms)")
-  for hidden in map(int, _HIDDEN.value):
+  print(f"rows {args.rows}, vocab {args.vocab}, float32; medians of {args.calls} calls (ms)")
+  for hidden in map(int, args.hidden):
     rng = np.random.default_rng(0)
-    args = (
-      jnp.asarray(rng.normal(size=(_ROWS.value, hidden)), jnp.float32),
-      jnp.asarray(rng.normal(size=(_VOCAB.value, hidden)) * 0.02, jnp.float32),
-      jnp.zeros((_VOCAB.value,), jnp.float32),
-      jnp.asarray(rng.integers(0, _VOCAB.value, size=_ROWS.value), jnp.int32),
+    operands = (
+      jnp.asarray(rng.normal(size=(args.rows, hidden)), jnp.float32),
+      jnp.asarray(rng.normal(size=(args.vocab, hidden)) * 0.02, jnp.float32),
+      jnp.zeros((args.vocab,), jnp.float32),
+      jnp.asarray(rng.integers(0, args.vocab, size=args.rows), jnp.int32),
     )
     fns = {n: jax.jit(jax.value_and_grad(f, (0, 1, 2), has_aux=True)) for n, f in variants.items()}
-    losses = {n: float(jax.block_until_ready(f(*args))[0][0]) for n, f in fns.items()}
-    if _TORCH.value and importlib.util.find_spec("torch"):
-      fns["torch_products"] = _torch_products(args)
+    losses = {n: float(jax.block_until_ready(f(*operands))[0][0]) for n, f in fns.items()}
+    if args.torch and importlib.util.find_spec("torch"):
+      fns["torch_products"] = _torch_products(operands)
       fns["torch_products"]()
     for name in variants:
       if name.startswith("padded_") and losses[name] != losses["bert_jax"]:
         raise AssertionError(f"{name}: loss {losses[name]} != {losses['bert_jax']}")
     times = {n: [] for n in fns}
-    for _ in range(_ROUNDS.value):
+    for _ in range(args.rounds):
       for n, f in fns.items():
-        times[n].append(_median_ms(f, args))
+        times[n].append(_median_ms(f, operands, args.calls))
     for n, ts in times.items():
       print(f"hidden {hidden:4d}  {n:14s} " + "  ".join(f"{t:6.1f}" for t in ts), flush=True)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

@@ -1,11 +1,11 @@
 r"""The paper's pre-training runs planned for TPU slices: layout, memory per chip, estimated step
 time and time to train, each from the XLA TPU compiler (no TPU needed; libtpu must be installed).
 
-  python -m benchmarks.bench_plan --runs=large-512-256@v5e-256            # one run
-  python -m benchmarks.bench_plan --runs=all --max_meshes=3 --out=/tmp/plan.json
-  python -m benchmarks.bench_plan --list
-  python -m benchmarks.bench_plan --runs=large-512-256@v5e-256 --quick   # screen, then verify
-  python -m benchmarks.bench_plan --input_demand   # examples/s per host at 100% / 50% MFU
+  python -m benchmarks.profile.plan --runs=large-512-256@v5e-256            # one run
+  python -m benchmarks.profile.plan --runs=all --max_meshes=3 --out=/tmp/plan.json
+  python -m benchmarks.profile.plan --list
+  python -m benchmarks.profile.plan --runs=large-512-256@v5e-256 --quick   # screen, then verify
+  python -m benchmarks.profile.plan --input_demand   # examples/s per host at 100% / 50% MFU
 
 A run is ``<size>-<seq>-<global batch>@<accelerator type>``: BERT-base/large (bf16 compute,
 fp32 params), one phase at ``seq`` with BERT's predictions per sequence (20 at 128, 80 at 512),
@@ -22,8 +22,7 @@ from __future__ import annotations
 import json
 import time
 
-from absl import app, flags
-
+from benchmarks.common import flags
 from bert_jax.model import BertConfig
 from bert_jax.parallel.topology import CHIPS, CHIPS_PER_HOST, parse_topology
 from bert_jax.plan.planner import format_plan, make_plan
@@ -38,19 +37,6 @@ RUNS = tuple(
   for size in ("large", "base")
   for seq, batches in ((512, (256, 32768)), (128, (256, 65536)))
   for batch in batches
-)
-FLAGS = flags.FLAGS
-flags.DEFINE_list("runs", [RUNS[0]], "runs to plan ('all' = every run, in priority order)")
-flags.DEFINE_integer("max_meshes", 4, "mesh layouts tried per run")
-flags.DEFINE_integer("workers", 0, "meshes compiled concurrently (0: as cores and memory allow)")
-flags.DEFINE_string("cache", "~/.cache/bert_jax/plans", "the planner's compile cache")
-flags.DEFINE_string("out", "", "write every plan here (JSON)")
-flags.DEFINE_bool("list", False, "list the runs and exit")
-flags.DEFINE_bool("quick", False, "screen at the lowest compiler effort, verify the best")
-flags.DEFINE_bool(
-  "input_demand",
-  False,
-  "print the examples/s one host must read when its chips run at 100% / 50% MFU, and exit",
 )
 
 
@@ -117,15 +103,38 @@ def input_demand_table() -> str:
   return "\n".join(lines)
 
 
-def main(argv):
-  del argv
-  if FLAGS.input_demand:
+def _parser():
+  p = flags.parser(__doc__)
+  flags.add_list(p, "runs", [RUNS[0]], "runs to plan ('all' = every run, in priority order)")
+  p.add_argument("--max_meshes", type=int, default=4, help="mesh layouts tried per run")
+  p.add_argument(
+    "--workers",
+    type=int,
+    default=0,
+    help="meshes compiled concurrently (0: as cores and memory allow)",
+  )
+  p.add_argument("--cache", default="~/.cache/bert_jax/plans", help="the planner's compile cache")
+  p.add_argument("--out", default="", help="write every plan here (JSON)")
+  flags.add_bool(p, "list", False, "list the runs and exit")
+  flags.add_bool(p, "quick", False, "screen at the lowest compiler effort, verify the best")
+  flags.add_bool(
+    p,
+    "input_demand",
+    False,
+    "print the examples/s one host must read when its chips run at 100%% / 50%% MFU, and exit",
+  )
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
+  if args.input_demand:
     print(input_demand_table())
     return
-  if FLAGS.list:
+  if args.list:
     print("\n".join(RUNS))
     return
-  runs = list(RUNS) if FLAGS.runs == ["all"] else FLAGS.runs
+  runs = list(RUNS) if args.runs == ["all"] else args.runs
   plans = {}
   for run in runs:
     size, seq, batch, acc = parse_run(run)
@@ -133,17 +142,17 @@ def main(argv):
     plan = make_plan(
       run_config(size, seq, batch),
       parse_topology(acc),
-      max_meshes=FLAGS.max_meshes,
-      cache_dir=FLAGS.cache,
-      workers=FLAGS.workers,
-      quick=FLAGS.quick,
+      max_meshes=args.max_meshes,
+      cache_dir=args.cache,
+      workers=args.workers,
+      quick=args.quick,
     )
     plan["wall_seconds"] = time.perf_counter() - start
     plans[run] = plan
     print(f"== {run} ({plan['wall_seconds']:.0f} s)")
     print(format_plan(plan), flush=True)
-    if FLAGS.out:
-      with open(FLAGS.out, "w") as f:
+    if args.out:
+      with open(args.out, "w") as f:
         json.dump(plans, f, indent=1)
   for size in ("base", "large"):
     for acc in SLICES:
@@ -154,4 +163,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

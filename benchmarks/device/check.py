@@ -1,7 +1,7 @@
 r"""The attention kernels on one accelerator, in one run of about 8 minutes (one H100 / H200).
 
-  python -m benchmarks.device_check --output "$OUT/device_check.json"   # on the GPU machine
-  python -m benchmarks.device_check --quick       # a CPU smoke run at tiny sizes, < 1 minute
+  python -m benchmarks.device.check --output "$OUT/device_check.json"   # on the GPU machine
+  python -m benchmarks.device.check --quick       # a CPU smoke run at tiny sizes, < 1 minute
 
 1. Numerics: each fused kernel of the platform (``dot_product``: cuDNN's fused attention on a
    GPU (``jax.nn.dot_product_attention(implementation="cudnn")``); XLA's on a CPU;
@@ -12,11 +12,11 @@ r"""The attention kernels on one accelerator, in one run of about 8 minutes (one
    packing mask fails (MaxText issue #4476). Whether the compiled step calls cuDNN is read from
    its HLO (the ``__cudnn$fmha`` custom call).
 2. Speed: BERT-base and BERT-large pre-training steps in bfloat16 at seq 128 and 512 (the same
-   tokens per step), attention dropout 0: bert_jax's step (benchmarks/bench_pretrain.py's) with
+   tokens per step), attention dropout 0: bert_jax's step (benchmarks/speed/pretrain.py's) with
    the reference path, the fused kernel, and the fused kernel on packed rows holding the same
    real tokens; the paper's attention dropout 0.1 (reference path) beside them; and PyTorch
    (transformers' BertForPreTraining with SDPA, MLM head at the masked positions:
-   benchmarks/peers.py's ``torch_step``), run first in a child process so that each framework
+   benchmarks/common/peers.py's ``torch_step``), run first in a child process so that each framework
    has the GPU's memory to itself. Tokens/s are real (non-padding) tokens per second; MFU is the
    rows' model FLOPs (bert_jax/train/flops.py) over the step time and the chip's dense bf16
    peak (989 TFLOP/s for an H100 or H200 SXM). Synthetic instances have random real lengths
@@ -46,6 +46,10 @@ import time
 from typing import Any
 
 import numpy as np
+
+from benchmarks.common import REPO
+from benchmarks.common.process import ChildFailed, run
+from benchmarks.common.timing import Timer
 
 GOAL_PEER_RATIO = 1.3  # bert_jax over the PyTorch SDPA peer, seq 512
 GOAL_LARGE_MFU = 0.40  # BERT-large, seq 128
@@ -142,7 +146,7 @@ def torch_rows(s: Settings, budget_s: float) -> list[dict]:
     import transformers  # noqa: F401
   except ImportError as e:
     return [dict(size=z, seq=q, variant="torch_sdpa", note=f"skipped: {e}") for z, q in cells(s)]
-  from benchmarks import peers
+  from benchmarks.common import peers
   from bert_jax.model import BertConfig
 
   # torch_step's transformers config takes the model's dropout rates: hidden 0.1, attention 0.
@@ -193,15 +197,11 @@ def _peak_of(kind: str) -> tuple[float, str]:
 
 
 def _time(run, batches, steps: int, box: float) -> float | None:
-  """Seconds per step (bench_pretrain's ``_time``: one untimed step, then ``steps``), or None
-  when the first (compiling) step already took more than ``box``."""
-  from benchmarks.bench_pretrain import _time as timed
-
-  t = time.monotonic()
-  float(run(batches[0]))  # compiles / warms up
-  if time.monotonic() - t > box:
+  """Seconds per step (as benchmarks.speed.pretrain times: one untimed step, then ``steps``),
+  or None when the first (compiling) step already took more than ``box``."""
+  if Timer(repeats=0).time(lambda i: run(batches[0])).first > box:  # compiles / warms up
     return None
-  return timed(run, batches, steps)
+  return Timer(calls=steps).time(lambda i: run(batches[i % len(batches)])).mean
 
 
 def _speed_row(row: dict, bert, host: list[dict], seq: int, seconds, peak) -> dict:
@@ -389,7 +389,7 @@ def jax_rows(s: Settings, clock: Clock, on: str, peak: tuple[float, str]) -> lis
   import jax
   import jax.numpy as jnp
 
-  from benchmarks.bench_pretrain import _ours
+  from benchmarks.speed.pretrain import _ours
   from bert_jax.model import BertConfig
 
   fused = "splash" if on == "tpu" else "dot_product"
@@ -535,18 +535,17 @@ def main(argv=None) -> int:
   # 1. PyTorch in a child process, first: JAX has not taken the GPU's memory yet.
   torch_budget = s.budget_s * (0.3 if s.quick else 0.2)  # quick: mostly importing torch
   tmp = f"/tmp/device_check_torch_{os.getpid()}.json"
-  child = [sys.executable, "-m", "benchmarks.device_check", "--torch_rows", tmp]
+  child = [sys.executable, "-m", "benchmarks.device.check", "--torch_rows", tmp]
   child += ["--budget_s", str(torch_budget), "--steps", str(s.steps)]
   child += ["--tokens_per_step", str(s.tokens_per_step)] + (["--quick"] if s.quick else [])
   if not s.quick:
     child += ["--sizes", ",".join(s.sizes), "--seq_lens", ",".join(map(str, s.seq_lens))]
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, USE_TF="0", USE_FLAX="0")  # transformers: PyTorch alone (faster start)
+  env = {"USE_TF": "0", "USE_FLAX": "0"}  # transformers: PyTorch alone (faster start)
   try:
-    subprocess.run(child, cwd=repo, env=env, timeout=torch_budget + 60, check=True)
+    run(child, cwd=REPO, env=env, timeout_s=torch_budget + 60)
     with open(tmp) as f:
       torch_speed = json.load(f)
-  except (subprocess.SubprocessError, OSError, ValueError) as e:
+  except (ChildFailed, subprocess.SubprocessError, OSError, ValueError) as e:
     torch_speed = []
     notes.append(f"PyTorch rows: the child process failed ({type(e).__name__}: {e})")
   finally:
@@ -573,7 +572,7 @@ def main(argv=None) -> int:
   result = dict(
     date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     command=" ".join(
-      [os.path.basename(sys.executable), "-m", "benchmarks.device_check", *(argv or sys.argv[1:])]
+      [os.path.basename(sys.executable), "-m", "benchmarks.device.check", *(argv or sys.argv[1:])]
     ),
     host=socket.gethostname(),
     device=f"{kind} x{jax.device_count()} ({on})",

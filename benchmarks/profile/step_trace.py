@@ -1,8 +1,9 @@
 r"""Time and trace the pre-training step on jax's default device (a GPU or TPU host).
 
-  python -m benchmarks.step_trace --size=base --seq=128 --batch=256 --dtype=bfloat16 --out=/tmp/t
-  python -m benchmarks.step_trace ... --no_dropout          # the same step, dropout rates 0
-  python -m benchmarks.step_trace --summarize=/tmp/t/base-128-256-bfloat16.trace.json.gz
+  python -m benchmarks.profile.step_trace --size=base --seq=128 --batch=256 --dtype=bfloat16 \
+      --out=/tmp/t
+  python -m benchmarks.profile.step_trace ... --no_dropout          # the same step, dropout rates 0
+  python -m benchmarks.profile.step_trace --summarize=/tmp/t/base-128-256-bfloat16.trace.json.gz
 
 The step is the run's own (``build_job`` on synthetic input, ``trainer.assemble``, its jitted
 donated step), compiled as a run compiles it. After one warm-up step (the compile) it times
@@ -26,9 +27,9 @@ import tempfile
 import time
 
 import jax
-from absl import app, flags
 
-from benchmarks.pretrain_step import (
+from benchmarks.common import flags
+from benchmarks.common.pretrain_step import (
   assemble_run,
   global_batches,
   peak_bytes,
@@ -38,24 +39,12 @@ from benchmarks.pretrain_step import (
 from bert_jax import parallel
 from bert_jax.model.config import BertConfig
 
-_SIZE = flags.DEFINE_string("size", "base", "pretrain preset")
-_SEQ = flags.DEFINE_integer("seq", 128, "sequence length")
-_BATCH = flags.DEFINE_integer("batch", 256, "global batch (sequences)")
-_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "compute dtype")
-_NO_DROPOUT = flags.DEFINE_bool("no_dropout", False, "set both dropout rates to 0")
-_STEPS = flags.DEFINE_integer("steps", 10, "timed steps per repeat")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "timings (median)")
-_TRACE_STEPS = flags.DEFINE_integer("trace_steps", 3, "steps to trace (0: none)")
-_OUT = flags.DEFINE_string("out", "/tmp/step_trace", "folder for the trace, HLO and JSON")
-_SUMMARIZE = flags.DEFINE_string("summarize", "", "print a trace's kernels and exit")
-_TOP = flags.DEFINE_integer("top", 25, "kernels to print")
 
-
-def _config(workdir: str):
-  config = synthetic_config(_SIZE.value, [_SEQ.value], [_BATCH.value], _DTYPE.value)
-  if _NO_DROPOUT.value:
+def _config(args, workdir: str):
+  config = synthetic_config(args.size, [args.seq], [args.batch], args.dtype)
+  if args.no_dropout:
     model = BertConfig.from_preset(
-      _SIZE.value, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+      args.size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
     path = os.path.join(workdir, "bert_config.json")
     with open(path, "w") as f:
@@ -88,34 +77,52 @@ def summarize(path: str, top: int) -> list[tuple[str, float, int]]:
   return rows
 
 
-def main(argv):
-  del argv
-  if _SUMMARIZE.value:
-    summarize(_SUMMARIZE.value, _TOP.value)
+def _parser():
+  p = flags.parser(__doc__)
+  p.add_argument("--size", default="base", help="pretrain preset")
+  p.add_argument("--seq", type=int, default=128, help="sequence length")
+  p.add_argument("--batch", type=int, default=256, help="global batch (sequences)")
+  p.add_argument(
+    "--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="compute dtype"
+  )
+  flags.add_bool(p, "no_dropout", False, "set both dropout rates to 0")
+  p.add_argument("--steps", type=int, default=10, help="timed steps per repeat")
+  p.add_argument("--repeats", type=int, default=3, help="timings (median)")
+  p.add_argument("--trace_steps", type=int, default=3, help="steps to trace (0: none)")
+  p.add_argument("--out", default="/tmp/step_trace", help="folder for the trace, HLO and JSON")
+  p.add_argument("--summarize", default="", help="print a trace's kernels and exit")
+  p.add_argument("--top", type=int, default=25, help="kernels to print")
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
+  if args.summarize:
+    summarize(args.summarize, args.top)
     return
-  os.makedirs(_OUT.value, exist_ok=True)
-  name = f"{_SIZE.value}-{_SEQ.value}-{_BATCH.value}-{_DTYPE.value}" + (
-    "-nodropout" if _NO_DROPOUT.value else ""
+  os.makedirs(args.out, exist_ok=True)
+  name = f"{args.size}-{args.seq}-{args.batch}-{args.dtype}" + (
+    "-nodropout" if args.no_dropout else ""
   )
   with tempfile.TemporaryDirectory() as workdir:
-    run = assemble_run(_config(workdir), workdir)
+    run = assemble_run(_config(args, workdir), workdir)
     batches = global_batches(run, 0)
     found = []
     with parallel.mesh_context(run.mesh, run.rules):
       t = time.perf_counter()  # the run's jitted step, compiled as its first call compiles it
       step = run.asm.train_steps[0].jitted.lower(run.state, batches[0]).compile()
       compile_s = time.perf_counter() - t
-      times, _, state = time_steps(step, run.state, batches, _STEPS.value, _REPEATS.value)
-      if _TRACE_STEPS.value:
+      times, _, state = time_steps(step, run.state, batches, args.steps, args.repeats)
+      if args.trace_steps:
         trace_dir = os.path.join(workdir, "trace")
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-          for i in range(_TRACE_STEPS.value):
+          for i in range(args.trace_steps):
             state, metrics = step(state, batches[i % 2])
           jax.block_until_ready(metrics)
         found = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
         if found:
-          shutil.copy(found[0], os.path.join(_OUT.value, f"{name}.trace.json.gz"))
-        with gzip.open(os.path.join(_OUT.value, f"{name}.hlo.txt.gz"), "wt") as f:
+          shutil.copy(found[0], os.path.join(args.out, f"{name}.trace.json.gz"))
+        with gzip.open(os.path.join(args.out, f"{name}.hlo.txt.gz"), "wt") as f:
           f.write(step.as_text())
     peak = peak_bytes(jax.devices()[0])
     result = dict(
@@ -125,15 +132,15 @@ def main(argv):
       compile_seconds=compile_s,
       step_ms=statistics.median(times) * 1e3,
       step_ms_all=[x * 1e3 for x in times],
-      sequences_per_second=_BATCH.value / statistics.median(times),
+      sequences_per_second=args.batch / statistics.median(times),
       peak_gib=None if peak is None else peak / 2**30,
     )
   print(json.dumps(result), flush=True)
-  with open(os.path.join(_OUT.value, f"{name}.json"), "w") as f:
+  with open(os.path.join(args.out, f"{name}.json"), "w") as f:
     json.dump(result, f, indent=1)
-  if _TRACE_STEPS.value and found:
-    summarize(os.path.join(_OUT.value, f"{name}.trace.json.gz"), _TOP.value)
+  if args.trace_steps and found:
+    summarize(os.path.join(args.out, f"{name}.trace.json.gz"), args.top)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

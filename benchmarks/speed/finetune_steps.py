@@ -1,8 +1,8 @@
 r"""Steady-state fine-tuning step and evaluation times, bert_jax vs Hugging Face PyTorch.
 
-  python benchmarks/bench_finetune_glue.py --step_timing 10 --max_seq_length 128 \
+  python -m benchmarks.quality.finetune_glue --step_timing 10 --max_seq_length 128 \
       --train_batch_size 32 [--tasks rte]
-  python benchmarks/bench_finetune_glue.py --eval_timing 3 --tasks rte,mrpc,stsb,cola
+  python -m benchmarks.quality.finetune_glue --eval_timing 3 --tasks rte,mrpc,stsb,cola
 
 Evaluation (``--eval_timing N``): seconds per pass over each task's whole dev set at
 ``--eval_batch_size``, the mean of N passes after one warm-up pass (which compiles; reported
@@ -23,11 +23,11 @@ plain ``forward/backward/clip/step`` iterations after 2 warm-up ones. Prints sec
 from __future__ import annotations
 
 import json
-import time
+
+from benchmarks.common.timing import Timer
 
 
 def _bert_jax_steps(args, n: int) -> dict:
-  import jax
 
   from bert_jax import parallel
   from bert_jax.tasks import create_task
@@ -61,17 +61,14 @@ def _bert_jax_steps(args, n: int) -> dict:
     rules,
   )
   inputs = FinetuneInput(train, train.num_rows // c.train_batch_size, c.train_batch_size, 0)
-  times = []
-  for i in range(2 + n):
-    if i == 2:
-      t0 = time.time()
-    t = time.time()
+
+  def call(i):
+    nonlocal state
     state, metrics = step(state, parallel.make_global_batch(next(inputs), mesh, rules))
-    if i < 2:
-      jax.block_until_ready(metrics)
-      times.append(time.time() - t)
-  jax.block_until_ready(metrics)
-  return {"first_step_s": times[0], "second_step_s": times[1], "step_s": (time.time() - t0) / n}
+    return metrics
+
+  t = Timer(warmup=2, calls=n).time(call)
+  return {"first_step_s": t.warmup[0], "second_step_s": t.warmup[1], "step_s": t.mean}
 
 
 def _hf_steps(args, n: int) -> dict:
@@ -99,12 +96,9 @@ def _hf_steps(args, n: int) -> dict:
   model.train()
   opt = torch.optim.AdamW(model.parameters(), lr=2e-5, eps=1e-6, weight_decay=0.01)
   b = args.train_batch_size
-  times = []
-  for i in range(2 + n):
-    if i == 2:
-      t0 = time.time()
-    t = time.time()
-    sl = slice(i * b, (i + 1) * b)
+
+  def call(i):
+    sl = slice((i + 2) * b, (i + 3) * b)  # the warm-up steps (i = -2, -1) take the first two
     out = model(
       input_ids=enc["input_ids"][sl],
       attention_mask=enc["attention_mask"][sl],
@@ -115,17 +109,19 @@ def _hf_steps(args, n: int) -> dict:
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad()
-    times.append(time.time() - t)
+    return out.loss
+
+  t = Timer(warmup=2, calls=n).time(call)
   return {
-    "first_step_s": times[0],
-    "second_step_s": times[1],
-    "step_s": (time.time() - t0) / n,
+    "first_step_s": t.warmup[0],
+    "second_step_s": t.warmup[1],
+    "step_s": t.mean,
     "torch_threads": torch.get_num_threads(),
   }
 
 
 def _bert_jax_eval(args, task_name: str, n: int) -> dict:
-  from benchmarks.bench_finetune_glue import bert_jax_setup
+  from benchmarks.quality.finetune_glue import bert_jax_setup
   from bert_jax import parallel
   from bert_jax.tasks.finetuning.inputs import Predictor, make_bucketer
 
@@ -138,13 +134,9 @@ def _bert_jax_eval(args, task_name: str, n: int) -> dict:
     predict = Predictor(
       task, model, mesh, rules, args.eval_batch_size, bucketer, int(c.max_seq_length)
     )
-    t = time.time()
-    predict(params, dev)
-    out[f"{name}_first_pass_s"] = time.time() - t
-    t = time.time()
-    for _ in range(n):
-      predict(params, dev)
-    out[f"{name}_pass_s"] = (time.time() - t) / n
+    t = Timer(calls=n).time(lambda i, predict=predict: predict(params, dev))
+    out[f"{name}_first_pass_s"] = t.first
+    out[f"{name}_pass_s"] = t.mean
   return out
 
 
@@ -152,7 +144,7 @@ def _hf_eval(args, task_name: str, n: int) -> dict:
   import torch
   from transformers import BertForSequenceClassification, BertTokenizerFast
 
-  from benchmarks.bench_finetune_glue import _hf_batch, _hf_encode
+  from benchmarks.quality.finetune_glue import _hf_batch, _hf_encode
   from bert_jax.tasks.glue.data import SPECS
 
   spec = SPECS[task_name]
@@ -170,17 +162,12 @@ def _hf_eval(args, task_name: str, n: int) -> dict:
       for s in range(0, len(y), args.eval_batch_size):
         model(**_hf_batch(dev, range(s, min(s + args.eval_batch_size, len(y))), pad_to, torch))
 
-  t = time.time()
-  one_pass()
-  first = time.time() - t
-  t = time.time()
-  for _ in range(n):
-    one_pass()
+  t = Timer(calls=n).time(lambda i: one_pass())
   return {
     "rows": len(y),
     "padding": "max_length" if pad else "per_batch",
-    "first_pass_s": first,
-    "pass_s": (time.time() - t) / n,
+    "first_pass_s": t.first,
+    "pass_s": t.mean,
   }
 
 

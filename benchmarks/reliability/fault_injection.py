@@ -1,6 +1,6 @@
 r"""Fault injection: kill -9 a tiny pre-training run at random moments, resume it, compare.
 
-  python benchmarks/fault_injection.py --kills 20 --out /tmp/fault_injection
+  python -m benchmarks.reliability.fault_injection --kills 20 --out /tmp/fault_injection
 
 Makes a small WordPiece vocabulary and seq-128 TFRecords from the original BERT demo text
 (../shared/data/pretrain/bert_sample_text.txt) and a one-layer BERT config, then
@@ -38,13 +38,14 @@ import os
 import random
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAMPLE_TEXT = os.path.join(REPO, "..", "shared", "data", "pretrain", "bert_sample_text.txt")
+from benchmarks.common import REPO, SHARED_DATA
+from benchmarks.common.process import run
+
+SAMPLE_TEXT = str(SHARED_DATA / "pretrain" / "bert_sample_text.txt")
 ORPHAN_PATTERNS = ("*.orbax-checkpoint-tmp*", "*.tmp*")
 
 
@@ -88,11 +89,9 @@ def command(workdir: str, data: dict[str, str], steps: int, save_every: int) -> 
 
 
 def environment() -> dict[str, str]:
-  env = dict(os.environ)
-  env.setdefault("JAX_PLATFORMS", "cpu")
-  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  return env
+  return {
+    k: os.environ.get(k, v) for k, v in (("JAX_PLATFORMS", "cpu"), ("TF_CPP_MIN_LOG_LEVEL", "2"))
+  }
 
 
 _STEP = re.compile(r"\] step (\d+)/")
@@ -102,13 +101,10 @@ _RESUMED = re.compile(r"resumed from .* at step (\d+)")
 def run_once(cmd, kill_step=None, delay=0.0, log=None):
   """Runs ``cmd``; with ``kill_step`` SIGKILLs it ``delay`` s after it logs that step (or a later
   one). Returns (returncode, output, killed, resumed step or None, last step logged)."""
-  proc = subprocess.Popen(
-    cmd, cwd=REPO, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-  )
-  lines, killed, last, resumed = [], False, 0, None
-  timer = None
-  for line in proc.stdout:
-    lines.append(line)
+  last, resumed, timer = 0, None, None
+
+  def on_line(line, proc):
+    nonlocal last, resumed, timer
     if log is not None:
       log.write(line)
     m = _RESUMED.search(line)
@@ -120,11 +116,13 @@ def run_once(cmd, kill_step=None, delay=0.0, log=None):
       if kill_step is not None and timer is None and last >= kill_step:
         timer = threading.Timer(delay, lambda: proc.poll() is None and proc.kill())
         timer.start()
-  proc.wait()
+
+  done = run(cmd, cwd=REPO, env=environment(), on_line=on_line, check=False)
+  killed = False
   if timer is not None:
     timer.cancel()
-    killed = proc.returncode == -signal.SIGKILL
-  return proc.returncode, "".join(lines), killed, resumed, last
+    killed = done.returncode == -signal.SIGKILL
+  return done.returncode, done.stdout, killed, resumed, last
 
 
 def losses_by_step(workdir: str) -> dict[int, float]:

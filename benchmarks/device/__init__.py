@@ -1,0 +1,1 @@
+"""Runs on an accelerator: the device check and the attention kernels' compiles."""

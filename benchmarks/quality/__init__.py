@@ -1,0 +1,2 @@
+"""Quality: the papers' ablations and tables, GLUE against Hugging Face, privacy defences, packing
+against unpacked training."""

@@ -1,0 +1,1 @@
+"""Reliability: pre-training killed at random moments and resumed."""
