@@ -14,14 +14,17 @@ import re
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
 
-from bert_jax.model import BertConfig
+from bert_jax.model import BertConfig, BertForSequenceClassification
+from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.glue.task import GlueTask
 from bert_jax.tasks.privacy import attributes as PA
 from bert_jax.tasks.privacy import defences as D
+from bert_jax.tasks.privacy.defended import PrivacyDefended
 from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import optimizers as O
 from configs import glue
@@ -273,3 +276,166 @@ def test_a_defence_slice_without_an_attribute_is_refused(shared_data, tokenizer,
   expected = none_of + "; a defence or a probe learns nothing of it from these rows"
   warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
   assert any(w.startswith(expected) for w in warnings), warnings
+
+
+class _Topics(Task):
+  """A classification task that is not GLUE: 3 topics, K=2 private attributes, random rows."""
+
+  name, head, primary_metric = "topics", "sequence_classification", "accuracy"
+  labels = ["a", "b", "c"]
+  private_attributes = PA.PrivateAttributes("topics", ("x", "y"), "f1", "two flags")
+
+  def describe_split(self, split):
+    return f"topics {split}"
+
+  def build_model(self, bert_config):
+    return BertForSequenceClassification(bert_config, num_labels=3)
+
+  def load_split(self, split):
+    rng = np.random.default_rng(0)
+    private = rng.integers(0, 2, (8, 2)).astype(np.int32)
+    private[:, 1] = 0 if split == "train" else private[:, 1]  # no train row has "y"
+    arrays = {
+      "input_ids": rng.integers(1, 30, (8, 6)).astype(np.int32),
+      "input_mask": np.ones((8, 6), np.int32),
+      "segment_ids": np.zeros((8, 6), np.int32),
+      "label": rng.integers(0, 3, 8).astype(np.int32),
+      "private": private,
+    }
+    return SplitData(split, arrays)
+
+  def target_spec(self, batch_size):
+    return {"label": jax.ShapeDtypeStruct((batch_size,), np.int32)}
+
+  def loss(self, outputs, batch):
+    ce = optax.softmax_cross_entropy_with_integer_labels(outputs["logits"], batch["label"])
+    return jnp.mean(ce), {"topics_ce": jnp.mean(ce)}
+
+  def predict(self, outputs):
+    return {"logits": outputs["logits"]}
+
+  def evaluate(self, data, predictions):
+    return {}, None
+
+  def write_predictions(self, data, predictions, out_dir):
+    return []
+
+
+class _DefendedTopics(PrivacyDefended, _Topics):
+  pass
+
+
+def _topics_config(defence):
+  return ml_collections.ConfigDict(
+    {
+      "max_seq_length": 6,
+      "private_attributes": "topics",
+      "num_private_attributes": 2,
+      "defence": {
+        "name": defence,
+        "alpha": 0.5,
+        "beta": 2.0,
+        "declustering_lambda": 0.1,
+        "adversary_hidden_size": 4,
+        "adversary_learning_rate": 3e-3,
+      },
+    }
+  )
+
+
+def _np_bce_sum(logits, z):
+  p = 1 / (1 + np.exp(-np.asarray(logits, np.float64)))
+  return np.mean(np.sum(-z * np.log(p) - (1 - z) * np.log(1 - p), -1))
+
+
+def test_the_defence_mixin_defends_another_classification_task():
+  """PrivacyDefended on a task that is not GLUE: without a defence it is the plain task; with
+  multidetasking it adds the adversary (its own params, optimizer and rng), the loss terms, the
+  metrics, the private target and the refusals, checked against a numpy reference."""
+  bert_config = BertConfig(
+    vocab_size=32,
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+  )
+  rng = jax.random.PRNGKey(3)
+  plain, undefended = _Topics(_topics_config(""), None), _DefendedTopics(_topics_config(""), None)
+  task = _DefendedTopics(_topics_config("multidetasking"), None)
+  model = plain.build_model(bert_config)
+  batch = {k: jnp.asarray(v[:4]) for k, v in plain.load_split("dev").arrays.items()}
+
+  def step(task):  # params, outputs, (loss, metrics)
+    params = nn.meta.unbox(task.init_variables(model, rng, 4)["params"])
+    outputs = task.apply(model, params, batch, True)
+    return params, outputs, task.loss(outputs, batch)
+
+  # No defence: the plain task's computation (the same jaxpr), groups, targets, packing answer
+  # and splits.
+  assert undefended.adversary is None
+  assert str(jax.make_jaxpr(lambda: step(undefended))()) == str(
+    jax.make_jaxpr(lambda: step(plain))()
+  )
+  assert undefended.optimizer_groups() == {} and undefended.target_spec(4) == plain.target_spec(4)
+  assert undefended.packing_unsupported() == "task 'topics' cannot be packed (GLUE and NER can)"
+  undefended.load_split("train")  # a missing attribute is not refused without a defence
+
+  # The adversary: Dense(4) -> ReLU -> Dense(2) of the pooled output, initialised from
+  # fold_in(rng, 1), its logits computed here in numpy; the rest as the plain task's.
+  r0 = jnp.zeros((1, bert_config.hidden_size))
+  params, outputs, (total, metrics), plain_params, expected = jax.jit(
+    lambda: (
+      *step(task),
+      nn.meta.unbox(plain.init_variables(model, rng, 4)["params"]),
+      nn.meta.unbox(D.Adversary(2, 4).init(jax.random.fold_in(rng, 1), r0)["params"]),
+    )
+  )()
+  assert set(params) == {"bert", "classifier", "adversary"}
+  jax.tree.map(np.testing.assert_array_equal, {k: params[k] for k in plain_params}, plain_params)
+  jax.tree.map(np.testing.assert_array_equal, params["adversary"], expected)
+  adv = jax.tree.map(lambda a: np.asarray(a, np.float64), params["adversary"])
+  r = np.asarray(outputs["pooled_output"], np.float64)
+  h = np.maximum(r @ adv["hidden"]["kernel"] + adv["hidden"]["bias"], 0)
+  logits = h @ adv["output"]["kernel"] + adv["output"]["bias"]
+  np.testing.assert_allclose(outputs["adversary_logits"], logits, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(outputs["encoder_adversary_logits"], logits, rtol=1e-5, atol=1e-6)
+  # alpha * the task's cross-entropy + the adversary's loss + beta * the encoder's "not z" term.
+  y = np.asarray(outputs["logits"], np.float64)
+  log_p = y - y.max(-1, keepdims=True)
+  log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+  main = -np.mean(log_p[np.arange(4), np.asarray(batch["label"])])
+  z = np.asarray(batch["private"], np.float64)
+  adversary, encoder = _np_bce_sum(logits, z), _np_bce_sum(logits, 1 - z)
+  np.testing.assert_allclose(float(total), 0.5 * main + adversary + 2.0 * encoder, rtol=1e-5)
+  assert set(metrics) == {
+    "topics_ce",
+    "main_loss",
+    "defence_adversary",
+    "defence_encoder",
+    "defence_adversary_accuracy",
+  }
+  np.testing.assert_allclose(float(metrics["main_loss"]), main, rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["defence_adversary"]), adversary, rtol=1e-5)
+  assert float(metrics["defence_adversary_accuracy"]) == np.mean((logits > 0) == z)
+  groups = task.optimizer_groups()
+  assert list(groups) == ["adversary"] and groups["adversary"].learning_rate == 3e-3
+  assert task.target_spec(4)["private"] == jax.ShapeDtypeStruct((4, 2), np.int32)
+  assert task.packing_unsupported() == (
+    "config.defence.name='multidetasking' cannot be packed (use config.packing.enabled=False)"
+  )
+  with pytest.raises(
+    ValueError, match=r"^topics train: none of its 8 rows has private attribute 'y'"
+  ):
+    task.load_split("train")
+
+
+def test_glue_without_a_defence_has_no_adversary(shared_data, tokenizer):
+  task = GlueTask(_config(shared_data, private_attributes="cola_source"), tokenizer)
+  bert_config = BertConfig.from_preset("tiny").replace(vocab_size=tokenizer.vocab_size)
+  model = task.build_model(bert_config)
+  assert task.adversary is None and task.defence == ""
+  params = jax.eval_shape(lambda: task.init_variables(model, jax.random.PRNGKey(0), 2))["params"]
+  assert set(params) == {"bert", "classifier"}
+  assert task.optimizer_groups() == {} and set(task.target_spec(2)) == {"label"}
+  assert task.packing_unsupported() == ""

@@ -6,13 +6,15 @@ Config keys read (see configs/glue.py): ``task``, ``data_source`` ("tsv" | "tfds
 (0 = all; slices for quick runs; ``train_sample_seed`` >= 0 makes the training slice a
 uniform sample drawn with that seed instead of the first rows); ``private_attributes``, ``num_private_attributes``,
 ``private_attributes_file`` (bert_jax/tasks/privacy/attributes.py: each split gains an int32
-[N, K] array ``private``) and ``defence`` (bert_jax/tasks/privacy/defences.py). Pairs are packed ``[CLS] A [SEP] B [SEP]``; a pair that does
-not fit is truncated (longer text first) and counted in the split's ``stats["truncated"]``.
+[N, K] array ``private``). Pairs are packed ``[CLS] A [SEP] B [SEP]``; a pair that does not fit
+is truncated (longer text first) and counted in the split's ``stats["truncated"]``.
 
-With ``config.packing.enabled`` (bert_jax/tasks/finetuning/inputs.py: ``Packer``) several pairs share a
-row; the logits are then [R, S, N] (one per packed sequence) and the loss the mean over the
-sequences (``sequence_weights``), as unpacked over the same pairs. A defence cannot be packed
-(its adversary reads one pooled output per row).
+With ``config.packing.enabled`` (bert_jax/tasks/finetuning/inputs.py: ``Packer``) several pairs
+share a row; the logits are then [R, S, N] (one per packed sequence) and the loss the mean over
+the sequences (``sequence_weights``), as unpacked over the same pairs.
+
+``GlueClassification`` is the plain task; ``GlueTask`` (the registry's) opts into
+``config.defence`` with the ``PrivacyDefended`` mix-in (bert_jax/tasks/privacy/defended.py).
 
 Test predictions are written in the GLUE server's format: ``<Task>.tsv`` (CoLA.tsv, SST-2.tsv,
 MRPC.tsv, STS-B.tsv, QQP.tsv, MNLI-m.tsv, MNLI-mm.tsv, QNLI.tsv, RTE.tsv, WNLI.tsv, AX.tsv)
@@ -38,8 +40,7 @@ from bert_jax.tasks.finetuning.inputs import SEQUENCE_WEIGHTS
 from bert_jax.tasks.glue.data import SPECS, GlueSpec, labels_array, read_tfds, read_tsv
 from bert_jax.tasks.glue.features import encode_texts
 from bert_jax.tasks.privacy import attributes as PA
-from bert_jax.tasks.privacy import defences as D
-from bert_jax.train.optimizers import OptimizerGroup
+from bert_jax.tasks.privacy.defended import PrivacyDefended
 
 
 def glue_metrics(spec: GlueSpec, labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
@@ -59,7 +60,7 @@ def glue_metrics(spec: GlueSpec, labels: np.ndarray, preds: np.ndarray) -> dict[
   return out
 
 
-class GlueTask(Task):
+class GlueClassification(Task):
   """One GLUE task, chosen by ``config.task`` (cola, sst2, mrpc, stsb, qqp, mnli, qnli, ...)."""
 
   head = "sequence_classification"
@@ -75,8 +76,6 @@ class GlueTask(Task):
     self.test_splits = tuple(s for s, _, _ in self.spec.test_files)
     if config.private_attributes:
       PA.check_kind(config.private_attributes)
-    D.check_defence(config.defence, bool(config.private_attributes))
-    self.defence = config.defence.name
     self._examples: dict[str, tuple] = {}
 
   @property
@@ -88,22 +87,18 @@ class GlueTask(Task):
     return max(1, len(self.spec.labels))
 
   def build_model(self, bert_config: BertConfig):
-    if self.defence in D.ADVERSARIAL:
-      self.adversary = D.Adversary(
-        int(self.config.num_private_attributes), int(self.config.defence.adversary_hidden_size)
-      )
     return BertForSequenceClassification(
       bert_config, num_labels=self.num_labels, head_init=self.config.head_init
     )
 
   def packing_unsupported(self) -> str:
-    if self.defence:
-      return (
-        f"config.defence.name={self.defence!r} cannot be packed (use config.packing.enabled=False)"
-      )
     return ""
 
-  # --- private attributes and defences ------------------------------------------------------
+  def describe_split(self, split: str) -> str:
+    """How errors name a split of the task's data, e.g. "CoLA train"."""
+    return f"{self.spec.dir_name} {split}"
+
+  # --- private attributes -------------------------------------------------------------------
   @functools.cached_property
   def private_attributes(self) -> PA.PrivateAttributes | None:
     """The task's private attributes (fitted on the training split), or None."""
@@ -116,7 +111,7 @@ class GlueTask(Task):
       int(c.num_private_attributes),
       [e.columns for e in train],
       c.private_attributes_file,
-      where=f"{self.spec.dir_name} {self.train_split}",
+      where=self.describe_split(self.train_split),
     )
 
   def _private_matrix(self, split: str, examples) -> np.ndarray:
@@ -124,29 +119,8 @@ class GlueTask(Task):
       self.private_attributes,
       [e.columns for e in examples],
       [(e.text_a, e.text_b) for e in examples],
-      where=f"{self.spec.dir_name} {split}",
+      where=self.describe_split(split),
     )
-
-  def init_variables(self, model, rng, batch_size: int):
-    variables = super().init_variables(model, rng, batch_size)
-    if self.defence not in D.ADVERSARIAL:
-      return variables
-    hidden = model.config.hidden_size
-    adversary = self.adversary.init(jax.random.fold_in(rng, 1), jnp.zeros((1, hidden)))
-    return {**variables, "params": {**variables["params"], D.ADVERSARY: adversary["params"]}}
-
-  def apply(self, model, params, batch, deterministic, rng=None):
-    if self.defence not in D.ADVERSARIAL:
-      return super().apply(model, params, batch, deterministic, rng)
-    main = {k: v for k, v in params.items() if k != D.ADVERSARY}
-    outputs = super().apply(model, main, batch, deterministic, rng)
-    return {**outputs, **D.adversary_outputs(self.adversary, params, outputs["pooled_output"])}
-
-  def optimizer_groups(self) -> dict[str, OptimizerGroup]:
-    if self.defence not in D.ADVERSARIAL:
-      return {}
-    lr = float(self.config.defence.adversary_learning_rate)
-    return {D.ADVERSARY: OptimizerGroup(D.is_adversary, lr)}
 
   # --- data ---------------------------------------------------------------------------------
   def _task_dir(self) -> str:
@@ -215,15 +189,6 @@ class GlueTask(Task):
       except ValueError:
         if labelled:  # train/dev must have them; a test file may lack the column
           raise
-      if self.defence and split == self.train_split and "private" in arrays:
-        # The adversary (or the clustering) would learn nothing of an attribute with no row.
-        PA.check_support(
-          arrays["private"],
-          self.private_attributes.names,
-          f"{self.spec.dir_name} {split}",
-          "use rows that have it (config.train_sample_seed >= 0 samples the train file "
-          "uniformly) or fewer attributes (config.num_private_attributes)",
-        )
     return SplitData(
       split,
       arrays,
@@ -235,11 +200,7 @@ class GlueTask(Task):
   # --- model outputs ------------------------------------------------------------------------
   def target_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     dtype = np.float32 if self.spec.is_regression else np.int32
-    spec = {"label": jax.ShapeDtypeStruct((batch_size,), dtype)}
-    if self.defence:
-      k = int(self.config.num_private_attributes)  # what fit() returns, so no data is read
-      spec["private"] = jax.ShapeDtypeStruct((batch_size, k), np.int32)
-    return spec
+    return {"label": jax.ShapeDtypeStruct((batch_size,), dtype)}
 
   def loss(self, outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]):
     logits = outputs["logits"].astype(jnp.float32)
@@ -253,10 +214,7 @@ class GlueTask(Task):
       loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]))
       acc = jnp.mean((jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32))
       metrics = {"accuracy": acc}
-    if not self.defence:
-      return loss, metrics
-    total, terms = D.defended_loss(self.config.defence, loss, outputs, batch["private"])
-    return total, {**metrics, "main_loss": loss, **terms}
+    return loss, metrics
 
   def _packed_loss(self, logits_RxSxN, label_RxS, weight_RxS):
     """The unpacked loss and metrics over the packed sequences (weight 1; empty slots 0)."""
@@ -298,3 +256,7 @@ class GlueTask(Task):
         value = f"{float(p):.3f}" if self.spec.is_regression else self.spec.labels[int(p)]
         f.write(f"{ex.index}\t{value}\n")
     return [path]
+
+
+class GlueTask(PrivacyDefended, GlueClassification):
+  """A GLUE task with ``config.defence`` (bert_jax/tasks/privacy/defended.py) available."""

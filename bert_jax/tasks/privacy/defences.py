@@ -32,6 +32,9 @@ a mean over the batch. ``config.defence`` (configs/glue.py) chooses:
 The main loss is multiplied by ``alpha`` for every defence; ``beta`` weighs the encoder's
 adversarial term, ``declustering_lambda`` the declustering term.
 
+A task opts into the defences with the ``PrivacyDefended`` mix-in
+(``bert_jax.tasks.privacy.defended``), which applies these terms in its hooks.
+
 A split whose rows lack one of the attributes (no positive: a slice of a file ordered by
 attribute, e.g. CoLA's first ``max_train_examples`` rows) gives the adversary nothing to learn of
 it; ``private_attributes.matrix`` logs a warning naming the attribute and the split, and
