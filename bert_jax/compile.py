@@ -162,7 +162,7 @@ def main(argv):
       ok = result["best"] is not None
     else:
       job = check_config(config, topo)  # a run's checks: one line, before any compile
-      steps = [f"train {p.name}" for p in job.phases] + ["eval"]
+      steps = [f"train {p.name}" for p in job.program.phases] + ["eval"]
       _say(f"compiling {', '.join(steps)} for {topo.describe()} (in a child process) ...")
       result = compile_for_topology_isolated(config, topo, progress=_say)
       print(format_report(result.pop("reports"), topo, f"mesh {result['mesh']}"))

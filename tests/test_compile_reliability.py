@@ -194,7 +194,7 @@ def test_two_slices_cost_the_gradient_all_reduce_at_dcn_bandwidth():
   assert dcn["axes"] == "data"
   params = step["memory"]["params_bytes"]  # per chip, from the shardings
   job = build_job(config, abstract=True)
-  shapes = jax.eval_shape(job.init_params, jax.random.PRNGKey(0))
+  shapes = jax.eval_shape(job.program.init_params, jax.random.PRNGKey(0))
   embedding = [
     x for p, x in jax.tree_util.tree_leaves_with_path(shapes) if "word_embeddings" in str(p)
   ]

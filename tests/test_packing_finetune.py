@@ -218,11 +218,11 @@ def test_abstract_packed_job_has_packed_batches():
   c.unlock()
   c.packing.enabled, c.packing.max_sequences_per_row = True, 5
   job = build_finetune_job(c)
-  spec = job.phases[0].batch_spec
+  spec = job.program.phases[0].batch_spec
   assert spec["label"].shape == (32, 5) and spec["sequence_weights"].shape == (32, 5)
   assert spec["cls_positions"].shape == (32, 5) and spec["sequence_ids"].shape == (32, 128)
-  assert job.eval_batch_spec["label"].shape == (32, 5)
-  assert job.phases[0].flops_per_example == 0.0
+  assert job.program.eval_batch_spec["label"].shape == (32, 5)
+  assert job.program.phases[0].flops_per_example == 0.0
 
 
 # --- the attention kernel -------------------------------------------------------------------
@@ -240,7 +240,7 @@ def test_attention_kernel_reaches_the_encoder():
     build_finetune_job(c)
   c.attention_probs_dropout_prob = 0.0
   assert runner._abstract_bert_config(c).attention_kernel == "dot_product"
-  assert build_finetune_job(c).phases[0].batch_spec["input_ids"].shape == (32, 128)
+  assert build_finetune_job(c).program.phases[0].batch_spec["input_ids"].shape == (32, 128)
   c.attention_kernel = "splash"
   with pytest.raises(ValueError, match=r"config.attention_kernel='splash' runs on TPUs only"):
     build_finetune_job(c)

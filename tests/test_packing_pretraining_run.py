@@ -187,7 +187,7 @@ def test_abstract_packed_job_has_the_packed_batch_shapes():
   config.packing.enabled = True
   config.phase2.fraction = 0.1
   job = build_pretraining_job(config)
-  p1, p2 = (p.batch_spec for p in job.phases)
+  p1, p2 = (p.batch_spec for p in job.program.phases)
   b1, b2 = config.train_batch_size, config.phase2.train_batch_size
   assert p1["sequence_ids"].shape == (b1, 128) and p1["position_ids"].shape == (b1, 128)
   # ceil(0.15 x 128) + 4 = 24 prediction slots for 4 sequences; at 512 with 8: 77 + 8 = 85.
@@ -197,7 +197,7 @@ def test_abstract_packed_job_has_the_packed_batch_shapes():
     8,
   )
   # Held-out batches stay one sequence per row.
-  assert "sequence_ids" not in job.eval_batch_spec
+  assert "sequence_ids" not in job.program.eval_batch_spec
 
 
 def test_dropout_and_attention_kernel_keys_reach_the_model():

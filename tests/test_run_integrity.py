@@ -137,14 +137,15 @@ def _toy_run(workdir, kill_eval_at=None, keep=3):
 
   def build(config, workdir, mesh):
     job = _toy_job(config)
-    evaluate = job.evaluate
+    evaluate = job.hooks.evaluate
 
     def killed_during(params, step, eval_step):
       if step == kill_eval_at:
         raise _Killed
       return evaluate(params, step, eval_step)
 
-    return dataclasses.replace(job, evaluate=killed_during, save_every_steps=10)
+    hooks = dataclasses.replace(job.hooks, evaluate=killed_during, save_every_steps=10)
+    return dataclasses.replace(job, hooks=hooks)
 
   return trainer.run(c, str(workdir), build)
 

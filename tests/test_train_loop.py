@@ -8,6 +8,11 @@ import numpy as np
 import pytest
 
 
+def _split(pairs):
+  """[(phase, its step)] -> the loop's (phases, steps)."""
+  return [p for p, _ in pairs], [s for _, s in pairs]
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class _State:
@@ -42,7 +47,8 @@ class _Writer:
 
 def test_tokens_per_sec_counts_each_batch_at_its_own_length():
   from bert_jax import parallel
-  from bert_jax.train.loop import LoopOptions, Phase, train_loop
+  from bert_jax.train.job import Phase
+  from bert_jax.train.loop import LoopOptions, train_loop
   from configs.common import logical_axis_rules
 
   mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
@@ -56,10 +62,10 @@ def test_tokens_per_sec_counts_each_batch_at_its_own_length():
 
   step_fn = jax.jit(lambda s, b: (_State(s.step + 1), {"loss": jnp.sum(b["input_ids"]) * 0.0}))
   writer = _Writer()
-  phase = Phase("finetune", len(lengths), inputs, step_fn, batch, max_len)
+  phase = (Phase("finetune", len(lengths), batch, max_len, {}, make_input=inputs), step_fn)
   options = LoopOptions(save_every_steps=100, log_every_steps=4)
   summary = train_loop(
-    _State(jnp.zeros((), jnp.int32)), [phase], _Manager(), options, writer, mesh, rules
+    _State(jnp.zeros((), jnp.int32)), *_split([phase]), _Manager(), options, writer, mesh, rules
   )
   assert summary["step"] == len(lengths) and summary["status"] == "completed"
   logged = {step: values for step, values in writer.logged}
@@ -102,7 +108,8 @@ def test_each_phases_first_step_is_timed_apart_from_its_throughput():
   as first_step_sec, not folded into the next interval's rates (a 128 -> 512 curriculum's first
   seq-512 interval read a small fraction of its real rate)."""
   from bert_jax import parallel
-  from bert_jax.train.loop import LoopOptions, Phase, train_loop
+  from bert_jax.train.job import Phase
+  from bert_jax.train.loop import LoopOptions, train_loop
   from configs.common import logical_axis_rules
 
   mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
@@ -115,13 +122,13 @@ def test_each_phases_first_step_is_timed_apart_from_its_throughput():
         yield {"input_ids": np.ones((batch, length), np.int32)}
 
     step_fn = jax.jit(lambda s, b: (_State(s.step + 1), {"loss": jnp.sum(b["input_ids"]) * 0.0}))
-    return Phase(name, end_step, inputs, step_fn, batch, length)
+    return (Phase(name, end_step, batch, length, {}, make_input=inputs), step_fn)
 
   writer = _Writer()
   options = LoopOptions(save_every_steps=100, log_every_steps=4)
   phases = [phase("seq128", 6, 128), phase("seq512", 12, 512)]
   summary = train_loop(
-    _State(jnp.zeros((), jnp.int32)), phases, _Manager(), options, writer, mesh, rules
+    _State(jnp.zeros((), jnp.int32)), *_split(phases), _Manager(), options, writer, mesh, rules
   )
   assert summary["step"] == 12
   logged = {step: values for step, values in writer.logged}
@@ -141,7 +148,8 @@ def test_a_step_that_compiles_a_new_shape_is_kept_out_of_the_rates():
   import time
 
   from bert_jax import parallel
-  from bert_jax.train.loop import LoopOptions, Phase, train_loop
+  from bert_jax.train.job import Phase
+  from bert_jax.train.loop import LoopOptions, train_loop
   from configs.common import logical_axis_rules
 
   mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
@@ -161,9 +169,11 @@ def test_a_step_that_compiles_a_new_shape_is_kept_out_of_the_rates():
       yield {"input_ids": np.ones((batch, length), np.int32)}
 
   writer = _Writer()
-  phase = Phase("finetune", len(lengths), inputs, step_fn, batch, 64)
+  phase = (Phase("finetune", len(lengths), batch, 64, {}, make_input=inputs), step_fn)
   options = LoopOptions(save_every_steps=100, log_every_steps=4)
-  train_loop(_State(jnp.zeros((), jnp.int32)), [phase], _Manager(), options, writer, mesh, rules)
+  train_loop(
+    _State(jnp.zeros((), jnp.int32)), *_split([phase]), _Manager(), options, writer, mesh, rules
+  )
   logged = {step: values for step, values in writer.logged}
   m = logged[4]  # steps 2-4; step 3 is the first of length 64
   assert 2.0 <= m["train/compile_sec"] < 10
@@ -174,7 +184,7 @@ def test_a_step_that_compiles_a_new_shape_is_kept_out_of_the_rates():
 
 
 def _counting_phase(total, batch=8, length=16, on_step=None):
-  from bert_jax.train.loop import Phase
+  from bert_jax.train.job import Phase
 
   jitted = jax.jit(lambda s, b: (_State(s.step + 1), {"loss": jnp.sum(b["input_ids"]) * 0.0}))
 
@@ -187,7 +197,7 @@ def _counting_phase(total, batch=8, length=16, on_step=None):
     while True:
       yield {"input_ids": np.ones((batch, length), np.int32)}
 
-  return Phase("finetune", total, inputs, step_fn, batch, length)
+  return (Phase("finetune", total, batch, length, {}, make_input=inputs), step_fn)
 
 
 def _mesh_rules():
@@ -218,7 +228,9 @@ def test_a_resumed_run_redoes_the_evaluation_it_died_in(resumed_at):
       evaluated=evaluated,
     )  # fmt: skip
     state = _State(jnp.asarray(resumed_at, jnp.int32))
-    return train_loop(state, [_counting_phase(20)], _Manager(), options, _Writer(), mesh, rules)
+    return train_loop(
+      state, *_split([_counting_phase(20)]), _Manager(), options, _Writer(), mesh, rules
+    )
 
   summary = run(lambda step: False)  # the history lacks the resumed step's evaluation
   assert evaluated_steps == ([10, 20] if resumed_at == 10 else [20])
@@ -243,7 +255,9 @@ def test_slow_steps_log_a_progress_line_at_least_every_interval():
     save_every_steps=1000, log_every_steps=1000, progress_interval_sec=30.0, clock=lambda: now[0]
   )
   state = _State(jnp.zeros((), jnp.int32))
-  train_loop(state, [_counting_phase(22, on_step=tick)], _Manager(), options, writer, mesh, rules)
+  train_loop(
+    state, *_split([_counting_phase(22, on_step=tick)]), _Manager(), options, writer, mesh, rules
+  )
   logged = [step for step, values in writer.logged if "train/loss" in values]
   # Step 1 (compiling) at t=6; then a line once 30 s passed: steps 6, 11, 16, 21; the last, 22.
   assert logged == [1, 6, 11, 16, 21, 22]
@@ -255,7 +269,8 @@ def test_the_loop_runs_at_most_two_steps_ahead_of_the_device():
   from step N, so its clock (progress lines every 30 s, rates) follows the steps done, not their
   dispatch (a fine-tuning run had queued minutes of steps and logged nothing meanwhile)."""
   from bert_jax import parallel
-  from bert_jax.train.loop import LoopOptions, Phase, train_loop
+  from bert_jax.train.job import Phase
+  from bert_jax.train.loop import LoopOptions, train_loop
   from configs.common import logical_axis_rules
 
   waited: list[int] = []  # (step waited for) in order
@@ -287,7 +302,9 @@ def test_the_loop_runs_at_most_two_steps_ahead_of_the_device():
 
   mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   rules = parallel.normalize_rules(logical_axis_rules())
-  phase = Phase("p", 12, inputs, step_fn, 8, 16)
+  phase = (Phase("p", 12, 8, 16, {}, make_input=inputs), step_fn)
   options = LoopOptions(save_every_steps=100, log_every_steps=100)
-  train_loop(_State(jnp.zeros((), jnp.int32)), [phase], _Manager(), options, _Writer(), mesh, rules)
+  train_loop(
+    _State(jnp.zeros((), jnp.int32)), *_split([phase]), _Manager(), options, _Writer(), mesh, rules
+  )
   assert dispatched == list(range(1, 13)) and set(range(1, 11)) <= set(waited)

@@ -14,7 +14,7 @@ import pytest
 from bert_jax import parallel
 from bert_jax.tasks.jobs import build_job
 from bert_jax.train import optimizers, trainer
-from bert_jax.train.job import EvalResult, Job, PhaseSpec
+from bert_jax.train.job import EvalResult, Job, Phase, Program, RunHooks
 from bert_jax.train.run_config import check_run_config
 from configs import glue, pretrain
 
@@ -71,14 +71,18 @@ def _toy_job(config, evaluate=True) -> Job:
   }
   return Job(
     name="toy_regression",
-    init_params=lambda rng: model.init(rng, jnp.zeros((1, 4)))["params"],
-    loss_fn=loss,
-    schedule=optax.constant_schedule(float(config.learning_rate)),
-    phases=[PhaseSpec("toy", steps, 8, 4, spec, make_input=lambda: _Regression(8))],
-    evaluate=evaluate_fn if evaluate else None,
-    keep_best=evaluate,
-    eval_every_steps=steps // 2,
-    save_every_steps=steps // 2,
+    program=Program(
+      init_params=lambda rng: model.init(rng, jnp.zeros((1, 4)))["params"],
+      loss_fn=loss,
+      schedule=optax.constant_schedule(float(config.learning_rate)),
+      phases=[Phase("toy", steps, 8, 4, spec, make_input=lambda: _Regression(8))],
+    ),
+    hooks=RunHooks(
+      evaluate=evaluate_fn if evaluate else None,
+      keep_best=evaluate,
+      eval_every_steps=steps // 2,
+      save_every_steps=steps // 2,
+    ),
   )
 
 
@@ -185,8 +189,8 @@ def test_abstract_pretraining_job_has_the_batches_a_run_feeds(tmp_path):
   mesh = parallel.create_mesh({"data": 1}, jax.devices()[:1])
   real = build_job(c, str(tmp_path), mesh)
   abstract = build_job(c, abstract=True)
-  assert [p.name for p in abstract.phases] == ["seq128", "seq512"]
-  for a, r in zip(abstract.phases, real.phases, strict=True):
+  assert [p.name for p in abstract.program.phases] == ["seq128", "seq512"]
+  for a, r in zip(abstract.program.phases, real.program.phases, strict=True):
     assert a.make_input is None
     fed = _spec(next(iter(r.make_input())))
     assert {k: (s.shape, s.dtype) for k, s in a.batch_spec.items()} == fed
@@ -202,9 +206,9 @@ def test_abstract_glue_job_has_the_batches_a_run_feeds(tmp_path, shared_data, mi
   mesh = parallel.create_mesh({"data": 1}, jax.devices()[:1])
   real = build_job(c, str(tmp_path), mesh)
   abstract = build_job(c, abstract=True)
-  fed = _spec(next(iter(real.phases[0].make_input())))
-  assert {k: (s.shape, s.dtype) for k, s in abstract.phases[0].batch_spec.items()} == fed
-  assert abstract.pretrained_subtrees is None and real.pretrained_subtrees == ("bert",)
+  fed = _spec(next(iter(real.program.phases[0].make_input())))
+  assert {k: (s.shape, s.dtype) for k, s in abstract.program.phases[0].batch_spec.items()} == fed
+  assert abstract.pretrained.subtrees is None and real.pretrained.subtrees == ("bert",)
 
 
 def test_the_abstract_steps_compile_on_the_run_mesh():

@@ -99,10 +99,10 @@ def compile_for_topology(
     attention_kernel=kernel,
   )  # fmt: skip
   reports: list[StepReport] = []
-  indices = list(range(len(job.phases)) if phases is None else phases)
+  indices = list(range(len(job.program.phases)) if phases is None else phases)
   total = len(indices) + bool(with_eval)
   for n, i in enumerate(indices, 1):
-    phase = job.phases[i]
+    phase = job.program.phases[i]
     if on_step:
       on_step(f"train {phase.name} ({n} of {total})")
     reports.append(
@@ -123,8 +123,8 @@ def compile_for_topology(
     on_step(f"eval ({total} of {total})")
   lowered_eval = trainer.lower_eval_step(asm) if with_eval else None
   if lowered_eval is not None:
-    last = job.phases[-1]
-    batch = next(iter(job.eval_batch_spec.values())).shape[0]
+    last = job.program.phases[-1]
+    batch = next(iter(job.program.eval_batch_spec.values())).shape[0]
     reports.append(
       step_report(
         "eval",
@@ -134,7 +134,9 @@ def compile_for_topology(
         model_flops=last.flops_per_example / 3 * batch,
         tokens=batch * last.seq_len,
         global_batch=batch,
-        fused_attention_flops=_fused_flops(kernel, dims, job.eval_batch_spec, False, config),
+        fused_attention_flops=_fused_flops(
+          kernel, dims, job.program.eval_batch_spec, False, config
+        ),
         **common,
       )
     )
@@ -151,7 +153,7 @@ def compile_for_topology(
         seq_len=p.seq_len,
         flops_per_example=p.flops_per_example,
       )
-      for p in job.phases
+      for p in job.program.phases
     ],
     attention_kernel=kernel,
     steps=[r.to_dict() for r in reports],

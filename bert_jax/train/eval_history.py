@@ -6,7 +6,7 @@ appended to ``<workdir>/eval_history.json`` (``{"history": [...], "best_value", 
 the history in step order; an entry holds its ``primary`` value when it has one). A resumed run
 keeps the entries up to the step it resumed from, and its best is recomputed from them: an
 evaluation after that step (written before the process died, its checkpoint lost) selects
-nothing. When ``best_manager`` is given (``job.keep_best``), a state whose ``primary`` value
+nothing. When ``best_manager`` is given (``job.hooks.keep_best``), a state whose ``primary`` value
 beats every earlier one is saved there, and it holds that one checkpoint only
 (``reconcile_best`` puts it right on resume). The task's outputs (e.g. dev predictions) of the
 best and the latest evaluation are kept in memory, so that the end of a run can write them

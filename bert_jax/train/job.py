@@ -1,13 +1,16 @@
-"""What a task hands the trainer: a ``Job``. The trainer (``bert_jax.train.trainer``) knows no
-task; every task (pre-training, GLUE, SQuAD, SWAG, NER) builds one of these and nothing else
-is task specific in a run.
+"""What a task hands the trainer: a ``Job``, in three parts. The trainer
+(``bert_jax.train.trainer``) knows no task; every task (pre-training, GLUE, SQuAD, SWAG, NER)
+builds one of these and nothing else is task specific in a run.
 
-  Job(name, init_params, loss_fn, schedule, phases, ...)
+  Job(name, Program(init_params, loss_fn, schedule, phases, ...),   # what is compiled
+      Pretrained(checkpoint, params, subtrees),                      # where weights come from
+      RunHooks(evaluate, eval_every_steps, finish, ...))             # what a run does around it
 
-Compiling needs only the first group of fields (model, loss, optimizer schedule, the phases'
-batch shapes): ``bert_jax.tasks.build_job(config, abstract=True)`` fills those without reading
-data, which is how ``python -m bert_jax.compile`` assembles exactly the step a run would. A run
-also needs the phases' inputs (``make_input``) and the hooks (evaluation, run files, finish).
+Compiling needs only the ``Program`` (model, loss, optimizer schedule and groups, the phases'
+batch shapes, the evaluation step): ``bert_jax.tasks.jobs.build_job(config, abstract=True)``
+fills it without reading data, which is how ``python -m bert_jax.compile`` assembles exactly
+the step a run would. A run also needs the phases' inputs (``Phase.make_input``), the
+pretrained weights when it does not resume, and the hooks.
 
 Per-parameter groups: ``lr_scale(path) -> float`` multiplies the optimizer's update of the
 parameter at ``path`` (a tuple of names, e.g. ``("bert", "encoder", ...)``): 0 freezes it (no
@@ -32,13 +35,14 @@ BatchSpec = Mapping[str, jax.ShapeDtypeStruct]
 
 
 @dataclasses.dataclass
-class PhaseSpec:
+class Phase:
   """A stretch of training with one input stream and one compiled step.
 
   Steps ``[previous phase's end_step, end_step)`` run in this phase. ``batch_spec`` is one
   global batch (shapes and dtypes, no shardings: the trainer shards it along ``batch``).
   ``make_input()`` returns an iterator of this host's numpy batches, with
-  ``get_state()``/``set_state(dict)`` when its position can be saved and resumed.
+  ``get_state()``/``set_state(dict)`` when its position can be saved and resumed (None in an
+  abstract job). ``flops_per_example`` (0: unknown) gives the progress line its MFU.
   """
 
   name: str
@@ -65,26 +69,59 @@ class EvalResult:
 
 
 @dataclasses.dataclass
-class Job:
-  """Everything task specific about a run (see the module docstring).
+class Program:
+  """What a run compiles: the model's parameters, the loss, the optimizer's schedule and
+  parameter groups, the phases, the evaluation step.
 
   Attributes:
-    name: the task's name (logs, summary.json).
     init_params: ``rng -> boxed params`` (``model.init(...)["params"]`` with logical names).
     loss_fn: ``(params, batch, rng, deterministic) -> (loss, {metric: scalar})``.
     schedule: the learning-rate schedule over the whole run.
     phases: the run's phases in order (one for fine-tuning; two for the 128 -> 512 curriculum).
     lr_scale: per-parameter-group learning-rate factor (0 = frozen); None = one group.
     optimizer_groups: name -> ``OptimizerGroup``: parameters with their own optimizer.
-    eval_step: ``(params, batch) -> {name: array}``, the jitted-once evaluation computation
-      (``eval_batch_spec`` its global batch), for compiling; a run evaluates through ``evaluate``.
-    init_checkpoint: a pretrained checkpoint to initialise from when not resuming ("" = none).
-    pretrained_params: the pretrained params (host numpy) or a zero-argument loader of them
-      (called only when the run does not resume); required with ``init_checkpoint``.
-    pretrained_subtrees: take only these top-level subtrees of the pretrained params (e.g.
-      ``("bert",)``: the encoder); None = every tensor the model has.
+    eval_step: ``(params, batch) -> {name: array}``, the evaluation computation the trainer
+      jits once (``eval_batch_spec`` its global batch); None when there is none.
+  """
+
+  init_params: Callable[[jax.Array], Any]
+  loss_fn: LossFn
+  schedule: optax.Schedule
+  phases: list[Phase]
+  lr_scale: Callable[[tuple[str, ...]], float] | None = None
+  optimizer_groups: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  eval_step: Callable[[Any, Mapping[str, jax.Array]], dict[str, jax.Array]] | None = None
+  eval_batch_spec: BatchSpec | None = None
+
+  @property
+  def num_train_steps(self) -> int:
+    return self.phases[-1].end_step
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """Where a run that does not resume takes its weights from (nothing: from scratch).
+
+  Attributes:
+    checkpoint: the pretrained checkpoint's path ("" = none), for the log and the summary.
+    params: its params (host numpy) or a zero-argument loader of them (called only when the
+      run does not resume); required with ``checkpoint``.
+    subtrees: take only these top-level subtrees (e.g. ``("bert",)``: the encoder); None =
+      every tensor the model has.
+  """
+
+  checkpoint: str = ""
+  params: Any = None
+  subtrees: tuple[str, ...] | None = None
+
+
+@dataclasses.dataclass
+class RunHooks:
+  """What a run does around the training loop; none of it is compiled.
+
+  Attributes:
     evaluate: ``(params, step, eval_step) -> EvalResult`` or None when there is nothing to
-      evaluate; ``eval_step`` is ``eval_step`` above jitted once by the trainer (sharded
+      evaluate; ``eval_step`` is ``Program.eval_step`` jitted once by the trainer (sharded
       inputs, replicated outputs, run under the mesh), or None.
     eval_every_steps: evaluate every this many steps (0: only at the end).
     save_every_steps: save a checkpoint every this many steps (and at the end).
@@ -94,21 +131,8 @@ class Job:
       head.json), written by process 0 after the inputs were validated and the state built.
     finish: ``FinishContext -> dict`` after a completed run: post-processing (predictions,
       metrics.json); what it returns is added to summary.json and returned by the run.
-    describe: a one-line description of the run for the log.
   """
 
-  name: str
-  init_params: Callable[[jax.Array], Any]
-  loss_fn: LossFn
-  schedule: optax.Schedule
-  phases: list[PhaseSpec]
-  lr_scale: Callable[[tuple[str, ...]], float] | None = None
-  optimizer_groups: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  eval_step: Callable[[Any, Mapping[str, jax.Array]], dict[str, jax.Array]] | None = None
-  eval_batch_spec: BatchSpec | None = None
-  init_checkpoint: str = ""
-  pretrained_params: Any = None
-  pretrained_subtrees: tuple[str, ...] | None = None
   evaluate: Callable[[Any, int, Any], EvalResult] | None = None
   eval_every_steps: int = 0
   save_every_steps: int = 0
@@ -116,8 +140,16 @@ class Job:
   higher_is_better: bool = True
   write_run_files: Callable[[str], None] | None = None
   finish: Callable[[Any], dict[str, Any]] | None = None
-  describe: str = ""
 
-  @property
-  def num_train_steps(self) -> int:
-    return self.phases[-1].end_step
+
+@dataclasses.dataclass
+class Job:
+  """A task's run for the trainer: its ``name`` (logs, summary.json), the ``program`` it
+  compiles, the ``pretrained`` weights it starts from, the ``hooks`` it runs, and ``describe``,
+  a one-line description for the log."""
+
+  name: str
+  program: Program
+  pretrained: Pretrained = dataclasses.field(default_factory=Pretrained)
+  hooks: RunHooks = dataclasses.field(default_factory=RunHooks)
+  describe: str = ""

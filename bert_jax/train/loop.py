@@ -25,7 +25,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -34,6 +34,7 @@ from absl import logging
 
 from bert_jax.checkpoint import CheckpointManager
 from bert_jax.parallel.sharding import Rules, make_global_batch
+from bert_jax.train.job import Phase
 from bert_jax.train.metrics import MetricWriter, progress_line
 from bert_jax.train.progress import INTERVAL_SEC, Heartbeat
 
@@ -43,22 +44,6 @@ MAX_STEPS_IN_FLIGHT = 2
 
 class NonFiniteLossError(FloatingPointError):
   """Training produced a NaN/inf loss; nothing was saved after the last finite step."""
-
-
-@dataclasses.dataclass
-class Phase:
-  """A stretch of training with one input stream and one compiled step.
-
-  Steps ``[previous phase's end_step, end_step)`` run in this phase.
-  """
-
-  name: str
-  end_step: int
-  make_input: Callable[[], Iterator[dict]]
-  train_step: Callable[[Any, dict], tuple[Any, dict]]
-  global_batch_size: int
-  seq_len: int
-  flops_per_example: float = 0.0
 
 
 @dataclasses.dataclass
@@ -185,6 +170,7 @@ def _to_float(metrics: dict) -> dict[str, float]:
 def train_loop(
   state: Any,
   phases: Sequence[Phase],
+  steps: Sequence[Callable[[Any, dict], tuple[Any, dict]]],
   manager: CheckpointManager,
   options: LoopOptions,
   writer: MetricWriter,
@@ -193,7 +179,8 @@ def train_loop(
   input_state: dict | None = None,
   input_phase: str | None = None,
 ) -> dict[str, Any]:
-  """Runs ``state`` to ``phases[-1].end_step``; returns the summary (see module docstring).
+  """Runs ``state`` to ``phases[-1].end_step``, phase ``i`` with the jitted step ``steps[i]``
+  (``(state, batch) -> (state, metrics)``); returns the summary (see module docstring).
 
   ``input_state``/``input_phase``: the input position and phase name saved in the checkpoint
   resumed from (its ``input`` item and ``meta["phase"]``); the position is applied only to that
@@ -312,18 +299,18 @@ def train_loop(
       if step == phase_start:
         # The phase's first step compiles its step function: minutes for a large model.
         with Heartbeat(f"step {step + 1}/{total} [{phases[idx].name}] (compiling the step)"):
-          state, metrics = phases[idx].train_step(state, batch)
+          state, metrics = steps[idx](state, batch)
           jax.block_until_ready(metrics)
       elif shapes not in shapes_seen:
         # A new batch shape later in a phase compiles the step again: timed on its own (after
         # the steps before it have run) and left out of the interval's rates.
         jax.block_until_ready(state)
         t_compile = time.time()
-        state, metrics = phases[idx].train_step(state, batch)
+        state, metrics = steps[idx](state, batch)
         jax.block_until_ready(metrics)
         timer.compiled(time.time() - t_compile)
       else:
-        state, metrics = phases[idx].train_step(state, batch)
+        state, metrics = steps[idx](state, batch)
         timer.steady_step(tokens)
       shapes_seen.add(shapes)
       step += 1

@@ -2,10 +2,12 @@
 
   summary = run(config, workdir, build)          # build(config, workdir, mesh) -> Job
   asm = assemble(job, config, mesh, rules)       # what a run compiles, without running it
+  asm, params, step = restore_for_evaluation(job, config, mesh, checkpoint_dir)
   lowered = lower_train_step(asm, phase=0)       # e.g. for a TPU topology (bert_jax.compile)
 
 A run, in this order (every task goes through exactly these steps):
-  1. the run config's numbers are checked (``check_run_config``), JAX's compilation cache and
+  1. the run config's numbers are checked (``check_run_config``; the batch layout against the
+     mesh once it is made, ``check_batch_layout``), JAX's compilation cache and
      the multi-process runtime are set up; a workdir that holds another job's run (its
      config.json's task or objective, or its model_config.json's sizes, differ from the
      config's) is refused before anything is read or written (``check_workdir_identity``); the
@@ -23,12 +25,12 @@ A run, in this order (every task goes through exactly these steps):
      came from is logged once ("Init: ...");
   5. the task's run files (config.json, model_config.json, tokenizer, head.json);
   6. ``bert_jax.train.loop.train_loop``: steps, logging, evaluation (history kept in
-     eval_history.json; with ``job.keep_best`` the best checkpoint in ``best/``), checkpoints
+     eval_history.json; with ``job.hooks.keep_best`` the best checkpoint in ``best/``), checkpoints
      with the input position, SIGTERM/SIGINT preemption, non-finite loss stop. A resumed run
      first redoes the evaluations the history lacks (the process died during them): the one
      due at the step it resumed from, and earlier ones whose checkpoint still exists (those
      whose checkpoint is gone are named in one warning);
-  7. after a completed run, ``job.finish`` (predictions, metrics.json); summary.json; the
+  7. after a completed run, ``job.hooks.finish`` (predictions, metrics.json); summary.json; the
      checkpoint managers, the metric writer and the lock are released whatever happened.
 A run that fails before it wrote a file leaves the workdir as it found it: the directories it
 created (the workdir itself, missing parents, ``checkpoints/``, ``best/``) are removed when
@@ -65,9 +67,9 @@ from bert_jax.train import state as state_lib
 from bert_jax.train import train_step as step_lib
 from bert_jax.train.eval_history import EvalHistory
 from bert_jax.train.job import Job
-from bert_jax.train.loop import LoopOptions, Phase, train_loop
+from bert_jax.train.loop import LoopOptions, train_loop
 from bert_jax.train.metrics import MetricWriter, json_safe
-from bert_jax.train.run_config import check_run_config
+from bert_jax.train.run_config import check_batch_layout, check_run_config
 
 BEST_DIR = "best"
 
@@ -89,7 +91,7 @@ class Assembled:
   def init_state(self):
     """A fresh state created directly in its shardings (one program for every seed)."""
     return state_lib.init_train_state(
-      self.job.init_params, self.tx, None, None, self.seed, self.state_shardings
+      self.job.program.init_params, self.tx, None, None, self.seed, self.state_shardings
     )
 
   def with_params(self, state, host_params):
@@ -102,29 +104,30 @@ class Assembled:
 
 def assemble(job: Job, config, mesh: jax.sharding.Mesh, rules) -> Assembled:
   """Optimizer, abstract state and shardings, the jitted steps (nothing runs, nothing is read)."""
-  for phase in job.phases:
+  program = job.program
+  for phase in program.phases:
     accum = phase.grad_accum_steps
     if accum < 1 or phase.global_batch_size % accum:
       raise ValueError(
         f"phase {phase.name}: the batch size {phase.global_batch_size} is not divisible by "
         f"its gradient accumulation steps {accum}"
       )
-  tx = optimizers.create_optimizer(config.optimizer, job.schedule)
-  if job.lr_scale is not None:
-    tx = optimizers.with_param_groups(tx, job.lr_scale)
-  tx = optimizers.with_optimizer_groups(tx, job.optimizer_groups)
+  tx = optimizers.create_optimizer(config.optimizer, program.schedule)
+  if program.lr_scale is not None:
+    tx = optimizers.with_param_groups(tx, program.lr_scale)
+  tx = optimizers.with_optimizer_groups(tx, program.optimizer_groups)
   seed = int(config.seed)
-  abstract, shardings = state_lib.abstract_train_state(job.init_params, tx, mesh, rules, seed)
+  abstract, shardings = state_lib.abstract_train_state(program.init_params, tx, mesh, rules, seed)
   steps = [
     step_lib.jit_train_step(
-      step_lib.make_train_step(job.loss_fn, tx, job.schedule, phase.grad_accum_steps, mesh),
+      step_lib.make_train_step(program.loss_fn, tx, program.schedule, phase.grad_accum_steps, mesh),
       shardings,
       mesh,
       rules,
     )
-    for phase in job.phases
+    for phase in program.phases
   ]
-  eval_step = step_lib.jit_eval_step(job.eval_step, mesh, rules) if job.eval_step else None
+  eval_step = step_lib.jit_eval_step(program.eval_step, mesh, rules) if program.eval_step else None
   return Assembled(job, mesh, rules, tx, abstract, shardings, steps, eval_step, seed)
 
 
@@ -140,18 +143,33 @@ def _sharded_batch_spec(batch_spec, mesh, rules) -> dict[str, jax.ShapeDtypeStru
 def lower_train_step(asm: Assembled, phase: int = 0):
   """The train step of ``phase`` lowered for the abstract state and batch (``jax.stages.Lowered``;
   ``.compile()`` it for the mesh's devices, e.g. a TPU topology's)."""
-  batch = _sharded_batch_spec(asm.job.phases[phase].batch_spec, asm.mesh, asm.rules)
+  batch = _sharded_batch_spec(asm.job.program.phases[phase].batch_spec, asm.mesh, asm.rules)
   with parallel.mesh_context(asm.mesh, asm.rules):
     return asm.train_steps[phase].jitted.lower(asm.abstract_state, batch)
 
 
 def lower_eval_step(asm: Assembled):
   """The evaluation step lowered like ``lower_train_step``; None when the job has none."""
-  if asm.eval_step is None or asm.job.eval_batch_spec is None:
+  if asm.eval_step is None or asm.job.program.eval_batch_spec is None:
     return None
-  batch = _sharded_batch_spec(asm.job.eval_batch_spec, asm.mesh, asm.rules)
+  batch = _sharded_batch_spec(asm.job.program.eval_batch_spec, asm.mesh, asm.rules)
   with parallel.mesh_context(asm.mesh, asm.rules):
     return asm.eval_step.jitted.lower(asm.abstract_state.params, batch)
+
+
+def restore_for_evaluation(job: Job, config, mesh: jax.sharding.Mesh, checkpoint_dir: str):
+  """``(asm, params, step)``: ``job`` assembled for ``mesh`` (``asm.eval_step`` is its jitted
+  evaluation step) and the params of the latest checkpoint in ``checkpoint_dir`` (a workdir or
+  its ``best/``), placed in the shardings a run gives them."""
+  rules = parallel.normalize_rules(config.logical_axis_rules)
+  asm = assemble(job, config, mesh, rules)
+  manager = CheckpointManager(checkpoint_dir, keep=1, async_save=False)
+  try:
+    host = manager.restore_params()
+    step = manager.latest_step()
+  finally:
+    manager.close()
+  return asm, state_lib.place_like(host, asm.abstract_state.params), step
 
 
 # The model sizes a workdir's model_config.json must share with the config resuming it.
@@ -302,7 +320,7 @@ class _Writer(MetricWriter):
 
 @dataclasses.dataclass
 class FinishContext:
-  """What ``job.finish`` gets after a completed run."""
+  """What ``job.hooks.finish`` gets after a completed run."""
 
   asm: Assembled
   workdir: str
@@ -348,6 +366,7 @@ def run(config, workdir: str, build, purpose: str = "train") -> dict[str, Any]:
   try:
     with WorkdirLock(workdir, purpose=purpose) as lock:
       mesh = parallel.create_mesh(config.mesh)
+      check_batch_layout(config, mesh)  # every batch against accumulation, data x fsdp, hosts
       rules = parallel.normalize_rules(config.logical_axis_rules)
       logging.info(
         "Mesh %s over %d devices (%d processes)",
@@ -364,6 +383,7 @@ def run(config, workdir: str, build, purpose: str = "train") -> dict[str, Any]:
 
 def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str, Any]:
   asm = assemble(job, config, mesh, rules)
+  program, hooks = job.program, job.hooks
   ckpt = config.checkpoint
   manager = CheckpointManager(
     workdir,
@@ -373,7 +393,7 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
   )
   best = (
     CheckpointManager(os.path.join(workdir, BEST_DIR), keep=1, async_save=False)
-    if job.keep_best
+    if hooks.keep_best
     else None
   )
   writer = None
@@ -385,16 +405,16 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
       manager,
       asm.abstract_state,
       asm.init_state,
-      init_checkpoint=job.init_checkpoint,
+      init_checkpoint=job.pretrained.checkpoint,
       with_params=asm.with_params,
-      pretrained_params=job.pretrained_params,
-      pretrained_subtrees=job.pretrained_subtrees,
+      pretrained_params=job.pretrained.params,
+      pretrained_subtrees=job.pretrained.subtrees,
     )
     logging.info("Init: %s", report.describe())
-    if job.write_run_files is not None and jax.process_index() == 0:
-      job.write_run_files(workdir)
+    if hooks.write_run_files is not None and jax.process_index() == 0:
+      hooks.write_run_files(workdir)
     resumed = report.step if report.source == "resumed" else None
-    history = EvalHistory(workdir, resumed, job.higher_is_better, best)
+    history = EvalHistory(workdir, resumed, hooks.higher_is_better, best)
 
     def restore_state(step: int):
       """The run's own checkpoint of ``step`` as a state, or None when it is gone."""
@@ -409,32 +429,28 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
       config.logging.peak_flops_per_device,
       config.logging.cpu_peak_flops_per_device,
     )
-    phases = [
-      Phase(p.name, p.end_step, p.make_input, step, p.global_batch_size, p.seq_len,
-            p.flops_per_example)
-      for p, step in zip(job.phases, asm.train_steps)
-    ]  # fmt: skip
     evaluate = None
-    if job.evaluate is not None:
-      evaluate = history.evaluator(lambda params, step: job.evaluate(params, step, asm.eval_step))
+    if hooks.evaluate is not None:
+      evaluate = history.evaluator(lambda params, step: hooks.evaluate(params, step, asm.eval_step))
       if resumed is not None:
-        _redo_earlier_evaluations(history, evaluate, job.eval_every_steps, resumed, restore_state)
+        every = hooks.eval_every_steps
+        _redo_earlier_evaluations(history, evaluate, every, resumed, restore_state)
     options = LoopOptions(
-      save_every_steps=job.save_every_steps or job.eval_every_steps or job.num_train_steps,
+      save_every_steps=hooks.save_every_steps or hooks.eval_every_steps or program.num_train_steps,
       log_every_steps=int(config.logging.log_every_steps),
-      eval_every_steps=job.eval_every_steps,
+      eval_every_steps=hooks.eval_every_steps,
       peak_flops_per_device=peak,
       save_on_preemption=bool(ckpt.save_on_preemption),
       eval_fn=evaluate,
       before_save=lock.check,
       evaluated=lambda step: step in history.steps,
     )
-    if job.evaluate is None:
+    if hooks.evaluate is None:
       logging.warning("No evaluation data configured: the run will not be evaluated")
     logging.info("%s: %d params", job.describe or job.name, asm.num_params)
     writer = _Writer(workdir)
     loop = train_loop(
-      state, phases, manager, options, writer, mesh, rules,
+      state, program.phases, asm.train_steps, manager, options, writer, mesh, rules,
       input_state=input_state, input_phase=meta.get("phase"),
     )  # fmt: skip
     summary = dict(
@@ -457,13 +473,15 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
       train_loss_history=writer.losses,
     )
     lock.check()  # nothing of this run's is written over another run's
-    if loop["status"] == "completed" and job.finish is not None:
+    if loop["status"] == "completed" and hooks.finish is not None:
 
       def restore_params(step: int):
         source = best if best is not None and step in best.all_steps() else manager
         return state_lib.place_like(source.restore_params(step), asm.abstract_state.params)
 
-      summary.update(job.finish(FinishContext(asm, workdir, loop, report, history, restore_params)))
+      summary.update(
+        hooks.finish(FinishContext(asm, workdir, loop, report, history, restore_params))
+      )
     summary["wall_seconds"] = time.time() - t_start
     if jax.process_index() == 0:
       write_json(os.path.join(workdir, "summary.json"), json_safe(summary))

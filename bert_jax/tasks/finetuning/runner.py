@@ -48,7 +48,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import parallel
-from bert_jax.checkpoint import CheckpointManager, write_json
+from bert_jax.checkpoint import write_json
 from bert_jax.checkpoint.lock import WorkdirLock
 from bert_jax.model import BertConfig
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
@@ -66,9 +66,8 @@ from bert_jax.tasks.registry import create_task
 from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
-from bert_jax.train.job import EvalResult, Job, PhaseSpec
+from bert_jax.train.job import EvalResult, Job, Phase, Pretrained, Program, RunHooks
 from bert_jax.train.metrics import json_safe, scalar_metrics
-from bert_jax.train.run_config import check_run_config
 from bert_jax.train.trainer import BEST_DIR
 
 
@@ -184,7 +183,6 @@ class _Finetuning:
     self.evals = [self.task.load_split(s) for s in self.task.eval_splits]
     self.data_stats = {d.split: d.stats for d in [self.train] + self.evals}
     logging.info("Data: %s", self.data_stats)
-    check_run_config(config, mesh)  # the batches against accumulation, data x fsdp, hosts
     self.eval_batch_size = _eval_batch_size(config, self.evals, mesh)
     self.per_epoch, self.total, self.warmup = _plan(config, self.train.num_rows)
     self.bucketer = make_bucketer(self.task, config)
@@ -288,56 +286,51 @@ class _Finetuning:
     }
 
   def job(self) -> Job:
-    config, task, model = self.config, self.task, self.model
+    config, task = self.config, self.task
     batch = int(config.train_batch_size)
-    dp = parallel.data_parallel_size(self.mesh)
     eval_every = int(config.eval_every_steps) or self.per_epoch
+    program = _program(
+      config,
+      task,
+      self.model,
+      self.packer,
+      total=self.total,
+      warmup=self.warmup,
+      eval_batch_size=self.eval_batch_size,
+      init_batch=parallel.data_parallel_size(self.mesh),
+      # Bucketed (or packed) batches are not `batch` rows of max_seq_length: no MFU rather
+      # than an inflated one.
+      flops_per_example=0.0
+      if self.bucketer.enabled or self.packer is not None
+      else _flops_per_row(task, self.setup.bert_config),
+      make_input=lambda: FinetuneInput(
+        self.train,
+        self.per_epoch,
+        batch,
+        int(config.seed),
+        self.bucketer,
+        packer=self.packer,
+        grad_accum_steps=int(config.grad_accum_steps),
+        row_granule=_row_granule(self.mesh),
+      ),
+    )
     return Job(
       name=task.name,
-      init_params=lambda rng: task.init_variables(model, rng, dp)["params"],
-      loss_fn=make_loss_fn(task, model),
-      schedule=optimizers.warmup_linear_decay(
-        config.learning_rate, self.warmup, self.total, config.optimizer.schedule
+      program=program,
+      pretrained=Pretrained(
+        checkpoint=config.init_checkpoint,
+        params=self.setup.pretrained.params if self.setup.pretrained else None,
+        subtrees=("bert",),
       ),
-      phases=[
-        PhaseSpec(
-          "finetune",
-          self.total,
-          batch,
-          int(config.max_seq_length),
-          _batch_spec(task, self.packer, batch),
-          grad_accum_steps=int(config.grad_accum_steps),
-          # Bucketed (or packed) batches are not `batch` rows of max_seq_length: no MFU rather
-          # than an inflated one.
-          flops_per_example=0.0
-          if self.bucketer.enabled or self.packer is not None
-          else _flops_per_row(task, self.setup.bert_config),
-          make_input=lambda: FinetuneInput(
-            self.train,
-            self.per_epoch,
-            batch,
-            int(config.seed),
-            self.bucketer,
-            packer=self.packer,
-            grad_accum_steps=int(config.grad_accum_steps),
-            row_granule=_row_granule(self.mesh),
-          ),
-        )
-      ],
-      lr_scale=lr_scale(task),
-      optimizer_groups=task.optimizer_groups(),
-      eval_step=make_predict_fn(task, model),
-      eval_batch_spec=_batch_spec(task, self.packer, self.eval_batch_size),
-      init_checkpoint=config.init_checkpoint,
-      pretrained_params=self.setup.pretrained.params if self.setup.pretrained else None,
-      pretrained_subtrees=("bert",),
-      evaluate=self.evaluate if self.evals else None,
-      keep_best=True,
-      higher_is_better=task.higher_is_better,
-      write_run_files=self.write_run_files,
-      finish=self.finish,
-      eval_every_steps=eval_every,
-      save_every_steps=int(config.save_checkpoints_steps) or eval_every,
+      hooks=RunHooks(
+        evaluate=self.evaluate if self.evals else None,
+        eval_every_steps=eval_every,
+        save_every_steps=int(config.save_checkpoints_steps) or eval_every,
+        keep_best=True,
+        higher_is_better=task.higher_is_better,
+        write_run_files=self.write_run_files,
+        finish=self.finish,
+      ),
       describe=(
         f"Fine-tuning {task.name}: {self.train.num_rows} rows, {self.total} steps "
         f"({self.per_epoch} per epoch), warmup {self.warmup}, batch {batch}, "
@@ -350,40 +343,71 @@ class _Finetuning:
     )
 
 
-def build_finetune_job(config, workdir: str | None = None, mesh=None) -> Job:
-  """The fine-tuning ``Job`` of ``config.task``; with ``workdir=None``, abstract (no data read,
-  nothing written; the encoder is ``config.model_preset``)."""
-  if workdir is not None:
-    return _Finetuning(config, workdir, mesh).job()
-  task = create_task(config, None)
-  packer = make_packer(task, config)
-  bert_config = _abstract_bert_config(config, mesh)
-  model = task.build_model(bert_config)
+def _program(
+  config,
+  task: Task,
+  model,
+  packer: Packer | None,
+  *,
+  total: int,
+  warmup: int,
+  eval_batch_size: int,
+  init_batch: int = 1,
+  flops_per_example: float,
+  make_input=None,
+) -> Program:
+  """What a fine-tuning run compiles: one phase of ``total`` steps at ``train_batch_size``."""
   batch = int(config.train_batch_size)
-  total = max(int(config.num_train_steps), 1)
-  return Job(
-    name=task.name,
-    init_params=lambda rng: task.init_variables(model, rng, 1)["params"],
+  return Program(
+    init_params=lambda rng: task.init_variables(model, rng, init_batch)["params"],
     loss_fn=make_loss_fn(task, model),
     schedule=optimizers.warmup_linear_decay(
-      config.learning_rate, 0, total, config.optimizer.schedule
+      config.learning_rate, warmup, total, config.optimizer.schedule
     ),
     phases=[
-      PhaseSpec(
+      Phase(
         "finetune",
         total,
         batch,
         int(config.max_seq_length),
         _batch_spec(task, packer, batch),
         grad_accum_steps=int(config.grad_accum_steps),
-        flops_per_example=0.0 if packer is not None else _flops_per_row(task, bert_config),
+        flops_per_example=flops_per_example,
+        make_input=make_input,
       )
     ],
     lr_scale=lr_scale(task),
     optimizer_groups=task.optimizer_groups(),
     eval_step=make_predict_fn(task, model),
-    eval_batch_spec=_batch_spec(task, packer, int(config.eval_batch_size)),
+    eval_batch_spec=_batch_spec(task, packer, eval_batch_size),
   )
+
+
+def build_finetune_job(config, workdir: str | None = None, mesh=None) -> Job:
+  """The fine-tuning ``Job`` of ``config.task``; with ``workdir=None``, abstract (no data read,
+  nothing written; the encoder is ``config.model_preset``)."""
+  if workdir is not None:
+    return _Finetuning(config, workdir, mesh).job()
+  task = create_task(config, None)
+  return _abstract_job(config, task, _abstract_bert_config(config, mesh))
+
+
+def _abstract_job(config, task: Task, bert_config: BertConfig) -> Job:
+  """A Job of ``task`` on ``bert_config`` with its program only: for compiling, or evaluating
+  a checkpoint (``config.eval_batch_size``; ``num_train_steps`` at least 1)."""
+  packer = make_packer(task, config)
+  model = task.build_model(bert_config)
+  program = _program(
+    config,
+    task,
+    model,
+    packer,
+    total=max(int(config.num_train_steps), 1),
+    warmup=0,
+    eval_batch_size=int(config.eval_batch_size),
+    flops_per_example=0.0 if packer is not None else _flops_per_row(task, bert_config),
+  )
+  return Job(name=task.name, program=program)
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -449,33 +473,21 @@ def _evaluate(workdir: str, split: str, output_dir: str, overrides) -> dict[str,
     io.read_model_config(workdir).replace(dtype=config.dtype), config, mesh
   )
   task = create_task(config, load_tokenizer(workdir))
-  packer = make_packer(task, config)
-  model = task.build_model(bert_config)
   names = {"dev": task.eval_splits, "test": task.test_splits}.get(split, (split,))
   if not names:
     raise ValueError(f"task {task.name} has no {split!r} split")
-  rules = parallel.normalize_rules(config.logical_axis_rules)
-  dp = parallel.data_parallel_size(mesh)
-  boxed = jax.eval_shape(lambda: task.init_variables(model, jax.random.PRNGKey(0), dp)["params"])
-  shardings = parallel.logical_shardings(boxed, mesh, rules)
-  manager = CheckpointManager(source, keep=1, async_save=False)
-  try:
-    host = manager.restore_params()
-    step = manager.latest_step()
-  finally:
-    manager.close()
-  params = jax.tree_util.tree_map(
-    lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), host, shardings
-  )
+  job = _abstract_job(config, task, bert_config)
+  asm, params, step = trainer.restore_for_evaluation(job, config, mesh, source)
   predictor = Predictor(
     task,
-    model,
+    None,  # the model is in asm.eval_step
     mesh,
-    rules,
+    asm.rules,
     int(config.eval_batch_size),
     make_bucketer(task, config),
     int(config.max_seq_length),
-    packer=packer,
+    step=asm.eval_step,
+    packer=make_packer(task, config),
   )
   output_dir = output_dir or os.path.join(workdir, f"eval_{split}")
   splits = []

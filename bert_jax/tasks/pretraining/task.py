@@ -51,9 +51,8 @@ from bert_jax.tasks.pretraining.loss import (
 )
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
-from bert_jax.train.job import EvalResult, Job, PhaseSpec
+from bert_jax.train.job import EvalResult, Job, Phase, Pretrained, Program, RunHooks
 from bert_jax.train.loop import phase_index
-from bert_jax.train.run_config import check_batch_layout
 
 
 def phase_boundary(config) -> int:
@@ -160,8 +159,8 @@ def _run_files_writer(config, bert: BertConfig, sources: DataSources):
 
 
 def _validate(config, mesh) -> None:
-  """The pre-training checks of ``config``; with ``mesh`` (a run's), its batch layout too
-  (``check_batch_layout``; a compile for a topology checks it against the topology's mesh)."""
+  """The pre-training checks of ``config`` beyond ``check_run_config``'s (which the trainer and
+  ``bert_jax.compile`` run first); with ``mesh`` (a run's), the attention kernel it resolves to."""
   check_objective(config.objective)
   mask_rates(config)
   if config.save_checkpoints_steps <= 0:
@@ -169,7 +168,6 @@ def _validate(config, mesh) -> None:
       f"config.save_checkpoints_steps must be positive, got {config.save_checkpoints_steps}"
     )
   if mesh is not None:
-    check_batch_layout(config, mesh)
     attention_kernel(config, mesh)  # before any data is prepared
 
 
@@ -234,7 +232,7 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
       (config.phase2.train_batch_size, config.phase2.grad_accum_steps, config.num_train_steps)
     )
   phases = [
-    PhaseSpec(
+    Phase(
       name=f"seq{data.max_seq_length}",
       end_step=end,
       global_batch_size=batch,
@@ -254,40 +252,45 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
     )
     for data, (batch, accum, end), share in zip(sources.phases, settings, shares)
   ]
-  eval_step = make_pretraining_eval(model, objective)
   last = sources.phases[-1]
-  job = Job(
-    name="pretraining",
+  program = Program(
     init_params=init_params,
     loss_fn=make_pretraining_loss(model, objective),
     schedule=learning_rate_schedule(config),
     phases=phases,
-    eval_step=eval_step,
+    eval_step=make_pretraining_eval(model, objective),
     eval_batch_spec=batch_spec(
       config.eval_batch_size, last.max_seq_length, last.max_predictions_per_seq, objective
     ),
-    init_checkpoint=config.init_checkpoint,
-    pretrained_params=(lambda: load_pretrained(config.init_checkpoint).params)
-    if config.init_checkpoint
-    else None,
+  )
+  hooks = RunHooks(
     eval_every_steps=int(config.eval_every_steps),
     save_every_steps=int(config.save_checkpoints_steps),
+  )
+  if not abstract:
+    hooks.write_run_files = _run_files_writer(config, bert, sources)
+    hooks.finish = _token_share_report(shares)
+    if config.synthetic_data or any(d.eval_input_files for d in sources.phases):
+      hooks.evaluate = _evaluator(config, sources, phases, mesh)
+  return Job(
+    name="pretraining",
+    program=program,
+    pretrained=Pretrained(
+      checkpoint=config.init_checkpoint,
+      params=(lambda: load_pretrained(config.init_checkpoint).params)
+      if config.init_checkpoint
+      else None,
+    ),
+    hooks=hooks,
     describe=(
       f"Pre-training {config.model_preset} ({objective}): {bert.num_hidden_layers} layers, "
       f"hidden {bert.hidden_size}, vocab {bert.vocab_size}"
     ),
   )
-  if abstract:
-    return job
-  job.write_run_files = _run_files_writer(config, bert, sources)
-  job.finish = _token_share_report(shares)
-  if config.synthetic_data or any(d.eval_input_files for d in sources.phases):
-    job.evaluate = _evaluator(config, sources, phases, mesh)
-  return job
 
 
 def _token_share_report(shares: list[TokenShare]):
-  """``job.finish``: logs each phase's real-token share of the training rows this process
+  """``RunHooks.finish``: logs each phase's real-token share of the training rows this process
   delivered and returns them for summary.json as ``input_token_share`` (per phase name)."""
 
   def finish(ctx) -> dict[str, Any]:
