@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import features
+from bert_jax.tasks.inference import features
 
 LINES = [
   "The quick brown fox jumps over the lazy dog.",

@@ -17,9 +17,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import features
 from bert_jax.model import BertConfig, BertEncoder, ScalarMix
 from bert_jax.model import scalar_mix as scalar_mix_lib
+from bert_jax.tasks.inference import features
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TINY = dict(

@@ -13,7 +13,8 @@ all processes cut to the same shape.
 Evaluation. ``Predictor`` runs ``task.predict`` over every row of a split in global batches of
 ``eval_batch_size`` (the last one padded with copies of its first row, whose outputs are
 dropped), each cut to its bucket and padded back to ``max_seq_length`` on the task's
-``prediction_axes``. With bucketing on, the rows are visited shortest first (a stable sort on
+``prediction_axes``; the batches are planned and run by ``bert_jax.tasks.inference.batches``
+(``InferenceBatches`` over the run's mesh), as the inference tools' are. With bucketing on, the rows are visited shortest first (a stable sort on
 each row's needed length, the same on every process), so each batch holds rows of similar
 length and is cut as short as they allow; the outputs come back in the split's order. A split
 smaller than ``eval_batch_size`` runs in one batch of its rows rounded up to the data-parallel
@@ -48,6 +49,7 @@ from absl import logging
 from bert_jax import parallel
 from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.finetuning.length_buckets import MASK_KEY, LengthBucketer, parse_buckets
+from bert_jax.tasks.inference.batches import InferenceBatches
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 from bert_jax.train.train_step import jit_eval_step
 
@@ -377,35 +379,41 @@ class Predictor:
       )
     need_N = _bucketed_need(data, self.bucketer)
     bucketed = need_N is not None
-    order = np.argsort(need_N, kind="stable") if bucketed else np.arange(n)
-    outs = []
+
+    def make(index, length):
+      rows = {k: v[index] for k, v in data.arrays.items()}
+      return self.bucketer.cut(rows, length) if bucketed else rows
+
+    def finish(out):
+      if bucketed:
+        return LengthBucketer.pad(out, self.prediction_axes, self.max_seq_length)
+      return out
+
     progress = Progress(
       what or f"predicting {data.split}",
       total=-(-n // b),
       unit="batches",
       interval_sec=self.progress_interval_sec,
     )
+    batches = self._batches(self.bucketer.buckets if bucketed else None)
     with progress:
-      for start in range(0, n, b):
-        idx = order[start : start + b]
-        idx = np.concatenate([idx, np.full(b - idx.size, idx[0], idx.dtype)])
-        rows = {k: v[_host_share(idx, b)] for k, v in data.arrays.items()}
-        if bucketed:
-          rows = self.bucketer.cut(rows, self.bucketer.bucket_for(int(need_N[idx].max())))
-        out = self._step(params, parallel.make_global_batch(rows, self.mesh, self.rules))
-        out = {k: np.asarray(v.addressable_data(0)) for k, v in out.items()}
-        if bucketed:
-          out = LengthBucketer.pad(out, self.prediction_axes, self.max_seq_length)
-        outs.append(out)
-        progress.update()
-    if not outs:
-      return {}
-    result = {}
-    for k in outs[0]:
-      in_order = np.concatenate([o[k] for o in outs])[:n]
-      result[k] = np.empty_like(in_order)
-      result[k][order] = in_order
-    return result
+      result = batches.run_in_order(
+        self._step,
+        params,
+        need_N if bucketed else np.zeros(n, np.int64),  # unbucketed: the split's order
+        make,
+        b,
+        finish,
+        on_batch=lambda _: progress.update(),
+      )
+    return {} if result is None else result
+
+  def _batches(self, buckets: tuple[int, ...] | None) -> InferenceBatches:
+    """The planner of this predictor's batches (shortest first, the last padded with copies of
+    its first row) over its mesh, cut to ``buckets`` (None: no cut)."""
+    return InferenceBatches(
+      self.batch_size, buckets or (max(1, self.max_seq_length),), mesh=self.mesh, rules=self.rules
+    )
 
   def _packed(self, params, data: SplitData, what: str) -> dict[str, np.ndarray]:
     """Every row of ``data`` packed (``Packer.place`` over the whole split), run in batches of
@@ -420,7 +428,6 @@ class Predictor:
     if data.split not in self._packed_splits:  # once per split
       self._packed_splits.add(data.split)
       logging.info("%s: %d rows packed into %d, batches of %d", data.split, n, num_rows, b)
-    outs = []
     progress = Progress(
       what or f"predicting {data.split}",
       total=-(-num_rows // b),
@@ -428,12 +435,12 @@ class Predictor:
       interval_sec=self.progress_interval_sec,
     )
     with progress:
-      for start in range(0, num_rows, b):
-        idx = np.arange(start, min(start + b, num_rows))
-        idx = np.concatenate([idx, np.full(b - idx.size, idx[0], idx.dtype)])
-        rows = {k: v[_host_share(idx, b)] for k, v in packed.items()}
-        out = self._step(params, parallel.make_global_batch(rows, self.mesh, self.rules))
-        outs.append({k: np.asarray(v.addressable_data(0)) for k, v in out.items()})
-        progress.update()
-    outputs = {k: np.concatenate([o[k] for o in outs])[:num_rows] for k in outs[0]}
+      outputs = self._batches(None).run_in_order(
+        self._step,
+        params,
+        np.zeros(num_rows, np.int64),  # packed rows in their order
+        lambda index, _: {k: v[index] for k, v in packed.items()},
+        b,
+        on_batch=lambda _: progress.update(),
+      )
     return self.packer.unpack(outputs, placement, self.prediction_axes)

@@ -17,11 +17,12 @@ once (train step and eval step), on first use.
   ""  or "0"       off: every batch keeps ``max_seq_length``
   "32"             one number: its multiples up to ``max_seq_length`` (32, 64, 96, 128)
   "16,48,128"      several: exactly these lengths
-``max_seq_length`` is always the last bucket. The longest row is found from ``input_mask``
-(the last position with mask 1, over every axis but the length axis, so SWAG's BxCxL counts
-all four choices). Arrays that hold *positions into* the sequence (SQuAD's start and end
-positions) are named by the task's ``position_keys``: the cut length is raised so that every
-such position stays inside the batch.
+``max_seq_length`` is always the last bucket (the inference tools' bucket lists,
+``bert_jax.tasks.inference.batches``, are read by ``parse_buckets`` too). The longest row is
+found from ``input_mask`` (the last position with mask 1, over every axis but the length axis,
+so SWAG's BxCxL counts all four choices). Arrays that hold *positions into* the sequence
+(SQuAD's start and end positions) are named by the task's ``position_keys``: the cut length is
+raised so that every such position stays inside the batch.
 """
 
 from __future__ import annotations
@@ -35,13 +36,20 @@ MASK_KEY = "input_mask"
 
 
 def parse_buckets(
-  setting: str | int, max_seq_length: int, key: str = "length_buckets"
+  setting: str | int | Sequence[int], max_seq_length: int, key: str = "length_buckets"
 ) -> tuple[int, ...]:
   """Bucket lengths (ascending, ending at ``max_seq_length``) from the config value; () = off.
 
-  Errors name ``config.<key>``.
+  ``setting`` may also be a sequence of ints: exactly these lengths (even just one), those
+  above ``max_seq_length`` dropped. Errors name ``config.<key>``.
   """
   max_seq_length = int(max_seq_length)
+  if isinstance(setting, (list, tuple)):
+    values = [int(v) for v in setting]
+    bad = [v for v in values if v <= 0]
+    if bad:
+      raise ValueError(f"config.{key}={setting!r}: lengths must be positive, got {bad}")
+    return tuple(sorted(set(v for v in values if v < max_seq_length) | {max_seq_length}))
   text = str(setting).strip().strip("'\"")
   if text in ("", "0", "off", "none", "None"):
     return ()

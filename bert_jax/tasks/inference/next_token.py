@@ -27,12 +27,13 @@ special pieces such as [SEP] and [UNK] included, so top-k may hold them; model r
 tokenizer's vocabulary, padding, are left out). The gold piece is the tokenizer's piece
 (possibly [UNK], never [CLS] / [SEP] / [MASK] / [PAD]).
 
-Work is batched: rows (windows, or one prefix each in mlm mode) are sorted by length into
-buckets (multiples of 32 up to max_seq_length), so a handful of programs is compiled whatever
-the lines; lines are processed in chunks, written back in input order as each chunk finishes,
-to a temporary file renamed into place at the end (a failed run leaves no partial output).
-A progress line (lines done of the input's, rate, ETA) is logged at least every 30 s while the
-chunks finish (``bert_jax.train.progress``).
+Work is batched (``bert_jax.tasks.inference.batches``): rows (windows, or one prefix each in
+mlm mode) are sorted by length and each batch is cut to a bucket (multiples of 32 up to
+max_seq_length), so a handful of programs is compiled whatever the lines; lines are processed
+in chunks, written back in input order as each chunk finishes, to a temporary file renamed into
+place at the end (a failed run leaves no partial output). A progress line (lines done of the
+input's, rate, ETA) is logged at least every 30 s while the chunks finish
+(``bert_jax.train.progress``).
 
 The outputs are checked before the checkpoint is loaded (``bert_jax.checkpoint.outputs``): the
 output file and the summary file must not be the input file (or the checkpoint), nor each
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -59,6 +61,8 @@ from bert_jax.checkpoint import atomic_write, write_json
 from bert_jax.checkpoint.outputs import check_outputs, check_parent
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertForPreTraining
+from bert_jax.tasks.finetuning.length_buckets import parse_buckets
+from bert_jax.tasks.inference.batches import InferenceBatches
 from bert_jax.tokenize import iter_text_lines
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 
@@ -97,12 +101,6 @@ def resolve_mode(mode: str, is_decoder: bool, checkpoint: str = "the checkpoint"
   return "causal" if is_decoder else "mlm"
 
 
-def bucket_lengths(max_seq_length: int, step: int = BUCKET_STEP) -> list[int]:
-  """The padded lengths rows are compiled at: multiples of ``step`` below max_seq_length, then
-  max_seq_length."""
-  return list(range(step, max_seq_length, step)) + [max_seq_length]
-
-
 def causal_windows(n: int, max_seq_length: int, stride: int | None = None):
   """(s, first, last) for each window of a line of ``n`` pieces: the window's input is
   [CLS] t_{s+1} .. t_last and it predicts prefixes first..last (prefix j at position j - s)."""
@@ -133,8 +131,9 @@ class _Row:
 class NextTokenPredictor:
   """Top-k next pieces and the gold piece's log-probability, batched over length buckets.
 
-  Batches are split over ``devices`` (default: this host's local devices; params replicated),
-  so the batch size is rounded up to a multiple of their number.
+  Batches are planned, padded and split over ``devices`` (default: this host's local devices;
+  params replicated) by ``bert_jax.tasks.inference.batches.InferenceBatches``, so the batch
+  size is rounded up to a multiple of their number.
   """
 
   def __init__(
@@ -168,35 +167,33 @@ class NextTokenPredictor:
       raise ValueError(f"stride must be in [1, {context}], got {stride}")
     self.mode, self.top_k, self.max_seq_length, self.stride = mode, top_k, max_seq_length, stride
     self.tokenizer = tokenizer
-    self.buckets = bucket_lengths(max_seq_length)
-    devices = list(devices or jax.local_devices())
-    self.batch_size = -(-batch_size // len(devices)) * len(devices)
-    mesh = jax.sharding.Mesh(np.array(devices), ("data",))
-    batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    self._batch_sharding = batch_sharding
+    self.buckets = parse_buckets(BUCKET_STEP, max_seq_length)
+    self._batches = InferenceBatches(batch_size, self.buckets, devices)
+    self.batch_size = self._batches.batch_size
     missing = [k for k in ("bert", *_LM_HEAD) if k not in params]
     if missing:
       raise ValueError(f"the checkpoint's params lack {missing} (no language-model head)")
-    self.params = jax.device_put({k: params[k] for k in ("bert", *_LM_HEAD)}, replicated)
+    self.params = self._batches.replicate({k: params[k] for k in ("bert", *_LM_HEAD)})
     model = BertForPreTraining(config.replace(dtype="float32"), next_sentence=False)
     causal, vocab, k = mode == "causal", self.vocab_size, top_k
 
-    def predict(params, ids_BxL, mask_BxL, positions_BxP, targets_BxP):
+    def predict(params, batch):
+      ids_BxL = batch["input_ids"]
       out = model.apply(
         {"params": params},
         ids_BxL,
-        mask_BxL,
+        batch["input_mask"],
         jnp.zeros_like(ids_BxL),
-        None if causal else positions_BxP,  # causal: every position (P = L)
+        None if causal else batch["positions"],  # causal: every position (P = L)
       )
       logits_BxPxV = out["mlm_logits"][..., :vocab].astype(jnp.float32)
       logp_BxPxV = jax.nn.log_softmax(logits_BxPxV, axis=-1)
       top_logp_BxPxK, top_ids_BxPxK = jax.lax.top_k(logp_BxPxV, k)
+      targets_BxP = batch["targets"]
       gold_BxP = jnp.take_along_axis(logp_BxPxV, targets_BxP[..., None], axis=-1)[..., 0]
       return top_logp_BxPxK, top_ids_BxPxK, gold_BxP
 
-    self._predict = jax.jit(predict, in_shardings=(replicated,) + (batch_sharding,) * 4)
+    self._predict = jax.jit(predict)
 
   def rows(self, slot: int, ids: Sequence[int]) -> list[_Row]:
     """The model inputs that predict every prefix of one line's piece ids."""
@@ -219,21 +216,20 @@ class NextTokenPredictor:
       out.append(_Row(slot, [cls] + ids[a:j] + [mask, sep], [j - a + 1], [j], [ids[j]]))
     return out
 
-  def _bucket(self, length: int) -> int:
-    return next(b for b in self.buckets if b >= length)
-
-  def _arrays(self, rows: Sequence[_Row]):
-    length = self._bucket(max(len(r.ids) for r in rows))
+  def _arrays(self, rows: Sequence[_Row], index: np.ndarray, length: int) -> dict[str, np.ndarray]:
+    """The batch of ``rows[index]`` padded to ``length``: ids, mask, and the positions read and
+    their gold ids (causal: the targets at their positions of a length-wide row; mlm: one)."""
     width = length if self.mode == "causal" else 1
-    ids, mask = (np.zeros((self.batch_size, length), np.int32) for _ in range(2))
-    positions, targets = (np.zeros((self.batch_size, width), np.int32) for _ in range(2))
-    for i, r in enumerate(rows):
+    n = len(index)
+    ids, mask = (np.zeros((n, length), np.int32) for _ in range(2))
+    positions, targets = (np.zeros((n, width), np.int32) for _ in range(2))
+    for i, r in enumerate(rows[j] for j in index):
       ids[i, : len(r.ids)], mask[i, : len(r.ids)] = r.ids, 1
       if self.mode == "causal":
         targets[i, r.positions] = r.targets
       else:
         positions[i, 0], targets[i, 0] = r.positions[0], r.targets[0]
-    return ids, mask, positions, targets
+    return {"input_ids": ids, "input_mask": mask, "positions": positions, "targets": targets}
 
   def run(self, rows: Sequence[_Row], lengths: Sequence[int]):
     """Per line slot: (top log-probs n x K, top ids n x K, gold log-probs n) for ``rows``, which
@@ -242,31 +238,15 @@ class NextTokenPredictor:
     top_lp = [np.zeros((n, k), np.float32) for n in lengths]
     top_ids = [np.zeros((n, k), np.int32) for n in lengths]
     gold = [np.zeros((n,), np.float32) for n in lengths]
-    order = sorted(rows, key=lambda r: len(r.ids))
-    batches, i = [], 0
-    while i < len(order):  # one bucket per batch
-      bucket = self._bucket(len(order[i].ids))
-      j = i
-      while j < len(order) and j - i < self.batch_size and len(order[j].ids) <= bucket:
-        j += 1
-      batches.append(order[i:j])
-      i = j
-    pending = None
-    for batch in batches + [None]:
-      # Dispatch this batch before fetching the last one, so the device never waits on us.
-      dispatched = None
-      if batch is not None:
-        arrays = jax.device_put(self._arrays(batch), self._batch_sharding)
-        dispatched = (batch, self._predict(self.params, *arrays))
-      if pending is not None:
-        done, (lp_BxPxK, ids_BxPxK, gold_BxP) = pending
-        lp_BxPxK, ids_BxPxK, gold_BxP = (np.asarray(x) for x in (lp_BxPxK, ids_BxPxK, gold_BxP))
-        for b, r in enumerate(done):
-          cols = r.positions if self.mode == "causal" else [0]
-          top_lp[r.slot][r.prefixes] = lp_BxPxK[b, cols]
-          top_ids[r.slot][r.prefixes] = ids_BxPxK[b, cols]
-          gold[r.slot][r.prefixes] = gold_BxP[b, cols]
-      pending = dispatched
+    make = functools.partial(self._arrays, rows)
+    outputs = self._batches.run(self._predict, self.params, [len(r.ids) for r in rows], make)
+    for batch, (lp_BxPxK, ids_BxPxK, gold_BxP) in outputs:
+      for b, i in enumerate(batch.rows):
+        r = rows[i]
+        cols = r.positions if self.mode == "causal" else [0]
+        top_lp[r.slot][r.prefixes] = lp_BxPxK[b, cols]
+        top_ids[r.slot][r.prefixes] = ids_BxPxK[b, cols]
+        gold[r.slot][r.prefixes] = gold_BxP[b, cols]
     return top_lp, top_ids, gold
 
 

@@ -34,6 +34,8 @@ from absl import logging
 from bert_jax.model import BertConfig, BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
 from bert_jax.tasks.base import INPUT_KEYS
+from bert_jax.tasks.finetuning.length_buckets import parse_buckets
+from bert_jax.tasks.inference.batches import InferenceBatches
 from bert_jax.tasks.privacy import metrics as pm
 from bert_jax.train import progress as progress_lib
 from bert_jax.train.progress import Heartbeat, Progress
@@ -104,18 +106,15 @@ class DirectModel(nn.Module):
     return attacker(r)
 
 
-def _bucket(length: int, max_length: int) -> int:
-  return min(max_length, -(-max(length, 1) // 32) * 32)
-
-
 @functools.lru_cache(maxsize=8)
 def _representation_fn(bert_config: BertConfig, mode: str, layer: int, pooling: str):
-  """The jitted (params, ids, mask, segments) -> r(x), one per encoder and representation (so
-  the splits of a probe share its compilations)."""
+  """The jitted (params, batch) -> r(x), one per encoder and representation (so the splits of a
+  probe share its compilations)."""
   encoder = BertEncoder(bert_config)
   hidden = mode != "pooled"
 
-  def run(params, ids, mask, seg):
+  def run(params, batch):
+    ids, mask, seg = (batch[k] for k in INPUT_KEYS)
     out = encoder.apply({"params": params}, ids, mask, seg, output_hidden_states=hidden)
     return represent(out, mask, mode, layer, pooling)
 
@@ -136,42 +135,47 @@ def compute_representations(
   """r(x) of every row of ``arrays`` (input_ids, input_mask, segment_ids) under the frozen
   encoder: float32 [N, D] (or [N, K, D] for scalar_mix), in row order. Rows are sorted by length
   and each jitted batch is cut to the multiple of 32 holding its longest row (padding is masked,
-  so r(x) does not change); the last batch is padded with copies of a row. Each batch counts
-  one unit of ``progress`` (by default its own, logged as 'probe: representations of <name> (N
-  rows): b/B batches ...')."""
+  so r(x) does not change); the last batch is padded with copies of a row
+  (``bert_jax.tasks.inference.batches``: batches split over this host's devices, the batch size
+  rounded up to a multiple of their number). Progress counts batches of ``batch_size`` rows (by
+  default its own, logged as 'probe: representations of <name> (N rows): b/B batches ...')."""
   run = _representation_fn(bert_config, mode, layer, pooling)
-  bert_params = jax.device_put(bert_params)  # once, not with every batch
   ids, mask, seg = (np.asarray(arrays[k]) for k in INPUT_KEYS)
   n, max_length = ids.shape
   if n == 0:
     raise ValueError(f"no rows to represent{' in ' + name if name else ''}")
-  lengths = mask.sum(1)
-  order = np.argsort(lengths, kind="stable")
+  batches = InferenceBatches(batch_size, parse_buckets("32", max_length))
+  bert_params = batches.replicate(bert_params)  # once, not with every batch
   what = f"probe: representations{' of ' + name if name else ''} ({n} rows)"
-  outs, seen = [], set()
+  total = -(-n // batch_size)
   if progress is None:
-    ctx = Progress(what, total=-(-n // batch_size), unit="batches", interval_sec=_interval())
+    ctx = Progress(what, total=total, unit="batches", interval_sec=_interval())
   else:  # the caller's, counting the batches of several row sets
     ctx = contextlib.nullcontext(progress)
+
+  def make(index, length):
+    return {
+      "input_ids": ids[index, :length],
+      "input_mask": mask[index, :length],
+      "segment_ids": seg[index, :length],
+    }
+
+  def compiling(length):  # a new length compiles (unless an earlier split compiled it)
+    return Heartbeat(
+      f"{what}: first batch of {length} tokens (compiling)", interval_sec=_interval()
+    )
+
+  done = [0]  # rows
+
+  def counted(batch):  # in batches of batch_size rows, whatever the devices round it to
+    before = -(-done[0] // batch_size)
+    done[0] += batch.rows.size
+    progress.update(-(-done[0] // batch_size) - before)
+
   with ctx as progress:
-    for start in range(0, n, batch_size):
-      idx = order[start : start + batch_size]
-      idx = np.concatenate([idx, np.full(batch_size - idx.size, idx[0], idx.dtype)])
-      cut = _bucket(int(lengths[idx].max()), max_length)
-      args = (bert_params, ids[idx, :cut], mask[idx, :cut], seg[idx, :cut])
-      if cut in seen:
-        outs.append(np.asarray(run(*args)))
-      else:  # a new length compiles (unless an earlier split compiled it)
-        with Heartbeat(
-          f"{what}: first batch of {cut} tokens (compiling)", interval_sec=_interval()
-        ):
-          outs.append(np.asarray(run(*args)))
-        seen.add(cut)
-      progress.update()
-  in_order = np.concatenate(outs)[:n]
-  result = np.empty_like(in_order)
-  result[order] = in_order
-  return result
+    return batches.run_in_order(
+      run, bert_params, mask.sum(1), make, compiling=compiling, on_batch=counted
+    )
 
 
 # --- training with selection on dev ----------------------------------------------------------

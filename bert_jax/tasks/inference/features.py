@@ -16,9 +16,10 @@ Optionally (``scalar_mix_weights``) one more entry per token, ``{"index": "mix",
 ``num_hidden_layers + 1`` hidden states, k = 0 the embeddings and k = j + 1 the layer the
 original calls j; the given non-negative weights are divided by their sum.
 
-Batches are jitted at a few bucketed lengths (powers of two up to ``max_seq_length``) and a
-fixed batch size, so a file compiles a handful of programs whatever its line lengths; lines are
-sorted by length within a window for dense batches and written back in input order. A
+Batches are jitted at a few bucketed lengths (``bucket_lengths``: 8, 16, 24, 32, 48, 64, ... up
+to ``max_seq_length``) and a fixed batch size, so a file compiles a handful of programs whatever
+its line lengths; lines are sorted by length within a window for dense batches and written back
+in input order (``bert_jax.tasks.inference.batches``). A
 progress line (lines written of the input's, rate, ETA) is logged at least every 30 s while lines
 are written (``bert_jax.train.progress``). The output file is checked before any work
 (``bert_jax.checkpoint.outputs``): it must not be the input file or the checkpoint, and its
@@ -47,6 +48,8 @@ from bert_jax.checkpoint.outputs import check_outputs, check_parent
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
+from bert_jax.tasks.finetuning.length_buckets import parse_buckets
+from bert_jax.tasks.inference.batches import InferenceBatches, pad_ragged
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 
 PROGRESS_INTERVAL_SEC = INTERVAL_SEC
@@ -148,14 +151,15 @@ def convert_examples(
   return out
 
 
-def bucket_lengths(max_seq_length: int) -> list[int]:
+def bucket_lengths(max_seq_length: int) -> tuple[int, ...]:
   """Padded lengths batches are compiled at: 8, 16, 24, 32, 48, 64, 96, ... (steps of at most
-  half the length, so padding wastes at most a third), then ``max_seq_length``."""
+  half the length, so padding wastes at most a third), then ``max_seq_length`` (as
+  ``parse_buckets`` reads an explicit list of lengths)."""
   steps, n = [8, 16, 24], 32
   while n < max_seq_length:
     steps += [n, n * 3 // 2]
     n *= 2
-  return [b for b in steps if b < max_seq_length] + [max_seq_length]
+  return parse_buckets(steps, max_seq_length)
 
 
 def check_layers(
@@ -213,10 +217,11 @@ def check_mix_weights(
 class FeatureExtractor:
   """Runs a pre-trained encoder over InputFeatures, returning the chosen layers per token.
 
-  Batches are split over ``devices`` (default: this host's local devices; params replicated),
-  so the batch size is rounded up to a multiple of their number. With ``scalar_mix_weights``
-  (one per hidden state, embeddings first; divided by their sum) the scalar mix is an extra
-  last row of the values, labelled "mix" in ``output_indices``; ``layers`` may then be empty.
+  Batches are planned, padded and split over ``devices`` (default: this host's local devices;
+  params replicated) by ``bert_jax.tasks.inference.batches.InferenceBatches``, so the batch
+  size is rounded up to a multiple of their number. With ``scalar_mix_weights`` (one per hidden
+  state, embeddings first; divided by their sum) the scalar mix is an extra last row of the
+  values, labelled "mix" in ``output_indices``; ``layers`` may then be empty.
   """
 
   def __init__(
@@ -248,60 +253,50 @@ class FeatureExtractor:
     self.mix_gamma = float(scalar_mix_gamma)
     self.output_indices: tuple[int | str, ...] = self.layers + (("mix",) if mixing else ())
     self.max_seq_length = max_seq_length
-    devices = list(devices or jax.local_devices())
-    self.batch_size = -(-batch_size // len(devices)) * len(devices)
-    mesh = jax.sharding.Mesh(np.array(devices), ("data",))
-    self._batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     self.buckets = bucket_lengths(max_seq_length)
-    self.params = jax.device_put(params["bert"] if "bert" in params else params, replicated)
+    self._batches = InferenceBatches(batch_size, self.buckets, devices)
+    self.batch_size = self._batches.batch_size
+    self.params = self._batches.replicate(params["bert"] if "bert" in params else params)
     encoder = BertEncoder(self.config)
     n = config.num_hidden_layers
     picked = [n + 1 + i if i < 0 else i + 1 for i in self.layers]  # hidden_states[0] = embeddings
 
-    def run(params, ids_BxL, mask_BxL, seg_BxL):
-      out = encoder.apply({"params": params}, ids_BxL, mask_BxL, seg_BxL, output_hidden_states=True)
+    def run(params, batch):
+      out = encoder.apply(
+        {"params": params},
+        batch["input_ids"],
+        batch["input_mask"],
+        batch["segment_ids"],
+        output_hidden_states=True,
+      )
       hidden = out["hidden_states"]
       rows = [hidden[j] for j in picked]
       if self.mix_weights is not None:
         rows.append(scalar_mix_lib.mix(hidden, self.mix_weights, self.mix_gamma))
       return jnp.stack(rows, axis=1)  # BxNxLxD, N = len(output_indices)
 
-    self._run = jax.jit(run, in_shardings=(replicated,) + (self._batch_sharding,) * 3)
+    self._run = jax.jit(run)
 
   def _bucket(self, length: int) -> int:
-    return next(b for b in self.buckets if b >= length)
-
-  def _arrays(self, feats: Sequence[InputFeatures]):
-    length = self._bucket(max(len(f.input_ids) for f in feats))
-    ids, seg = (np.zeros((self.batch_size, length), np.int32) for _ in range(2))
-    mask = np.zeros((self.batch_size, length), np.int32)
-    for r, f in enumerate(feats):
-      n = len(f.input_ids)
-      ids[r, :n], seg[r, :n], mask[r, :n] = f.input_ids, f.segment_ids, 1
-    return ids, mask, seg
+    return self._batches.bucket(length)
 
   def _window(self, chunk: Sequence[InputFeatures]) -> dict[int, np.ndarray]:
     """Values for each line of ``chunk``, computed in batches of similar lengths."""
-    chunk = sorted(chunk, key=lambda f: len(f.input_ids))
-    batches = [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-    results, pending = {}, None
-    for feats in batches + [None]:
-      # Dispatch this batch before fetching the last one, so the device never waits on us.
-      dispatched = (
-        None
-        if feats is None
-        else (
-          feats,
-          self._run(self.params, *jax.device_put(self._arrays(feats), self._batch_sharding)),
-        )
-      )
-      if pending is not None:
-        done, out = pending
-        out = np.asarray(out)
-        for r, f in enumerate(done):
-          results[f.unique_id] = out[r, :, : len(f.input_ids)]
-      pending = dispatched
+    ids = [f.input_ids for f in chunk]
+    segments = [f.segment_ids for f in chunk]
+    lengths = [len(x) for x in ids]
+
+    def make(index, length):
+      return {
+        "input_ids": pad_ragged(ids, index, length),
+        "input_mask": (np.arange(length) < np.take(lengths, index)[:, None]).astype(np.int32),
+        "segment_ids": pad_ragged(segments, index, length),
+      }
+
+    results = {}
+    for batch, out in self._batches.run(self._run, self.params, lengths, make):
+      for r, i in enumerate(batch.rows):
+        results[chunk[i].unique_id] = out[r, :, : lengths[i]]
     return results
 
   def __call__(
