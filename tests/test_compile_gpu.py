@@ -76,7 +76,9 @@ def _batch_bytes(config) -> float:
 def _param_bytes_by_rules(config, sizes) -> float:
   """fp32 parameter bytes per device: each parameter over the mesh axes its logical names map
   to under config.logical_axis_rules (a dimension left whole when they do not divide it)."""
-  boxed = jax.eval_shape(build_job(config, abstract=True).program.init_params, jax.random.PRNGKey(0))
+  boxed = jax.eval_shape(
+    build_job(config, abstract=True).program.init_params, jax.random.PRNGKey(0)
+  )
   mesh = dict(zip(("data", "fsdp", "tensor"), sizes))
   rules = dict(config.logical_axis_rules)
   total = 0.0
