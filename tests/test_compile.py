@@ -33,6 +33,7 @@ from bert_jax import parallel
 from bert_jax.parallel import topology as topo_lib
 from bert_jax.plan import hlo, isolation, planner
 from bert_jax.plan.compiler import compile_for_topology
+from bert_jax.plan.hlo_cost import hlo_text_cost
 from bert_jax.plan.planner import input_demand, mesh_candidates
 from bert_jax.plan.report import CompileError, parse_hbm_shortfall, step_report
 from bert_jax.tasks.jobs import build_job
@@ -96,7 +97,7 @@ def _expected_specs(config, sizes) -> dict[str, tuple]:
   """{param path: per-dimension mesh axes (size-1 axes dropped)} from the model's logical names
   and config.logical_axis_rules, a dimension left whole when its axes do not divide it."""
   job = build_job(config, abstract=True)
-  boxed = jax.eval_shape(job.init_params, jax.random.PRNGKey(0))
+  boxed = jax.eval_shape(job.program.init_params, jax.random.PRNGKey(0))
   mesh_size = dict(zip(("data", "fsdp", "tensor"), sizes))
   rules = dict(config.logical_axis_rules)
   out = {}
@@ -145,7 +146,9 @@ def test_parameter_shardings_follow_the_logical_rules(compiled_tpu, kind):
   name, sizes, result = compiled_tpu[kind]
   config = _mesh_config(sizes)
   expected = _expected_specs(config, sizes)
-  abstract = jax.eval_shape(build_job(config, abstract=True).init_params, jax.random.PRNGKey(0))
+  abstract = jax.eval_shape(
+    build_job(config, abstract=True).program.init_params, jax.random.PRNGKey(0)
+  )
   compiled = result["reports"][0].compiled
   got = _compiled_param_specs(compiled, nn.meta.unbox(abstract))
   assert got.keys() == expected.keys()
@@ -163,7 +166,7 @@ def test_argument_bytes_are_params_and_adam_moments_over_their_shards(compiled_t
   expected_specs = _expected_specs(config, sizes)
   mesh_size = dict(zip(("data", "fsdp", "tensor"), sizes))
   abstract = nn.meta.unbox(
-    jax.eval_shape(build_job(config, abstract=True).init_params, jax.random.PRNGKey(0))
+    jax.eval_shape(build_job(config, abstract=True).program.init_params, jax.random.PRNGKey(0))
   )
   param_bytes = 0.0
   for path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
@@ -807,3 +810,150 @@ def test_a_compile_failure_other_than_memory_is_one_line_naming_the_step():
     "train", TooBig(), topo, None, params_bytes=1.0, opt_state_bytes=2.0, model_flops=0, tokens=0
   )
   assert not rep.fits and rep.memory["over_bytes"] == pytest.approx(4.25 * 1024**3)
+
+
+def test_flops_and_bytes_read_from_the_hlo_text_equal_xlas_cost_analysis():
+  """``hlo_text_cost`` (what the report falls back to where the compiler reports no cost, the
+  GPU compile-only client) applies XLA's HloCostAnalysis rules to ``compiled.as_text()``: on
+  the CPU, whose compiled programs do report one, the two agree."""
+  if jax.device_count() != 8 or jax.default_backend() != "cpu":
+    pytest.skip("needs the suite's 8 fake CPU devices (tests/conftest.py)")
+  mesh = jax.make_mesh((8,), ("d",))
+  rows = jnp.array([1, 3, 5])
+
+  def probe(x, w, i, v):
+    """What the cost rules treat apart: dots, transcendentals, reductions, a scan, a dynamic
+    slice and update, a gather and scatter, a multi-output sort and an all-to-all of eight
+    arrays (whose HLO marks operands ``/*index=5*/``)."""
+    y = jnp.tanh(x @ w) + 1.0
+    s = jax.lax.dynamic_slice(y, (i, 0), (4, y.shape[1]))
+    z, _ = jax.lax.scan(lambda c, _: (c * 2.0 + jnp.sum(c), None), s, None, length=3)
+    keys, order = jax.lax.sort((y[:, 0], jnp.arange(y.shape[0])), num_keys=1)
+    mixed = jax.shard_map(
+      lambda a: jax.lax.all_to_all(a, "d", 0, 0, tiled=True) * 2.0,
+      mesh=mesh, in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d"),
+    )(v)  # fmt: skip
+    return jnp.sum(z, 0), keys, order, y.at[i].set(0.0), y[rows].at[:, 0].add(1.0), mixed
+
+  sharded = jax.sharding.NamedSharding(mesh, PartitionSpec("d"))
+  compiled = (
+    jax.jit(probe)
+    .lower(
+      jnp.ones((64, 32)),
+      jnp.ones((32, 16)),
+      2,
+      jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=sharded),
+    )
+    .compile()
+  )
+  text = compiled.as_text()
+  assert " sort(" in text and " all-to-all(" in text and "/*index=5*/" in text
+  assert " while(" in text and "dynamic-update-slice" in text
+  xla = compiled.cost_analysis()
+  got = hlo_text_cost(text)
+  assert got["flops"] == xla["flops"]
+  assert got["bytes accessed"] == xla["bytes accessed"]
+
+
+def test_a_gpu_report_without_a_compiler_cost_takes_it_from_the_hlo_text():
+  """The GPU compile-only client's executables report no cost (an empty ``cost_analysis()``):
+  the report's FLOPs and bytes accessed are then the rules of XLA's cost analysis applied to
+  the compiled module's text, equal to what XLA reports for the same module where it can (the
+  tiny pre-training step compiled for the 8 CPU devices)."""
+  if jax.device_count() != 8 or jax.default_backend() != "cpu":
+    pytest.skip("needs the suite's 8 fake CPU devices (tests/conftest.py)")
+  config = _config((2, 2, 2), train_batch_size=16)
+  mesh = parallel.create_mesh(config.mesh)
+  asm = trainer.assemble(
+    build_job(config, abstract=True), config, mesh, parallel.normalize_rules(config.logical_axis_rules)
+  )  # fmt: skip
+  compiled = trainer.lower_train_step(asm, 0).compile()
+  xla = compiled.cost_analysis()
+
+  class CompileOnly:  # a compiled GPU step: memory and text, but no cost analysis
+    def memory_analysis(self):
+      return compiled.memory_analysis()
+
+    def cost_analysis(self):
+      return []
+
+    def as_text(self):
+      return compiled.as_text()
+
+  class Lowered:
+    def compile(self, **kwargs):
+      return CompileOnly()
+
+  rep = step_report(
+    "train", Lowered(), topo_lib.parse_topology("h100:8"), mesh, params_bytes=0,
+    opt_state_bytes=0, model_flops=1, tokens=1,
+  )  # fmt: skip
+  # XLA sums in float32: over thousands of instructions its totals round by a few in a million
+  assert rep.flops == pytest.approx(xla["flops"], rel=1e-5)
+  assert rep.bytes_accessed == pytest.approx(xla["bytes accessed"], rel=1e-5)
+  assert rep.flops > 1e9 and rep.bytes_accessed > 1e8
+
+
+_GEMM_LOOP = """\
+HloModule m
+
+%body (p: (s32[], f32[64,128])) -> (s32[], f32[64,128]) {
+  %p = (s32[], f32[64,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[64,128]{1,0} get-tuple-element(%p), index=1
+  %c = f32[] constant(1)
+  %w = f32[128,128]{1,0} broadcast(%c), dimensions={}
+  %g = (f32[64,128]{1,0}, s8[1024]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %y = f32[64,128]{1,0} get-tuple-element(%g), index=0
+  %one = s32[] constant(1)
+  %n = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[64,128]{1,0}) tuple(%n, %y)
+}
+
+%cond (q: (s32[], f32[64,128])) -> pred[] {
+  %q = (s32[], f32[64,128]{1,0}) parameter(0)
+  %qi = s32[] get-tuple-element(%q), index=0
+  %k = s32[] constant(2)
+  ROOT %lt = pred[] compare(%qi, %k), direction=LT
+}
+
+ENTRY %main (a: f32[64,128]) -> f32[64,128] {
+  %a = f32[64,128]{1,0} parameter(0)
+  %z = s32[] constant(0)
+  %init = (s32[], f32[64,128]{1,0}) tuple(%z, %a)
+  %loop = (s32[], f32[64,128]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"2"}}
+  ROOT %r = f32[64,128]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_a_gpu_steps_gemm_flops_count_once_per_micro_step():
+  """Gradient accumulation on a GPU topology: the step is a loop of 2 micro-steps whose body
+  calls cuBLAS for a [64, 128] x [128, 128] GEMM. The step's FLOPs are that GEMM's 2 x 64 x 128
+  x 128 once per micro-step (and the few elementwise FLOPs of the loop counter), not once per
+  micro-step squared."""
+  gemm = 2 * 64 * 128 * 128
+
+  class CompileOnly:  # what the GPU compile-only client gives: memory and text, no cost
+    def memory_analysis(self):
+      return types.SimpleNamespace(
+        argument_size_in_bytes=0, output_size_in_bytes=0, alias_size_in_bytes=0,
+        temp_size_in_bytes=0, generated_code_size_in_bytes=0,
+      )  # fmt: skip
+
+    def cost_analysis(self):
+      return []
+
+    def as_text(self):
+      return _GEMM_LOOP
+
+  class Lowered:
+    def compile(self, **kwargs):
+      return CompileOnly()
+
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+  rep = step_report(
+    "train", Lowered(), topo_lib.parse_topology("h100:1"), mesh, params_bytes=0,
+    opt_state_bytes=0, model_flops=1, tokens=1, loop_trips=2,
+  )  # fmt: skip
+  assert rep.flops == pytest.approx(2 * gemm, abs=16)

@@ -67,7 +67,9 @@ from bert_jax.train.run_config import check_batch_layout, check_run_config
 # 6: multi-slice: the cross-slice part of a collective (libtpu's megascale send / recv) is costed
 #    at DCN bandwidth, and a one-slice program's replica groups are matched within a slice.
 # 7: a fused attention kernel's FLOPs (a custom call XLA counts none in) are added from the model.
-ESTIMATE_VERSION = 7
+# 8: a GPU step's cuBLAS GEMM FLOPs inside the accumulation loop count once per trip (were
+#    multiplied by the trips twice).
+ESTIMATE_VERSION = 8
 # What a quick plan screens its candidates with (``make_plan(quick=True)``).
 QUICK = dict(jax_exec_time_optimization_effort=-1.0)
 PROGRESS_INTERVAL_SEC = progress_lib.INTERVAL_SEC  # a plan's progress lines, at least this often
@@ -228,7 +230,7 @@ def plan_phases(config, topo: Topology | None = None) -> int:
   if topo is not None and attention.kernel_for(config, topo) != "reference":
     devices = np.asarray(topology_devices(topo)).reshape(-1, 1, 1)  # only their platform counts
     mesh = jax.sharding.Mesh(devices, ("data", "fsdp", "tensor"))
-  return len(build_job(config, abstract=True, mesh=mesh).phases)
+  return len(build_job(config, abstract=True, mesh=mesh).program.phases)
 
 
 def check_plan_args(

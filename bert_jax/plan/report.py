@@ -12,8 +12,9 @@ of its message (needed, available, over by) are reported instead. XLA:GPU does n
 program for memory: on a GPU topology "fits" is total <= what JAX may allocate there (HBM x
 XLA_PYTHON_CLIENT_MEM_FRACTION, bert_jax.parallel.gpu_topology.available_bytes), with the same
 numbers when it does not. FLOPs and bytes accessed: the compiler's ``cost_analysis()``; the GPU
-compile-only client has none, so there they are XLA's generic HLO cost analysis of the compiled
-GPU module plus the FLOPs of its cuBLAS GEMM calls (read from the HLO: a custom call counts none).
+compile-only client has none, so there they are XLA's generic HLO cost analysis (its rules applied
+to the compiled GPU module's HLO text, ``hlo_text_cost``) plus the FLOPs of its cuBLAS GEMM calls
+(read from the HLO: a custom call counts none).
 A fused attention kernel compiled to a custom call (splash on TPUs, cuDNN's on GPUs: the step's
 ``attention_kernel``) has its FLOPs added from the model (``bert_jax.plan.attention``) where the
 compiled module makes such calls: ``attention_flops`` per chip, inside ``flops``.
@@ -50,6 +51,7 @@ import jax
 from bert_jax.parallel import gpu_topology
 from bert_jax.parallel.topology import Topology
 from bert_jax.plan import attention, hlo
+from bert_jax.plan.hlo_cost import hlo_text_cost
 
 _GPU_NETWORKS = {"ici": "nvlink", "dcn": "ib"}  # how a GPU report names the two networks
 TIGHT_FREE = 0.10  # a fit with less than this fraction of the chip's memory free is "tight"
@@ -142,24 +144,28 @@ def compiled_memory(compiled, hbm_bytes: int) -> dict[str, float]:
   )
 
 
-def _cost(compiled) -> tuple[float, float]:
+def _cost(compiled, loop_trips: int = 1) -> tuple[float, float]:
+  """(FLOPs, bytes accessed) of one step on one chip. XLA's cost analysis counts the
+  accumulation loop's body once: it is taken ``loop_trips`` times. The cuBLAS GEMMs' FLOPs
+  (where the compiler reports no cost) are read per execution already (``hlo.cublas_flops``
+  counts a loop's trips), so they are not multiplied again."""
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}
+  gemm_flops = 0.0
   if not cost:  # the GPU compile-only client reports none
-    cost = dict(_hlo_cost(compiled))
-    cost["flops"] = cost.get("flops", 0.0) + hlo.cublas_flops(compiled.as_text())
-  return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    cost = _hlo_cost(compiled)
+    gemm_flops = hlo.cublas_flops(compiled.as_text())
+  flops = float(cost.get("flops", 0.0)) * loop_trips + gemm_flops
+  return flops, float(cost.get("bytes accessed", 0.0)) * loop_trips
 
 
 def _hlo_cost(compiled) -> dict[str, float]:
-  """XLA's HloCostAnalysis of the compiled (optimised, per-device) module, run by the CPU
-  client: for compilers whose executables report no cost (the GPU compile-only client)."""
+  """XLA's HloCostAnalysis of the compiled (optimised, per-device) module, read from its HLO
+  text (``hlo_text_cost``): for compilers whose executables report no cost (the GPU
+  compile-only client)."""
   try:
-    from jax._src.lib import xla_client  # noqa: PLC0415 (no public entry point for this)
-
-    module = compiled.runtime_executable().hlo_modules()[0]
-    return xla_client._xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+    return hlo_text_cost(compiled.as_text())
   except Exception:  # no estimate is better than no report: model FLOPs remain the floor
     return {}
 
@@ -227,7 +233,8 @@ def step_report(
   ``loop_trips``: the trip count of the step's gradient-accumulation loop (a ``lax.scan``).
   XLA's cost analysis counts a loop's body once, so the step's FLOPs and bytes accessed are
   the analysis's times this (the optimizer update outside the loop, small beside the
-  micro-steps, is then counted ``loop_trips`` times too). Collectives are counted per
+  micro-steps, is then counted ``loop_trips`` times too; the cuBLAS GEMMs of a GPU module, read
+  from its HLO, count once per trip already). Collectives are counted per
   execution from the HLO (``hlo.collectives``: once per trip inside the loop).
   ``global_batch``: the step's rows, all chips (the report's batch columns).
   ``attention_kernel``: the model's; ``fused_attention_flops``: that kernel's FLOPs per step,
@@ -257,7 +264,7 @@ def step_report(
   memory = dict(params_bytes=params_bytes, opt_state_bytes=opt_state_bytes)
   memory.update(compiled_memory(compiled, topo.chip.hbm_bytes))
   fits, error = _limit_check(memory, topo)
-  flops, bytes_accessed = (x * loop_trips for x in _cost(compiled))
+  flops, bytes_accessed = _cost(compiled, loop_trips)
   text = compiled.as_text()
   on = "gpu" if topo.is_gpu else "tpu"
   added = 0.0
