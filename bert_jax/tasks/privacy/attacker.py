@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -136,15 +137,19 @@ def compute_representations(
   encoder: float32 [N, D] (or [N, K, D] for scalar_mix), in row order. Rows are sorted by length
   and each jitted batch is cut to the multiple of 32 holding its longest row (padding is masked,
   so r(x) does not change); the last batch is padded with copies of a row
-  (``bert_jax.tasks.inference.batches``: batches split over this host's devices, the batch size
-  rounded up to a multiple of their number). Progress counts batches of ``batch_size`` rows (by
-  default its own, logged as 'probe: representations of <name> (N rows): b/B batches ...')."""
+  (``bert_jax.tasks.inference.batches``: each batch of ``batch_size`` rows split over as many of
+  this host's devices as divide it). Progress counts the batches (by default its own, logged as
+  'probe: representations of <name> (N rows): b/B batches ...')."""
   run = _representation_fn(bert_config, mode, layer, pooling)
   ids, mask, seg = (np.asarray(arrays[k]) for k in INPUT_KEYS)
   n, max_length = ids.shape
   if n == 0:
     raise ValueError(f"no rows to represent{' in ' + name if name else ''}")
-  batches = InferenceBatches(batch_size, parse_buckets("32", max_length))
+  # The batches are the caller's batch_size rows (its progress counts them), split over as many
+  # of this host's devices as divide it.
+  local = jax.local_devices()
+  devices = local[: math.gcd(batch_size, len(local))]
+  batches = InferenceBatches(batch_size, parse_buckets("32", max_length), devices=devices)
   bert_params = batches.replicate(bert_params)  # once, not with every batch
   what = f"probe: representations{' of ' + name if name else ''} ({n} rows)"
   total = -(-n // batch_size)
