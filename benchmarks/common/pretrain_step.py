@@ -1,5 +1,6 @@
 """The pre-training step as a run builds it, on synthetic batches, for the benchmarks that time it
-on a device (profile.calibration, profile.step_trace).
+on a device (profile.calibration, profile.step_trace); and one model's step on its own state
+(``PretrainingStepper``, for speed.pretrain and speed.packing).
 
   config = synthetic_config("base", [128], [256], "bfloat16")
   run = assemble_run(config, workdir)            # the run's job, jitted steps and initial state
@@ -13,11 +14,14 @@ import dataclasses
 from typing import Any
 
 import jax
+import numpy as np
 
 from benchmarks.common.timing import Timer
 from bert_jax import parallel
 from bert_jax.tasks.jobs import build_job
 from bert_jax.train import trainer
+from bert_jax.train.state import init_train_state
+from bert_jax.train.train_step import jit_train_step, make_train_step
 from configs import pretrain
 
 
@@ -80,3 +84,30 @@ def peak_bytes(device) -> float | None:
   None where jax keeps no such statistics, e.g. on the CPU)."""
   stats = device.memory_stats() if hasattr(device, "memory_stats") else None
   return float(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+class PretrainingStepper:
+  """A model's donated train step on its own fresh state (seed 0, learning rate schedule none):
+  ``stepper(batch) -> loss``; ``stepper.hlo(batch)``: the compiled step's HLO text."""
+
+  def __init__(self, model, loss_fn, tx, mesh, rules, seq_len: int, predictions: int):
+    ids = np.zeros((1, seq_len), np.int32)
+    preds = np.zeros((1, predictions), np.int32)
+    self.mesh, self.rules = mesh, rules
+    self.state = init_train_state(
+      lambda rng: model.init(rng, ids, ids, ids, preds)["params"], tx, mesh, rules, seed=0
+    )
+    self.step = jit_train_step(
+      make_train_step(loss_fn, tx, None, 1, mesh),
+      jax.tree_util.tree_map(lambda x: x.sharding, self.state),
+      mesh,
+      rules,
+    )
+
+  def __call__(self, batch):
+    self.state, metrics = self.step(self.state, batch)
+    return metrics["loss"]
+
+  def hlo(self, batch) -> str:
+    with parallel.mesh_context(self.mesh, self.rules):
+      return self.step.jitted.lower(self.state, batch).compile().as_text()

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from benchmarks.common import REPO, flags
+from benchmarks.common.pretrain_step import PretrainingStepper
 from benchmarks.common.timing import Timer
 from bert_jax import parallel
 from bert_jax.model import BertForPreTraining
@@ -39,8 +40,6 @@ from bert_jax.tasks.pretraining import data as pretraining_data
 from bert_jax.tasks.pretraining.loss import make_pretraining_loss
 from bert_jax.tasks.pretraining.task import bert_config_from
 from bert_jax.train import optimizers
-from bert_jax.train.state import init_train_state
-from bert_jax.train.train_step import jit_train_step, make_train_step
 from configs import pretrain
 
 _PREDICTIONS = {128: 20, 512: 80}
@@ -73,24 +72,10 @@ def _step(config, sources, mesh, rules, phase):
   bert = bert_config_from(config, sources.vocab_size, mesh)
   model = BertForPreTraining(bert)
   tx = optimizers.create_optimizer(config.optimizer, 1e-4)
-  ids = np.zeros((1, phase.max_seq_length), np.int32)
-  preds = np.zeros((1, phase.max_predictions_per_seq), np.int32)
-  state = init_train_state(
-    lambda rng: model.init(rng, ids, ids, ids, preds)["params"], tx, mesh, rules, seed=0
+  loss_fn = make_pretraining_loss(model, config.objective)
+  return PretrainingStepper(
+    model, loss_fn, tx, mesh, rules, phase.max_seq_length, phase.max_predictions_per_seq
   )
-  step = jit_train_step(
-    make_train_step(make_pretraining_loss(model, config.objective), tx, None, 1, mesh),
-    jax.tree_util.tree_map(lambda x: x.sharding, state),
-    mesh,
-    rules,
-  )
-  holder = {"state": state}
-
-  def run(batch):
-    holder["state"], metrics = step(holder["state"], batch)
-    return metrics["loss"]
-
-  return run
 
 
 def _time(run, batches, steps) -> float:

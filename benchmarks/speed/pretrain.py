@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.common import flags, peers
+from benchmarks.common.pretrain_step import PretrainingStepper
 from benchmarks.common.timing import Timer
 from benchmarks.profile import step_profile
 from benchmarks.profile.host_peak import measure_peak_flops
@@ -51,8 +52,6 @@ from bert_jax.tasks.pretraining.loss import make_pretraining_loss
 from bert_jax.tasks.pretraining.synthetic_input import SyntheticPretrainInput
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers
-from bert_jax.train.state import init_train_state
-from bert_jax.train.train_step import jit_train_step, make_train_step
 from configs import common
 
 _PREDICTIONS = {128: 20, 512: 80}
@@ -63,28 +62,7 @@ def _ours(bert: BertConfig, batch_size: int, seq: int, preds: int):
   mesh = parallel.create_mesh({"data": 1}, jax.devices()[:1])
   rules = parallel.normalize_rules(common.logical_axis_rules())
   tx = optimizers.create_optimizer(common.optimizer_config(), 1e-4)
-  init = lambda rng: model.init(
-    rng, *[jnp.zeros((1, seq), jnp.int32)] * 3, jnp.zeros((1, preds), jnp.int32)
-  )["params"]
-  state = init_train_state(init, tx, mesh, rules, seed=0)
-  step = jit_train_step(
-    make_train_step(make_pretraining_loss(model), tx, None, 1, mesh),
-    jax.tree_util.tree_map(lambda x: x.sharding, state),
-    mesh,
-    rules,
-  )
-  holder = {"state": state}
-
-  def run(batch):
-    holder["state"], metrics = step(holder["state"], batch)
-    return metrics["loss"]
-
-  def hlo(batch) -> str:
-    with parallel.mesh_context(mesh, rules):
-      return step.jitted.lower(holder["state"], batch).compile().as_text()
-
-  run.hlo = hlo
-  return run
+  return PretrainingStepper(model, make_pretraining_loss(model), tx, mesh, rules, seq, preds)
 
 
 def _hf(variant: str, bert: BertConfig):

@@ -15,7 +15,7 @@ sequence arrays ``length`` long. So a run compiles ``fn`` once per bucket it use
 rows. Each batch is dispatched before the previous one's outputs are fetched, so the device
 does not wait on the host.
 
-The mesh is built once per device set by ``bert_jax.parallel.create_mesh`` (``data`` = every
+The mesh is built by ``bert_jax.parallel.create_mesh`` (``data`` = every
 device given, default this host's local devices); params are replicated and each batch is
 split over ``data`` x ``fsdp`` (``parallel.make_global_batch``, or one device_put where the mesh
 is this process's devices of a multi-process run), so ``batch_size`` is rounded up to a
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,15 +42,12 @@ DATA_PARALLEL_RULES: parallel.sharding.Rules = (("batch", ("data", "fsdp")),)
 Make = Callable[[np.ndarray, int], Mapping[str, np.ndarray]]
 
 
-@functools.lru_cache(maxsize=8)
-def _mesh(devices: tuple[jax.Device, ...]) -> jax.sharding.Mesh:
-  return parallel.create_mesh({"data": -1}, devices)
-
-
 def data_parallel_mesh(devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-  """The mesh with ``data`` over ``devices`` (default: this host's local devices), built once
-  per device set."""
-  return _mesh(tuple(jax.local_devices() if devices is None else devices))
+  """The mesh with ``data`` over ``devices`` (default: this host's local devices). Meshes over
+  the same devices are equal, so jitted functions compiled for one serve the next."""
+  return parallel.create_mesh(
+    {"data": -1}, list(jax.local_devices() if devices is None else devices)
+  )
 
 
 @dataclasses.dataclass(frozen=True)
