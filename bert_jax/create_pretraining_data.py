@@ -20,6 +20,8 @@ vocabulary is refused: ``bert_jax.checkpoint.outputs``); a user error is one lin
 ``--verbose_errors`` adds the traceback. See docs/pretraining_data.md.
 """
 
+import os
+
 from absl import app, flags
 
 from bert_jax import cli
@@ -113,7 +115,9 @@ def main(argv):
     "--tfds_data_dir": FLAGS.tfds_data_dir or None,
     "--vocab_file": FLAGS.vocab_file,
   }
-  check_outputs({"--output_dir": FLAGS.output_dir}, inputs)
+  # A vocabulary folder (a workdir, a checkpoint) is read as a whole: nothing is written inside.
+  sealed = ("--vocab_file",) if FLAGS.vocab_file and os.path.isdir(FLAGS.vocab_file) else ()
+  check_outputs({"--output_dir": FLAGS.output_dir}, inputs, sealed=sealed)
   check_parent("--output_dir", FLAGS.output_dir, create=True)
   config = generate.GenerationConfig(
     tokenizer_path=FLAGS.vocab_file,

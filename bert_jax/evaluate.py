@@ -57,9 +57,14 @@ def _check_output_dir(workdir: str, split: str, output_dir: str, overrides) -> N
   output_dir = output_dir or os.path.join(workdir, f"eval_{split}")
   config = dict(read_run_config(workdir))
   config.update(overrides)
-  inputs = {"--workdir": workdir, "the checkpoint": checkpoint_dir(workdir, "best")}
+  checkpoint = checkpoint_dir(workdir, "best")
+  if os.path.realpath(checkpoint) == os.path.realpath(workdir):
+    checkpoint = os.path.join(workdir, "checkpoints")
+  inputs = {"--workdir": workdir, "the checkpoint": checkpoint}
   inputs.update(config_inputs(config))
-  check_outputs({"--output_dir": output_dir}, inputs)
+  check_outputs(
+    {"--output_dir": output_dir}, inputs, sealed=("the checkpoint", "config.init_checkpoint")
+  )
   check_parent("--output_dir", output_dir, create=True)
 
 

@@ -53,7 +53,12 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.workdir or not FLAGS.output:
     raise app.UsageError("--workdir and --output are required")
-  check_outputs({"--output": FLAGS.output}, {"--workdir": FLAGS.workdir}, replaced=("--output",))
+  check_outputs(
+    {"--output": FLAGS.output},
+    {"--workdir": FLAGS.workdir},
+    replaced=("--output",),
+    sealed=("--workdir",),
+  )
   source = checkpoint_dir(FLAGS.workdir, FLAGS.checkpoint)
   signal.signal(signal.SIGTERM, _terminate)  # unwind like SIGINT: the export cleans up
   out = export(source, FLAGS.format, FLAGS.output, FLAGS.task, FLAGS.overwrite)

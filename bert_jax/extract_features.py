@@ -20,6 +20,7 @@ import json
 from absl import app, flags
 
 from bert_jax import cli
+from bert_jax.checkpoint.outputs import check_outputs
 from bert_jax.tasks.inference.features import extract_features
 
 FLAGS = flags.FLAGS
@@ -61,6 +62,11 @@ def main(argv):
   missing = [f"--{n}" for n in ("input_file", "output_file", "checkpoint") if not FLAGS[n].value]
   if missing:
     raise app.UsageError(f"{', '.join(missing)} required")
+  check_outputs(
+    {"--output_file": FLAGS.output_file},
+    {"--input_file": FLAGS.input_file, "--checkpoint": FLAGS.checkpoint},
+    sealed=("--checkpoint",),
+  )
   try:
     layers = [int(x) for x in FLAGS.layers]
   except ValueError:

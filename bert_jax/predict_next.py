@@ -20,6 +20,7 @@ import os
 from absl import app, flags
 
 from bert_jax import cli
+from bert_jax.checkpoint.outputs import check_outputs
 from bert_jax.tasks.inference.next_token import MODES, predict_next
 
 FLAGS = flags.FLAGS
@@ -47,6 +48,14 @@ def main(argv):
   missing = [f"--{n}" for n in ("input_file", "output_file", "checkpoint") if not FLAGS[n].value]
   if missing:
     raise app.UsageError(f"{', '.join(missing)} required")
+  check_outputs(
+    {
+      "--output_file": FLAGS.output_file,
+      "--summary_file": FLAGS.summary_file or f"{FLAGS.output_file}.summary.json",
+    },
+    {"--input_file": FLAGS.input_file, "--checkpoint": FLAGS.checkpoint},
+    sealed=("--checkpoint",),
+  )
   if not os.path.isfile(FLAGS.input_file):
     raise ValueError(f"--input_file={FLAGS.input_file}: no such file")
   if not os.path.exists(FLAGS.checkpoint) and not os.path.exists(FLAGS.checkpoint + ".index"):

@@ -30,6 +30,7 @@ from ml_collections import config_flags
 
 from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
+from bert_jax.checkpoint.outputs import check_workdir
 from bert_jax.tasks.privacy.probe import run_probe
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -45,6 +46,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  check_workdir("--workdir", _WORKDIR.value, _CONFIG.value)
   result = run_probe(_CONFIG.value, _WORKDIR.value)
   test = result["test"]
   main_task = result["main_task"]

@@ -202,3 +202,86 @@ def test_evaluate_refuses_the_workdir_as_its_output_dir(tree):
     rc, err, errors = _cli("bert_jax.evaluate", f"--workdir={workdir}", f"--output_dir={out}")
     assert rc == 1 and len(errors) == 1 and errors[0].startswith(f"evaluate: error: {expected}:")
   assert _listing(tree) == before
+
+
+def test_no_output_may_lie_inside_a_sealed_checkpoint(tree):
+  ckpt = tree / "ckpt"
+  (ckpt / "vocab.txt").write_text("[PAD]\n")
+  (tree / "ckpt_link").symlink_to(ckpt)
+  for out in (ckpt / "vocab.txt", ckpt / "new" / "x.jsonl", tree / "ckpt_link" / "x.jsonl"):
+    with pytest.raises(ValueError, match=r"^--output_file=\S+ lies inside the checkpoint "):
+      check_outputs(
+        {"--output_file": str(out)}, {"--checkpoint": str(ckpt)}, sealed=["--checkpoint"]
+      )
+  for out in (ckpt, tree / "ckpt_link"):  # the checkpoint itself, or a symlink to it
+    with pytest.raises(ValueError, match=r"^--output_file=\S+ is the input --checkpoint="):
+      check_outputs(
+        {"--output_file": str(out)}, {"--checkpoint": str(ckpt)}, sealed=["--checkpoint"]
+      )
+  check_outputs(
+    {"--output_file": str(tree / "x.jsonl")}, {"--checkpoint": str(ckpt)}, sealed=["--checkpoint"]
+  )
+
+
+def test_a_sealed_tf_prefix_or_saved_step_seals_its_folder_and_workdir(tree):
+  (tree / "ckpt" / "bert_model.ckpt.index").write_text("")
+  prefix = str(tree / "ckpt" / "bert_model.ckpt")
+  with pytest.raises(
+    ValueError, match=r"lies inside the checkpoint --checkpoint=\S+ \(its folder "
+  ):
+    check_outputs(
+      {"--output_file": str(tree / "ckpt" / "o.txt")},
+      {"--checkpoint": prefix},
+      sealed=["--checkpoint"],
+    )
+  step = tree / "run" / "checkpoints" / "20"
+  step.mkdir(parents=True)
+  with pytest.raises(
+    ValueError, match=r"lies inside the checkpoint --checkpoint=\S+/20 \(its folder \S+/run\)"
+  ):
+    check_outputs(
+      {"--output_file": str(tree / "run" / "vocab.txt")},
+      {"--checkpoint": str(step)},
+      sealed=["--checkpoint"],
+    )
+
+
+def test_a_workdir_inside_a_tf_init_checkpoints_folder_is_refused(tree):
+  (tree / "ckpt" / "bert_model.ckpt.index").write_text("")
+  config = {"init_checkpoint": str(tree / "ckpt" / "bert_model.ckpt")}
+  with pytest.raises(ValueError, match=r"^--workdir=\S+/ckpt/run lies inside the checkpoint "):
+    check_workdir("--workdir", str(tree / "ckpt" / "run"), config)
+
+
+@pytest.mark.parametrize("module", ["bert_jax.predict_next", "bert_jax.extract_features"])
+def test_inference_refuses_an_output_inside_its_checkpoint(tree, module):
+  (tree / "ckpt" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
+  before = {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()}
+  rc, err, errors = _cli(
+    module,
+    f"--input_file={tree}/data/a.txt",
+    f"--output_file={tree}/ckpt/vocab.txt",
+    f"--checkpoint={tree}/ckpt",
+  )
+  prog = module.split(".")[1]
+  assert rc == 1 and errors == [
+    f"{prog}: error: --output_file={tree}/ckpt/vocab.txt lies inside the checkpoint "
+    f"--checkpoint={tree}/ckpt: writing it would change the checkpoint; choose a path outside it"
+  ], err
+  assert {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()} == before
+
+
+def test_probe_refuses_a_workdir_inside_its_init_checkpoint(tree):
+  before = _listing(tree)
+  rc, err, errors = _cli(
+    "bert_jax.probe",
+    "--config=configs/probe.py:cola_source",
+    f"--workdir={tree}/ckpt/probe",
+    f"--config.init_checkpoint={tree}/ckpt",
+    f"--config.data_dir={tree}/data",
+  )
+  assert rc == 1 and len(errors) == 1, err
+  assert errors[0].startswith(
+    f"probe: error: --workdir={tree}/ckpt/probe lies inside the input "
+  ), err
+  assert _listing(tree) == before

@@ -2,6 +2,7 @@
 
   check_outputs({"--output": out}, {"--workdir": workdir}, replaced=("--output",))
   check_outputs({"--output_file": out, "--summary_file": summary}, {"--input_file": text})
+  check_outputs({"--output_file": out}, {"--checkpoint": ckpt}, sealed=("--checkpoint",))
   check_parent("--output_file", out)      # its folder exists (and is a folder)
   input_paths("data/*.txt,extra.txt")     # the files a comma-separated list of globs names
   check_workdir("--workdir", workdir, config)   # a run's workdir against its config's inputs
@@ -13,6 +14,9 @@ ValueError, one line naming both flags and both paths as given, when
 * an output contains an input (an output folder above an input file or folder);
 * an output in ``replaced`` (a folder the run replaces as a whole, or a run's workdir) lies
   inside an input folder;
+* an output lies inside a ``sealed`` input: a checkpoint, whose folder (``checkpoint_folders``:
+  the directory, a TF checkpoint prefix's folder, the workdir of a saved step) a run reads
+  as a whole, so no output may be written anywhere in it;
 * two outputs are the same path.
 
 An input that does not exist stands for the files it is the prefix of as well (a TF checkpoint
@@ -53,6 +57,22 @@ def _each(paths: Paths) -> Iterable[str]:
       yield p
       if not os.path.exists(p):  # a TF checkpoint prefix: its files (.index, .data-*, .meta)
         yield from sorted(glob.glob(glob.escape(p) + ".*"))
+
+
+def checkpoint_folders(path: PathLike | None) -> list[str]:
+  """The folders a checkpoint ``path`` is read from as a whole: the directory itself (a
+  TF checkpoint prefix or a file: its folder), and for one saved step of a run
+  (``<workdir>/checkpoints/<step>``) the workdir (its vocabulary and model config are read
+  too)."""
+  if not _local(path):
+    return []
+  path = os.fspath(path).rstrip(os.sep) or os.sep
+  folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+  out = [folder]
+  name, parent = os.path.basename(_real(folder)), os.path.dirname(_real(folder))
+  if name.isdigit() and os.path.basename(parent) == "checkpoints":
+    out.append(os.path.dirname(parent))
+  return out
 
 
 def input_paths(spec: str | Sequence[str] | None) -> list[str]:
@@ -106,11 +126,12 @@ def config_inputs(config: Mapping) -> dict[str, list[str]]:
 
 def check_workdir(flag: str, workdir: PathLike, config: Mapping, **inputs: Paths) -> None:
   """ValueError (one line) when a run's ``workdir`` is, contains or lies inside an input that
-  ``config`` names (``config_inputs``) or one of ``inputs`` (flag=paths, flags without their
-  dashes); or when a file stands where its folder would be made."""
+  ``config`` names (``config_inputs``; ``config.init_checkpoint`` sealed) or one of ``inputs``
+  (flag=paths, flags without their dashes); or when a file stands where its folder would be
+  made."""
   named = config_inputs(config)
   named.update({f"--{k}": v for k, v in inputs.items()})
-  check_outputs({flag: workdir}, named, replaced=(flag,))
+  check_outputs({flag: workdir}, named, replaced=(flag,), sealed=("config.init_checkpoint",))
   check_parent(flag, workdir, create=True)
 
 
@@ -119,11 +140,13 @@ def check_outputs(
   inputs: Mapping[str, Paths],
   *,
   replaced: Collection[str] = (),
+  sealed: Collection[str] = (),
 ) -> None:
   """ValueError (one line) when an output would overwrite, replace or lie over an input, or two
   outputs are the same path; see the module docstring. ``outputs`` and ``inputs`` map a flag
   (as the user typed it, e.g. "--output" or "config.init_checkpoint") to its path (an input
-  may be several); ``replaced`` names the outputs that must not lie inside any input folder."""
+  may be several); ``replaced`` names the outputs that must not lie inside any input folder;
+  ``sealed`` the inputs (checkpoints) no output may lie inside."""
   outs = [(flag, os.fspath(p), _real(p)) for flag, p in outputs.items() if _local(p)]
   ins = [(flag, p, _real(p)) for flag, paths in inputs.items() for p in _each(paths)]
   for oflag, out, real_out in outs:
@@ -144,6 +167,7 @@ def check_outputs(
           f"{oflag}={out} lies inside the input {iflag}={inp}: writing it would change the "
           "input; choose a folder outside it"
         )
+  _check_sealed(outs, {flag: inputs[flag] for flag in sealed if flag in inputs})
   for i, (flag_a, out_a, real_a) in enumerate(outs):
     for flag_b, out_b, real_b in outs[i + 1 :]:
       if real_a == real_b:
@@ -151,6 +175,19 @@ def check_outputs(
           f"{flag_a}={out_a} and {flag_b}={out_b} are the same path: one output would replace "
           "the other; choose different paths"
         )
+
+
+def _check_sealed(outs: list[tuple[str, str, str]], sealed: Mapping[str, Paths]) -> None:
+  for iflag, paths in sealed.items():
+    for inp in (p for p in (paths if isinstance(paths, (list, tuple)) else [paths]) if _local(p)):
+      for folder in checkpoint_folders(inp):
+        for oflag, out, real_out in outs:
+          if real_out == _real(folder) or _within(real_out, _real(folder)):
+            where = "" if _real(folder) == _real(inp) else f" (its folder {folder})"
+            raise ValueError(
+              f"{oflag}={out} lies inside the checkpoint {iflag}={inp}{where}: writing it "
+              "would change the checkpoint; choose a path outside it"
+            )
 
 
 def check_parent(flag: str, path: PathLike | None, create: bool = False) -> None:
