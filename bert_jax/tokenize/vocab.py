@@ -18,7 +18,7 @@ import sentencepiece as spm
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import models, trainers
 
-from bert_jax.tokenize import base
+from bert_jax.tokenize import base, wordpiece_trainer
 from bert_jax.tokenize.sentencepiece import SentencePieceTokenizer
 from bert_jax.tokenize.wordpiece import (
   CONTINUATION_PREFIX,
@@ -28,6 +28,9 @@ from bert_jax.tokenize.wordpiece import (
 )
 
 MODEL_TYPES = ("unigram", "bpe")
+# "deterministic": bert_jax/tokenize/wordpiece_trainer.py (the same bytes in any process);
+# "tokenizers": Hugging Face's WordPieceTrainer (faster; ties broken in hash order).
+WORDPIECE_TRAINERS = ("deterministic", "tokenizers")
 
 
 def expand_files(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
@@ -110,6 +113,43 @@ def _specials(num_unused: int) -> list[str]:
   return list(base.SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)]
 
 
+def _word_splitter(rust: RustTokenizer):
+  """text -> its words under ``rust``'s normalizer and pre-tokenizer."""
+  normalizer, pre_tokenizer = rust.normalizer, rust.pre_tokenizer
+
+  def split(text: str) -> list[str]:
+    return [word for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))]
+
+  return split
+
+
+def _train_with_tokenizers(
+  rust: RustTokenizer,
+  lines: Iterable[str],
+  vocab_size: int,
+  specials: list[str],
+  min_frequency: int,
+  limit_alphabet: int,
+) -> list[str]:
+  """``tokenizers``' WordPieceTrainer on ``rust``'s normalizer and pre-tokenizer."""
+  model = RustTokenizer(
+    models.WordPiece(unk_token=base.UNK, continuing_subword_prefix=CONTINUATION_PREFIX)
+  )
+  model.normalizer = rust.normalizer
+  model.pre_tokenizer = rust.pre_tokenizer
+  trainer = trainers.WordPieceTrainer(
+    vocab_size=vocab_size,
+    min_frequency=min_frequency,
+    special_tokens=specials,
+    limit_alphabet=limit_alphabet,
+    continuing_subword_prefix=CONTINUATION_PREFIX,
+    show_progress=False,
+  )
+  model.train_from_iterator(lines, trainer=trainer)
+  vocab = model.get_vocab()
+  return sorted(vocab, key=vocab.__getitem__)
+
+
 def build_wordpiece_vocab(
   files,
   out_path: str | os.PathLike,
@@ -121,8 +161,10 @@ def build_wordpiece_vocab(
   num_unused: int = 0,
   decode_errors: str = "strict",
   overwrite: bool = False,
+  trainer: str = "deterministic",
 ) -> WordPieceTokenizer:
-  """Trains a WordPiece vocabulary (``tokenizers``' WordPieceTrainer) with BERT's text pipeline.
+  """Trains a WordPiece vocabulary with BERT's text pipeline; by default the same bytes from the
+  same corpus and arguments in any process (bert_jax/tokenize/wordpiece_trainer.py).
 
   The vocabulary has BERT's layout: one token per line, [PAD] [UNK] [CLS] [SEP] [MASK] at ids
   0..4, then ``num_unused`` "[unusedN]" slots (room for tokens added later without resizing the
@@ -141,10 +183,15 @@ def build_wordpiece_vocab(
     num_unused: number of "[unusedN]" tokens after the special ones.
     decode_errors: "strict" or "replace" for bytes that are not UTF-8 (base.decode_line).
     overwrite: replace an existing vocabulary file (else it is an error).
+    trainer: one of WORDPIECE_TRAINERS: "deterministic" (default), or "tokenizers" for
+      Hugging Face's WordPieceTrainer (multi-threaded, faster on large corpora, but ties between
+      equally frequent pieces are broken in hash order, so two builds can differ).
 
   Returns:
     the tokenizer that loads the written vocabulary.
   """
+  if trainer not in WORDPIECE_TRAINERS:
+    raise ValueError(f"trainer must be one of {WORDPIECE_TRAINERS}, got {trainer!r}")
   paths = expand_files(files)
   specials = _specials(num_unused)
   if vocab_size <= len(specials):
@@ -159,24 +206,21 @@ def build_wordpiece_vocab(
   out_path.parent.mkdir(parents=True, exist_ok=True)
   # The same normalizer and pre-tokenizer as the tokenizer that will use the vocabulary.
   shell = WordPieceTokenizer(list(base.SPECIAL_TOKENS), do_lower_case=do_lower_case)
-  rust = RustTokenizer(
-    models.WordPiece(unk_token=base.UNK, continuing_subword_prefix=CONTINUATION_PREFIX)
-  )
-  rust.normalizer = shell._rust.normalizer
-  rust.pre_tokenizer = shell._rust.pre_tokenizer
-  trainer = trainers.WordPieceTrainer(
-    vocab_size=vocab_size,
-    min_frequency=min_frequency,
-    special_tokens=specials,
-    limit_alphabet=limit_alphabet,
-    continuing_subword_prefix=CONTINUATION_PREFIX,
-    show_progress=False,
-  )
-  rust.train_from_iterator(iter_corpus(paths, decode_errors), trainer=trainer)
-  vocab = rust.get_vocab()
-  tokens = sorted(vocab, key=vocab.__getitem__)
+  lines = iter_corpus(paths, decode_errors)
+  if trainer == "deterministic":
+    tokens = wordpiece_trainer.train_wordpiece(
+      wordpiece_trainer.count_words(lines, _word_splitter(shell._rust)),
+      vocab_size,
+      special_tokens=specials,
+      min_frequency=min_frequency,
+      limit_alphabet=limit_alphabet,
+    )
+  else:
+    tokens = _train_with_tokenizers(
+      shell._rust, lines, vocab_size, specials, min_frequency, limit_alphabet
+    )
   if tokens[: len(specials)] != specials:
-    raise RuntimeError(f"WordPieceTrainer did not put {specials} first: {tokens[: len(specials)]}")
+    raise RuntimeError(f"the trainer did not put {specials} first: {tokens[: len(specials)]}")
   if len(tokens) == len(specials):
     raise ValueError(
       f"no token learned from the corpus ({len(paths)} file(s): {paths[0]}, ...): every piece "
