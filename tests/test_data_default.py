@@ -81,7 +81,11 @@ def test_prepare_default_data_for_the_ablations(tmp_path):
     max_predictions_per_seq=(20,),
   )
   data = default_corpus.prepare_default_data(out, **small)
-  with open(os.path.join(out, "default_data.json")) as f:
+
+  def data_dir(d):  # each set of arguments has its own directory, with its manifest
+    return os.path.dirname(os.path.dirname(d.train_files[128]))
+
+  with open(os.path.join(data_dir(data), "default_data.json")) as f:
     args = json.load(f)["args"]
   # New settings at their defaults are not recorded: directories prepared before stay valid.
   assert not {"sentence_pairs", "masked_lm_prob", "mask_rates", "whole_word_mask"} & set(args)
@@ -90,11 +94,12 @@ def test_prepare_default_data_for_the_ablations(tmp_path):
   packed = default_corpus.prepare_default_data(
     out, **small, sentence_pairs=False, mask_rates=(1.0, 0.0, 0.0), whole_word_mask=True
   )
-  with open(os.path.join(out, "default_data.json")) as f:
+  assert data_dir(packed) != data_dir(data) and packed.vocab_file == data.vocab_file
+  with open(os.path.join(data_dir(packed), "default_data.json")) as f:
     args = json.load(f)["args"]
   assert args["sentence_pairs"] is False and args["mask_rates"] == [1.0, 0.0, 0.0]
   assert args["whole_word_mask"] is True and "masked_lm_prob" not in args
-  with open(os.path.join(out, "generation_config.json")) as f:
+  with open(os.path.join(data_dir(packed), "generation_config.json")) as f:
     config = json.load(f)
   assert config["sentence_pairs"] is False and config["whole_word_mask"] is True
   assert not tfrecord.records_have_sentence_pairs(packed.train_files[128], 128, 20)

@@ -58,10 +58,15 @@ def attention_dropout(config) -> float:
 
 def sequence_lengths(config) -> list[int]:
   """The sequence lengths a run of ``config`` trains at (phase 2's too where it has one)."""
-  lengths = [int(config.max_seq_length)]
+  return [length for length, _ in _length_keys(config)]
+
+
+def _length_keys(config) -> list[tuple[int, str]]:
+  """(length, config key) of each phase a run of ``config`` trains."""
+  lengths = [(int(config.max_seq_length), "config.max_seq_length")]
   phase2 = config.get("phase2") if hasattr(config, "get") else None
   if phase2 is not None and phase2.get("fraction", 0) > 0:
-    lengths.append(int(phase2.max_seq_length))
+    lengths.append((int(phase2.max_seq_length), "config.phase2.max_seq_length"))
   return lengths
 
 
@@ -78,8 +83,9 @@ def kernel_for(config, topo: Topology) -> str:
       attention_dropout=attention_dropout(config),
       platform=platform(topo),
       max_seq_length=length,
+      length_key=key,
     )
-    for length in sequence_lengths(config)
+    for length, key in _length_keys(config)
   }
   if len(kernels) > 1:
     kernels.discard("splash")

@@ -173,7 +173,7 @@ def restore_for_evaluation(job: Job, config, mesh: jax.sharding.Mesh, checkpoint
 
 
 # The model sizes a workdir's model_config.json must share with the config resuming it.
-_MODEL_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+MODEL_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
 def _run_kind(config) -> str | None:
@@ -196,20 +196,45 @@ def _config_model_sizes(config) -> dict[str, Any] | None:
     bert = BertConfig.from_preset(str(config.get("model_preset")))
   else:
     return None
-  return {k: getattr(bert, k) for k in _MODEL_SIZES}
+  return {k: getattr(bert, k) for k in MODEL_SIZES}
 
 
-def check_workdir_identity(config, workdir: str) -> None:
+def _dotted(d: dict, key: str):
+  for part in key.split("."):
+    if not isinstance(d, dict) or part not in d:
+      return None
+    d = d[part]
+  return d
+
+
+def _has_checkpoint(workdir: str) -> bool:
+  path = epath.Path(workdir) / "checkpoints"
+  return path.is_dir() and any(p.name.isdigit() for p in path.iterdir())
+
+
+def check_workdir_identity(config, workdir: str, fixed_keys=()) -> None:
   """ValueError (one line, naming the file and key) when ``workdir`` holds the run of another
   job than ``config``'s: the task (fine-tuning's ``config.task``), the pre-training objective,
-  or the model's sizes recorded in its config.json / model_config.json differ. What users
-  change on a resume (learning rate, steps, intervals, ...) is not compared. Reads only."""
+  or the model's sizes recorded in its config.json / model_config.json differ; or, when it
+  holds a checkpoint, one of ``fixed_keys`` (dotted config keys the task's resume cannot
+  change, e.g. how its input is laid out) differs from config.json's value. What users change
+  on a resume (learning rate, steps, intervals, ...) is not compared. Reads only."""
   path = epath.Path(workdir) / "config.json"
   if not path.is_file():
     return
   recorded = read_json(path)
   if not isinstance(recorded, dict):
     return
+  if fixed_keys and _has_checkpoint(workdir):
+    for key in fixed_keys:
+      held, wanted = _dotted(recorded, key), config
+      for part in key.split("."):
+        wanted = wanted.get(part) if hasattr(wanted, "get") else None
+      if held is not None and held != wanted:
+        raise ValueError(
+          f"workdir {workdir} was trained with config.{key}={held!r} ({path}); a resume "
+          f"cannot change it to {wanted!r}: use the workdir's value, or a new --workdir"
+        )
   for key in ("task", "objective"):
     if key == "objective" and (recorded.get("task") or config.get("task")):
       break  # fine-tuning: the task is the job
@@ -302,6 +327,16 @@ def _remove_created(workdir: str, created: _Created) -> None:
     logging.info("Removed %s: the run failed before writing anything there", created.dirs[0])
 
 
+def _earlier_losses(workdir: str, resumed: int | None) -> list[list[float]]:
+  """The training losses the workdir's summary.json holds up to the step resumed from (the
+  loss curve before this run), or none."""
+  path = os.path.join(workdir, "summary.json")
+  if resumed is None or not epath.Path(path).is_file():
+    return []
+  history = read_json(path).get("train_loss_history") or []
+  return [list(e) for e in history if isinstance(e, list) and len(e) == 2 and e[0] <= resumed]
+
+
 class _Writer(MetricWriter):
   """TensorBoard scalars, also keeping the training loss curve and the first step's time."""
 
@@ -354,14 +389,16 @@ def _redo_earlier_evaluations(history, evaluate, every: int, resumed: int, resto
     )
 
 
-def run(config, workdir: str, build, purpose: str = "train") -> dict[str, Any]:
+def run(config, workdir: str, build, purpose: str = "train", resume_fixed=None) -> dict[str, Any]:
   """Runs the job ``build(config, workdir, mesh)`` in ``workdir`` (resuming if it can);
-  ``purpose`` names the run in the workdir lock (a refused second run is told it)."""
+  ``purpose`` names the run in the workdir lock (a refused second run is told it);
+  ``resume_fixed(config)``, the task's config keys a resume may not change
+  (``check_workdir_identity``)."""
   t_start = time.time()
   check_run_config(config)
   enable_compilation_cache(config.compilation_cache)
   parallel.initialize_distributed(config.distributed)
-  check_workdir_identity(config, workdir)
+  check_workdir_identity(config, workdir, resume_fixed(config) if resume_fixed else ())
   created = _prepare_workdir(workdir)
   try:
     with WorkdirLock(workdir, purpose=purpose) as lock:
@@ -470,7 +507,7 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
       eval_seconds=history.seconds,
       train_seconds=loop["wall_time_sec"] - history.seconds,
       first_step_seconds=writer.first_step_seconds,
-      train_loss_history=writer.losses,
+      train_loss_history=_earlier_losses(workdir, resumed) + writer.losses,
     )
     lock.check()  # nothing of this run's is written over another run's
     if loop["status"] == "completed" and hooks.finish is not None:

@@ -54,7 +54,12 @@ def platform_of(mesh) -> str:
 
 
 def resolve_attention_kernel(
-  requested: str, *, attention_dropout: float, platform: str, max_seq_length: int
+  requested: str,
+  *,
+  attention_dropout: float,
+  platform: str,
+  max_seq_length: int,
+  length_key: str = "config.max_seq_length",
 ) -> str:
   """The kernel a run uses for ``config.attention_kernel``; one-line errors name the keys.
 
@@ -90,7 +95,7 @@ def resolve_attention_kernel(
       )
     if max_seq_length % SPLASH_BLOCK:
       raise ValueError(
-        f"config.attention_kernel='splash' needs config.max_seq_length a multiple of "
+        f"config.attention_kernel='splash' needs {length_key} a multiple of "
         f"{SPLASH_BLOCK}, got {max_seq_length}"
       )
   return requested

@@ -86,7 +86,7 @@ def _phase_settings(config) -> list[tuple[int, int, str, str, str]]:
   return out
 
 
-def _prepare_default(config, workdir: str, lengths, predictions):
+def _prepare_default(config, workdir: str, lengths, predictions, vocab_file: str):
   from bert_jax.data.default_corpus import prepare_default_data  # noqa: PLC0415
 
   out_dir = config.default_corpus_dir or os.path.join(workdir, "default_corpus")
@@ -94,6 +94,7 @@ def _prepare_default(config, workdir: str, lengths, predictions):
     max_seq_lengths=tuple(lengths),
     max_predictions_per_seq=tuple(predictions),
     random_seed=config.seed,
+    vocab_file=vocab_file,
     **_default_corpus_settings(config),
   )
   if jax.process_index() == 0:
@@ -159,6 +160,49 @@ def _packing_settings(config) -> list[tuple[int, int, str]]:
     p2 = config.phase2
     out.append((p2.max_sequences_per_row, p2.max_predictions_per_row, "phase2."))
   return out
+
+
+MIN_INSTANCE_TOKENS = 3  # [CLS] x [SEP]: the shortest instance a row can hold
+
+
+def check_row_sizes(config) -> None:
+  """A one-line ValueError naming the key (phase 2's with its ``phase2.`` prefix) of a size no
+  row of its phase can use, before any data is read or any memory taken for it: prediction
+  slots (per sequence, or per packed row) beyond the row's ``L - 2`` non-special tokens, and
+  sequences per packed row beyond ``L // 3`` (each instance at least [CLS] x [SEP])."""
+  phases = [("", "packing", config.max_seq_length, config.max_predictions_per_seq)]
+  if config.phase2.fraction > 0:
+    p2 = config.phase2
+    phases.append(("phase2.", "phase2", p2.max_seq_length, p2.max_predictions_per_seq))
+  for prefix, group, length, predictions in phases:
+    length = int(length)
+    length_key = f"config.{prefix}max_seq_length={length}"
+    if length < MIN_INSTANCE_TOKENS:
+      raise ValueError(f"{length_key} is shorter than the {MIN_INSTANCE_TOKENS} tokens of "
+                       "the shortest instance ([CLS] x [SEP])")  # fmt: skip
+    tokens = length - 2
+    sizes = [(f"{prefix}max_predictions_per_seq", predictions, tokens, "predictions")]
+    if config.packing.enabled:
+      packing = config.packing if group == "packing" else config.phase2
+      sizes += [
+        (f"{group}.max_sequences_per_row", packing.max_sequences_per_row, length // 3, "seq"),
+        (
+          f"{group}.max_predictions_per_row",
+          packing.max_predictions_per_row,
+          tokens,
+          "predictions",
+        ),
+      ]
+    for key, value, bound, kind in sizes:
+      if int(value) <= bound:
+        continue
+      what = (
+        f"the {bound} non-special tokens of a row ({length_key}, less [CLS] and [SEP])"
+        if kind == "predictions"
+        else f"the {bound} sequences of at least {MIN_INSTANCE_TOKENS} tokens ([CLS] x [SEP]) "
+        f"a row holds ({length_key})"
+      )
+      raise ValueError(f"config.{key}={int(value)} is more than {what}; set it to <= {bound}")
 
 
 def default_predictions_per_row(
@@ -248,8 +292,10 @@ def _record_shapes(config, phases: list[PhaseData]):
   return [record_shape(p.input_files) for p in phases]
 
 
-def resolve_data(config, workdir: str) -> DataSources:
-  """The tokenizer and each phase's files; ValueError naming the config key when missing."""
+def resolve_data(config, workdir: str, resume_vocab: str = "") -> DataSources:
+  """The tokenizer and each phase's files; ValueError naming the config key when missing.
+  ``resume_vocab``: the vocabulary the workdir's checkpoint was trained with (the built-in
+  corpus is then tokenized with it, whatever it holds for other arguments)."""
   settings = _phase_settings(config)
   if config.synthetic_data:
     vocab = 30522 if not config.vocab_file else None
@@ -272,7 +318,7 @@ def resolve_data(config, workdir: str) -> DataSources:
         "the built-in corpus needs distinct max_seq_length per phase; got "
         f"{lengths} (config.max_seq_length, config.phase2.max_seq_length)"
       )
-    data = _prepare_default(config, workdir, lengths, predictions)
+    data = _prepare_default(config, workdir, lengths, predictions, resume_vocab)
     tokenizer = load_tokenizer(config.vocab_file or data.vocab_file, do_lower_case=True)
     phases = [
       PhaseData(l, p, data.train_files[l], data.eval_files[l]) for l, p in zip(lengths, predictions)

@@ -38,6 +38,7 @@ from bert_jax.tasks.pretraining.data import (
   TokenShare,
   abstract_sources,
   batch_keys,
+  check_row_sizes,
   eval_batches,
   input_factory,
   mask_rates,
@@ -54,23 +55,59 @@ from bert_jax.train import optimizers, trainer
 from bert_jax.train.job import EvalResult, Job, Phase, Pretrained, Program, RunHooks
 from bert_jax.train.loop import phase_index
 
+CURRICULUM_FILE = "curriculum.json"  # in the workdir: {"phase2_start_step": int}
 
-def phase_boundary(config) -> int:
-  """The first step of phase 2 (== num_train_steps when there is no phase 2)."""
+
+def phase_boundary(config, kept: int | None = None) -> int:
+  """The first step of phase 2 (== num_train_steps when there is no phase 2): the last
+  ``phase2.fraction`` of ``num_train_steps``, or ``kept`` (a resumed run's phase 2 that has
+  begun starts where it began, so a longer run trains on in phase 2)."""
   total = config.num_train_steps
   if not 0 <= config.phase2.fraction < 1:
     raise ValueError(f"config.phase2.fraction must be in [0, 1), got {config.phase2.fraction}")
+  if config.phase2.fraction > 0 and kept is not None and kept < total:
+    return kept
   return total - int(round(config.phase2.fraction * total))
 
 
-def learning_rate_schedule(config):
-  """Phase 1's warmup + linear decay over the whole run; phase 2 continues it, or (with
-  phase2.learning_rate >= 0) restarts with its own warmup and decay to 0 at the end."""
+def latest_checkpoint_step(workdir: str) -> int | None:
+  """The step of the workdir's latest saved checkpoint (``checkpoints/<step>``), or None."""
+  path = epath.Path(workdir) / "checkpoints"
+  if not path.is_dir():
+    return None
+  steps = [int(p.name) for p in path.iterdir() if p.name.isdigit()]
+  return max(steps) if steps else None
+
+
+def kept_phase_boundary(workdir: str, resumed: int | None) -> int | None:
+  """Where phase 2 began in the run ``workdir`` holds, when it has begun by the step resumed
+  from (``CURRICULUM_FILE``, or for a workdir without one the boundary its config.json's
+  ``num_train_steps`` and ``phase2.fraction`` gave); else None."""
+  if resumed is None:
+    return None
+  path = epath.Path(workdir) / CURRICULUM_FILE
+  if path.is_file():
+    start = read_json(path).get("phase2_start_step")
+  else:
+    recorded = epath.Path(workdir) / "config.json"
+    if not recorded.is_file():
+      return None
+    old = read_json(recorded)
+    fraction = float(old.get("phase2", {}).get("fraction", 0))
+    total = int(old.get("num_train_steps", 0))
+    start = total - int(round(fraction * total)) if 0 < fraction < 1 else None
+  return int(start) if start is not None and resumed >= int(start) else None
+
+
+def learning_rate_schedule(config, boundary: int | None = None):
+  """Phase 1's warmup + linear decay over the whole run; phase 2 (from ``boundary``, default
+  ``phase_boundary(config)``) continues it, or (with phase2.learning_rate >= 0) restarts with
+  its own warmup and decay to 0 at the end."""
   kind = config.optimizer.schedule
   s1 = optimizers.warmup_linear_decay(
     config.learning_rate, config.num_warmup_steps, config.num_train_steps, kind
   )
-  boundary = phase_boundary(config)
+  boundary = phase_boundary(config) if boundary is None else boundary
   if boundary >= config.num_train_steps or config.phase2.learning_rate < 0:
     return s1
   s2 = optimizers.warmup_linear_decay(
@@ -123,8 +160,10 @@ def bert_config_from(config, vocab_size: int, mesh=None) -> BertConfig:
 def attention_kernel(config, mesh) -> str:
   """``config.attention_kernel`` resolved for ``mesh``'s platform and every phase's length (a
   one-line ValueError naming the keys where it cannot run)."""
-  lengths = [config.max_seq_length] + (
-    [config.phase2.max_seq_length] if config.phase2.fraction > 0 else []
+  lengths = [(config.max_seq_length, "config.max_seq_length")] + (
+    [(config.phase2.max_seq_length, "config.phase2.max_seq_length")]
+    if config.phase2.fraction > 0
+    else []
   )
   kernels = {
     resolve_attention_kernel(
@@ -132,8 +171,9 @@ def attention_kernel(config, mesh) -> str:
       attention_dropout=float(config.attention_probs_dropout_prob),
       platform=platform_of(mesh),
       max_seq_length=length,
+      length_key=key,
     )
-    for length in lengths
+    for length, key in lengths
   }
   if len(kernels) > 1:  # "auto" on a TPU with a phase length splash cannot take
     kernels.discard("splash")
@@ -144,15 +184,18 @@ def _check_workdir_model(workdir: str, bert: BertConfig) -> None:
   trainer.check_same_model(epath.Path(workdir) / "model_config.json", bert.to_dict())
 
 
-def _run_files_writer(config, bert: BertConfig, sources: DataSources):
+def _run_files_writer(config, bert, sources: DataSources, boundary: int, resumed: int | None):
   def write(workdir: str) -> None:
     write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
+    if boundary < config.num_train_steps:
+      write_json(os.path.join(workdir, CURRICULUM_FILE), {"phase2_start_step": boundary})
     write_json(os.path.join(workdir, "model_config.json"), bert.to_dict())
     head = {"task": "pretraining", "objective": config.objective}
     if config.objective == "mlm_nsp":
       head.update(num_labels=2, labels=["IsNext", "NotNext"])
     write_json(os.path.join(workdir, "head.json"), head)
-    if sources.tokenizer is not None:
+    kept = resumed is not None and os.path.exists(os.path.join(workdir, "tokenizer_config.json"))
+    if sources.tokenizer is not None and not kept:  # a resumed run's stays as it was trained
       sources.tokenizer.save(workdir)
 
   return write
@@ -163,6 +206,7 @@ def _validate(config, mesh) -> None:
   ``bert_jax.compile`` run first); with ``mesh`` (a run's), the attention kernel it resolves to."""
   check_objective(config.objective)
   mask_rates(config)
+  check_row_sizes(config)
   if config.save_checkpoints_steps <= 0:
     raise ValueError(
       f"config.save_checkpoints_steps must be positive, got {config.save_checkpoints_steps}"
@@ -208,7 +252,17 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
   """The pre-training ``Job``; with ``workdir=None``, abstract (no data read, nothing written)."""
   abstract = workdir is None
   _validate(config, None if abstract else mesh)
-  sources = abstract_sources(config) if abstract else resolve_data(config, workdir)
+  resumed = None if abstract else latest_checkpoint_step(workdir)
+  if abstract:
+    sources = abstract_sources(config)
+  else:
+    if resumed is None and config.init_checkpoint:
+      check_init_checkpoint_model(config)  # before any corpus work
+    # A resumed run reads its data with the vocabulary its checkpoint was trained with.
+    vocab = os.path.join(workdir, "vocab.txt")
+    sources = resolve_data(
+      config, workdir, vocab if resumed is not None and os.path.exists(vocab) else ""
+    )
   vocab_size = sources.vocab_size
   if abstract and config.bert_config_file:
     vocab_size = int(read_json(config.bert_config_file)["vocab_size"])
@@ -224,7 +278,7 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
     preds = None if objective == "ltr" else jnp.zeros((1, p0.max_predictions_per_seq), jnp.int32)
     return model.init(rng, ids, ids, ids, preds)["params"]
 
-  boundary = phase_boundary(config)
+  boundary = phase_boundary(config, None if abstract else kept_phase_boundary(workdir, resumed))
   shares = [TokenShare(f"seq{d.max_seq_length}", d.packed) for d in sources.phases]
   settings = [(config.train_batch_size, config.grad_accum_steps, boundary)]
   if boundary < config.num_train_steps:
@@ -256,7 +310,7 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
   program = Program(
     init_params=init_params,
     loss_fn=make_pretraining_loss(model, objective),
-    schedule=learning_rate_schedule(config),
+    schedule=learning_rate_schedule(config, boundary),
     phases=phases,
     eval_step=make_pretraining_eval(model, objective),
     eval_batch_spec=batch_spec(
@@ -268,7 +322,7 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
     save_every_steps=int(config.save_checkpoints_steps),
   )
   if not abstract:
-    hooks.write_run_files = _run_files_writer(config, bert, sources)
+    hooks.write_run_files = _run_files_writer(config, bert, sources, boundary, resumed)
     hooks.finish = _token_share_report(shares)
     if config.synthetic_data or any(d.eval_input_files for d in sources.phases):
       hooks.evaluate = _evaluator(config, sources, phases, mesh)
@@ -320,6 +374,52 @@ def _evaluator(config, sources: DataSources, phases, mesh):
   return evaluate
 
 
+def resume_fixed_keys(config) -> tuple[str, ...]:
+  """The config keys a resume may not change (the checkpoint's input position is a position in
+  rows packed, or not, with these): whether rows are packed, and each packed phase's
+  sequences per row."""
+  keys = ("packing.enabled",)
+  if config.packing.enabled:
+    keys += ("packing.max_sequences_per_row",)
+    if config.phase2.fraction > 0:
+      keys += ("phase2.max_sequences_per_row",)
+  return keys
+
+
+def _model_sizes(bert: BertConfig) -> dict[str, int]:
+  return {k: getattr(bert, k) for k in trainer.MODEL_SIZES}
+
+
+def check_init_checkpoint_model(config) -> None:
+  """A one-line ValueError when ``config.init_checkpoint``'s model config (model_config.json,
+  a Hugging Face config.json, bert_config.json) has other sizes than the run's model; reads
+  only that file (a checkpoint of no known layout is left to the loader's own error)."""
+  from bert_jax.formats import pretrained as pretrained_lib  # noqa: PLC0415
+
+  path = epath.Path(config.init_checkpoint)
+  step = pretrained_lib.step_checkpoint(path)
+  candidates = [step[0] / "model_config.json"] if step else []
+  candidates += [path / name for name in ("model_config.json", "config.json", "bert_config.json")]
+  candidates.append(path.parent / "bert_config.json")  # a TensorFlow checkpoint's prefix
+  found = next((c for c in candidates if c.is_file()), None)
+  if found is None:
+    return
+  theirs = _model_sizes(BertConfig.from_dict(read_json(found), source=str(found)))
+  if config.bert_config_file:
+    ours = BertConfig.from_dict(read_json(config.bert_config_file), source=config.bert_config_file)
+  else:
+    ours = BertConfig.from_preset(config.model_preset)
+  diff = {k: (a, b) for (k, a), b in zip(theirs.items(), _model_sizes(ours).values()) if a != b}
+  if diff:
+    shown = ", ".join(f"{k}: {a} there vs {b} in this config" for k, (a, b) in diff.items())
+    raise ValueError(
+      f"{found}: config.init_checkpoint holds another model ({shown}); set "
+      "config.model_preset / config.bert_config_file to its sizes"
+    )
+
+
 def run_pretraining(config, workdir: str) -> dict[str, Any]:
   """Pre-trains (or resumes pre-training) into ``workdir``; returns the summary dict."""
-  return trainer.run(config, workdir, build_pretraining_job, purpose="pretrain")
+  return trainer.run(
+    config, workdir, build_pretraining_job, purpose="pretrain", resume_fixed=resume_fixed_keys
+  )
