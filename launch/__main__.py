@@ -7,6 +7,8 @@ r"""Launch bert_jax jobs and sweeps locally, on TPU VMs, under SLURM or on Kuber
   python -m launch sweep --job=finetune --config=configs/glue.py:rte --workdir=/tmp/rte \
       --sweep=sweeps/glue_paper_grid.py:3 --parallel=2
   python -m launch results --workdir=/tmp/rte [--metric=dev.accuracy]
+  python -m launch glue --init_checkpoint=CKPT --data_dir=../shared/data/glue --workdir=/tmp/glue \
+      [--protocol=quick|paper] [--seeds=5] [--tasks=cola,rte] [--parallel=2] [--dry_run]
 
 Arguments after ``--`` go to the entry point verbatim (``--config.*`` ones are checked first).
 Target settings are flags named like the target's fields (see ``launch/targets/``).
@@ -17,6 +19,7 @@ import sys
 
 from absl import app, flags
 
+from .glue import Suite, run_glue
 from .job import Job, LaunchError
 from .launch import launch
 from .results import mean_and_spread, write_results
@@ -24,7 +27,7 @@ from .sweep import load_sweep, plan_sweep, run_sweep
 from .targets import TARGETS, make_target, setting_help
 
 FLAGS = flags.FLAGS
-COMMANDS = ("run", "sweep", "results")
+COMMANDS = ("run", "sweep", "results", "glue")
 flags.DEFINE_string("job", "pretrain", "pretrain, finetune, evaluate, probe or a module path.")
 flags.DEFINE_string("config", "", "The job's config, path.py[:arg].")
 flags.DEFINE_string("workdir", None, "The run's workdir (a sweep's root directory).")
@@ -35,6 +38,11 @@ flags.DEFINE_string("sweep", None, "sweep: the sweep file, path.py[:arg].")
 flags.DEFINE_integer("parallel", 1, "sweep: local runs at a time.")
 flags.DEFINE_string("metric", None, "results: the metric to sort by (default: primary).")
 flags.DEFINE_enum("mode", "auto", ["auto", "max", "min"], "results: is higher or lower better.")
+flags.DEFINE_string("init_checkpoint", "", "glue: the checkpoint to fine-tune (any kind).")
+flags.DEFINE_string("data_dir", "", "glue: the GLUE root (CoLA/, SST-2/, ...).")
+flags.DEFINE_list("tasks", [], "glue: the tasks to run (default: every task with data).")
+flags.DEFINE_enum("protocol", "quick", ["quick", "paper"], "glue: median over seeds or grid.")
+flags.DEFINE_integer("seeds", 0, "glue: seeds per setting (default: quick 5, paper 1).")
 
 _TYPES = {
   "str": flags.DEFINE_string,
@@ -95,6 +103,18 @@ def main(argv):
     python = FLAGS.python or (sys.executable if FLAGS.target == "local" else "python3")
     job = Job(FLAGS.job, FLAGS.config, FLAGS.workdir, extra_args=tuple(argv[2:]), python=python)
     target = target_from_flags()
+    if argv[1] == "glue":
+      suite = Suite(
+        FLAGS.workdir,
+        FLAGS.init_checkpoint,
+        FLAGS.data_dir,
+        FLAGS.protocol,
+        tuple(FLAGS.tasks),
+        FLAGS.seeds,
+        tuple(argv[2:]),
+        python,
+      )
+      return run_glue(suite, target, FLAGS.parallel, FLAGS.dry_run)
     if argv[1] == "run":
       return launch(job, target, dry_run=FLAGS.dry_run)
     runs = plan_sweep(job, load_sweep(FLAGS.sweep or ""), FLAGS.workdir, FLAGS.sweep or "sweep")

@@ -34,7 +34,8 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 from .job import REPO_ROOT, Job, LaunchError, add_import_root, resolve_config
@@ -184,7 +185,9 @@ def plan_sweep(
 def write_sweep_record(root: str, runs: Sequence[SweepRun]) -> None:
   """``<root>/sweep.json``: each run's name and overrides (read back by launch.results)."""
   text = json.dumps(
-    {"runs": [{"name": r.name, "overrides": r.overrides} for r in runs]}, indent=2, default=str
+    {"runs": [{"name": os.path.basename(r.job.workdir), "overrides": r.overrides} for r in runs]},
+    indent=2,
+    default=str,
   )
   path = os.path.join(root, "sweep.json")
   if "://" in root:
@@ -217,8 +220,11 @@ def run_sweep(
   parallel: int = 1,
   dry_run: bool = False,
   out: TextIO | None = None,
+  on_finish: Callable[[SweepRun, int, float], None] | None = None,
 ) -> dict[str, int]:
-  """Runs (or, dry, prints) every incomplete run; returns {name: exit status} of those run."""
+  """Runs (or, dry, prints) every incomplete run; returns {name: exit status} of those run.
+
+  ``on_finish(run, status, seconds)`` is called after each run (e.g. a progress line)."""
   out = out or sys.stdout
   note = "# sweep:" if dry_run else "sweep:"  # a dry run's output stays a valid script / YAML
   for i, r in enumerate(runs):  # every run's target settings, before anything is printed
@@ -235,7 +241,8 @@ def run_sweep(
       out.write(f"# run {r.name}\n")
       launch(r.job, run_target(target, runs.index(r), r is todo[0]), dry_run=True, out=out)
     return {}
-  write_sweep_record(os.path.dirname(runs[0].job.workdir), runs)
+  for root in dict.fromkeys(os.path.dirname(r.job.workdir) for r in runs):
+    write_sweep_record(root, [r for r in runs if os.path.dirname(r.job.workdir) == root])
   if target.name == "local":
     target = dataclasses.replace(target, echo=parallel == 1 and target.echo)
   stop = threading.Event()
@@ -245,9 +252,12 @@ def run_sweep(
       return 128 + signal.SIGTERM
     out.write(f"sweep: start {r.name}\n")
     out.flush()
+    start = time.monotonic()
     status = launch(r.job, run_target(target, runs.index(r), r is todo[0]), out=out, stop=stop)
     out.write(f"sweep: {r.name} {'done' if status == 0 else f'FAILED (status {status})'}\n")
     out.flush()
+    if on_finish is not None:
+      on_finish(r, status, time.monotonic() - start)
     return status
 
   # SIGTERM / Ctrl-C stop the running runs (SIGTERM to their processes) and start no more.
