@@ -35,7 +35,7 @@ from . import glue_report as report
 from . import sweep
 from .job import Job, LaunchError, config_overrides_in_args, resolve_config
 from .launch import launch
-from .results import _listdir, _read_json
+from .results import _listdir, _open, _read_json
 
 PROTOCOLS = ("quick", "paper")
 QUICK_SETTINGS = {"learning_rate": 4e-5, "train_batch_size": 32, "num_train_epochs": 3.0}
@@ -112,7 +112,7 @@ def has_data(suite: Suite, task: str) -> bool:
   from bert_jax.tasks.glue.data import SPECS  # noqa: PLC0415
 
   needed = ["train"] + [s for s, _ in SPECS[task].eval_files]
-  return all(os.path.isfile(files[s]) for s in needed)
+  return all(sweep.exists(files[s]) for s in needed)
 
 
 def choose_tasks(suite: Suite) -> list[str]:
@@ -359,19 +359,23 @@ def run_glue(suite: Suite, target, parallel: int = 1, dry_run: bool = False, out
     return launch(sweep_runs[0].job, sweep.run_target(target, 0, True), dry_run=True, out=out)
   record = os.path.join(suite.root, SUITE_FILE)
   if _read_json(record) is None:
-    os.makedirs(suite.root, exist_ok=True)
-    with open(record, "w") as f:
+    if "://" not in suite.root:
+      os.makedirs(suite.root, exist_ok=True)
+    with _open(record, "w") as f:
       f.write(json.dumps(suite.identity(), indent=2) + "\n")
   todo = [r for r in sweep_runs if not r.complete]
-  count = {"done": len(sweep_runs) - len(todo)}
+  done, took = [len(sweep_runs) - len(todo)], []
 
   def progress(r: sweep.SweepRun, status: int, seconds: float) -> None:
-    count["done"] += 1
+    done[0] += 1
+    took.append(seconds)
     task, name = r.name.split("/", 1)
     found = report.read_runs([(task, name, r.job.workdir, r.overrides)])[0].metrics
     what = f"score {found['score']:.1f}" if status == 0 and found else f"FAILED (status {status})"
+    left = (len(sweep_runs) - done[0]) * sum(took) / len(took) / max(1, parallel)
     out.write(
-      f"glue: [{count['done']}/{len(sweep_runs)}] {r.name}: {what} in {_duration(seconds)}\n"
+      f"glue: [{done[0]}/{len(sweep_runs)}] {r.name}: {what} in {_duration(seconds)}; "
+      f"~{_duration(left)} left for the runs\n"
     )
     out.flush()
 
