@@ -16,6 +16,10 @@ line, key or value, and the process exits with
   ``IsADirectoryError``, ``PermissionError``, ``KeyError`` (a config key named in an override)
   and the entry point's own ``user_errors``.
 
+* status 130 after a Ctrl-C (SIGINT), at any moment from the first second: one line
+  ``prog: interrupted (Ctrl-C): ...``; a training loop saves a checkpoint first, elsewhere the
+  work stops where it is (``bert_jax.interrupts``; a second Ctrl-C exits at once).
+
 The traceback is printed too (before the line) with ``--verbose_errors`` (or absl's
 ``-v 1``/``--verbosity=1`` and above). Anything else (a bug) propagates with its traceback.
 
@@ -63,6 +67,7 @@ from ml_collections import config_flags
 from bert_jax import hugepages
 from bert_jax.accelerators import accelerator_on_host
 from bert_jax.config_files import add_config_import_roots
+from bert_jax.interrupts import INTERRUPTED_EXIT, InterruptHandler
 
 USAGE_EXIT = 2
 ERROR_EXIT = 1
@@ -103,6 +108,15 @@ def run(
   """
   if hugepages.is_entry_point_command(sys.orig_argv):
     hugepages.restart_with_hugepages()
+  interrupts = InterruptHandler(prog)
+  with interrupts.installed():
+    try:
+      _run(main, prog, user_errors, interrupts)
+    except KeyboardInterrupt:
+      _exit_interrupted(prog)
+
+
+def _run(main, prog, user_errors, interrupts: InterruptHandler) -> None:
   skip_absent_accelerators()
   if _VERBOSE_FLAG not in flags.FLAGS:
     flags.DEFINE_bool(
@@ -119,7 +133,7 @@ def run(
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[_CONFIG_KEYS_FLAG])
   errors = tuple(USER_ERRORS) + tuple(user_errors)
   app.run(
-    functools.partial(_call_main, main, prog, errors),
+    functools.partial(_call_main, main, prog, errors, interrupts),
     flags_parser=functools.partial(parse_flags, prog),
   )
 
@@ -297,14 +311,30 @@ def skip_absent_accelerators() -> None:
     jax.config.update("jax_platforms", platforms)
 
 
-def _call_main(main, prog, errors, argv):
+def _call_main(main, prog, errors, interrupts, argv):
   quiet_library_logs()
   try:
-    return main(argv)
+    result = main(argv)
   except app.UsageError as e:
     _fail(prog, e, USAGE_EXIT, _verbose_parsed(), hint=HELP_HINT)
   except errors as e:
     _fail(prog, e, ERROR_EXIT, _verbose_parsed())
+  except KeyboardInterrupt:
+    _exit_interrupted(prog)
+  if interrupts.count:  # a training loop took the Ctrl-C: it saved, then stopped
+    print(
+      f"{prog}: interrupted (Ctrl-C): stopped after saving a checkpoint; re-run to resume",
+      file=sys.stderr,
+      flush=True,
+    )
+    sys.exit(INTERRUPTED_EXIT)
+  return result
+
+
+def _exit_interrupted(prog: str) -> NoReturn:
+  """One line and status 130 for a Ctrl-C that stopped the work where it was."""
+  print(f"{prog}: interrupted (Ctrl-C): stopped", file=sys.stderr, flush=True)
+  sys.exit(INTERRUPTED_EXIT)
 
 
 def one_line(error: BaseException) -> str:

@@ -7,7 +7,8 @@ r"""Pre-train BERT (masked LM + next sentence), sharded over a device mesh.
 
 Every config key can be overridden with ``--config.<key>=value``; a key that does not exist
 is an error. Re-running with the same workdir resumes from its latest checkpoint. SIGTERM
-saves a checkpoint and exits with status 0. A workdir that is, contains or lies inside an input
+saves a checkpoint and exits with status 0; Ctrl-C (SIGINT) saves one too where training has
+started (at any earlier moment it stops at once) and exits with status 130. A workdir that is, contains or lies inside an input
 the config names (init_checkpoint, vocab_file, input files) is refused before any work
 (``bert_jax.checkpoint.outputs``). A user error (bad flag or config key, missing
 file) is one line ``pretrain: error: ...`` (status 2 for usage errors, 1 otherwise);

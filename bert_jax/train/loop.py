@@ -80,6 +80,9 @@ class PreemptionWatcher:
 
   def _on_signal(self, signum, frame):
     del frame
+    record = getattr(self._previous.get(signum), "record", None)
+    if record is not None:  # the entry point's handler (bert_jax.interrupts): exit status 130
+      record(signum)
     if signum == signal.SIGINT and self._flag:
       raise KeyboardInterrupt("second Ctrl-C: stopping without saving")
     what = "Ctrl-C (again to abort at once)" if signum == signal.SIGINT else f"signal {signum}"
