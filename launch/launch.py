@@ -15,7 +15,9 @@ the same checks in a dry run), and only then (TPU target with an accelerator_typ
 Kubernetes with a gpu_type: the job compiled for it, refused when it does not fit:
 launch/preflight.py) is ``launch.json`` (command, resolved config, git commit, target
 settings, pre-flight result) written into the workdir and the job started. ``dry_run`` prints
-exactly what would run and starts nothing.
+exactly what would run and starts nothing, after checking the config as the entry point will
+before any work (``preflight.check_job_config``: a config it would refuse is the same one-line
+error here).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import threading
 from typing import TextIO
 
 from .job import Job, launch_record, resolve_config, write_launch_record
+from .preflight import check_job_config
 from .targets import target_settings
 
 
@@ -59,6 +62,7 @@ def launch(
   target.validate(job)
   plan = target.describe(job)
   if dry_run:
+    check_job_config(job, config, target)  # what the entry point refuses at once
     out.write(plan + "\n")
     return 0
   checked = target.preflight(job, config) if hasattr(target, "preflight") else None

@@ -23,6 +23,7 @@ CUDA PJRT plugin (``pip install 'bert-jax[gpu-aot]'``) for GPU ones (SLURM, Kube
 
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any
 
@@ -61,6 +62,57 @@ def _progress(line: str) -> None:
 def gpu_topology_name(gpu_type: str, hosts: int, gpus_per_host: int) -> str:
   """The ``--topology`` name of ``hosts`` x ``gpus_per_host`` GPUs, e.g. "h100:2x8", "h100:8"."""
   return f"{gpu_type}:{hosts}x{gpus_per_host}" if hosts > 1 else f"{gpu_type}:{gpus_per_host}"
+
+
+def target_topology(target) -> str | None:
+  """The topology name of the chips ``target`` runs on (a TPU accelerator type, or a GPU
+  topology from gpu_type and the hosts' GPUs); None where the target does not say."""
+  if getattr(target, "accelerator_type", ""):
+    return target.accelerator_type
+  if not getattr(target, "gpu_type", ""):
+    return None
+  if hasattr(target, "nodes"):
+    return gpu_topology_name(target.gpu_type, target.nodes, target.gpus_per_node)
+  return gpu_topology_name(target.gpu_type, target.num_hosts, target.gpus_per_host)
+
+
+def check_job_config(job: Job, config, target) -> None:
+  """LaunchError with the entry point's own one-line error when ``pretrain`` / ``finetune``
+  would refuse ``config`` before any work (a dry run says so too, starting nothing): the
+  numbers' ranges, the task's checks (packing a task that cannot be packed, ...) and the
+  attention kernel (a fused kernel with attention dropout). On the target's topology where it
+  names one (``bert_jax.plan.compiler.check_config``, no compile); else the platform-free
+  checks, and for the local target the kernel on this host's devices."""
+  if job.module not in COMPILABLE or config is None:
+    return
+  # bert_jax (JAX) only when a config is checked: the launcher itself stays light.
+  from bert_jax.model.kernels.attention import FUSED, resolve_attention_kernel  # noqa: PLC0415
+  from bert_jax.parallel.topology import TopologyError, parse_topology  # noqa: PLC0415 (heavy)
+  from bert_jax.plan.compiler import check_config  # noqa: PLC0415 (heavy)
+  from bert_jax.tasks.jobs import build_job  # noqa: PLC0415 (heavy)
+  from bert_jax.train.run_config import check_run_config  # noqa: PLC0415 (heavy)
+
+  topology = target_topology(target)
+  try:
+    if topology:
+      check_config(config, parse_topology(topology))
+      return
+    check_run_config(config)
+    kernel = config.get("attention_kernel", "reference")
+    if target.name != "local":  # the remote devices' platform is not known here: the kernel's
+      if kernel in FUSED:  # own checks on a platform it runs on (the dropout it cannot take)
+        resolve_attention_kernel(
+          kernel,
+          attention_dropout=float(config.attention_probs_dropout_prob),
+          platform="tpu" if kernel == "splash" else "gpu",
+          max_seq_length=int(config.max_seq_length),
+        )
+      config = copy.deepcopy(config)
+      with config.unlocked():
+        config.attention_kernel = "reference"
+    build_job(config, abstract=True)
+  except (ValueError, TopologyError) as e:
+    raise LaunchError(f"invalid config (the entry point would refuse it): {e}") from None
 
 
 def preflight(job: Job, config, accelerator_type: str, num_slices: int = 1) -> dict[str, Any]:

@@ -165,6 +165,28 @@ def _input_bytes(shards, config: GenerationConfig) -> float:
   return sum(os.path.getsize(f) for s in shards for f in s.files if os.path.exists(f))
 
 
+def _has_text(path: str, chunk_bytes: int = 1 << 20) -> bool:
+  """Whether the file holds anything but whitespace (read until the first such byte)."""
+  with open(path, "rb") as f:
+    while chunk := f.read(chunk_bytes):
+      if chunk.strip():
+        return True
+  return False
+
+
+def _check_some_text(files: list[str]) -> None:
+  """ValueError (one line, naming the file) when no input file holds any text: the run would
+  write empty shards. Checked before anything is written."""
+  if not files or any(_has_text(f) for f in files):
+    return
+  if len(files) == 1:
+    raise ValueError(f"{files[0]}: the input file is empty (no text to make examples from)")
+  shown = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+  raise ValueError(
+    f"{shown}: all {len(files)} input files are empty (no text to make examples from)"
+  )
+
+
 def _tokenized_documents(tokenizer, documents):
   """Each document's ids, one list per sentence, tokenizing ENCODE_BATCH_LINES at a time."""
   pending, lines = [], 0
@@ -422,6 +444,8 @@ def generate(
     tfds_data_dir=tfds_data_dir,
     tfds_text_key=tfds_text_key,
   )
+  if config.input_format != "tfds":
+    _check_some_text([f for s in shards for f in s.files])
   mine = [s for s in shards if s.index % process_count == process_index]
   input_bytes = _input_bytes(mine, config)
   if not num_workers:

@@ -63,24 +63,19 @@ def resolve_attention_kernel(
 ) -> str:
   """The kernel a run uses for ``config.attention_kernel``; one-line errors name the keys.
 
-  ``auto``: the reference path while attention dropout is on (logged), else splash on a TPU
-  (lengths a multiple of 128), cuDNN's through ``dot_product`` on a GPU, and the reference
-  path on a CPU (where it is the tuned form).
+  ``auto``: the reference path while attention dropout is on, else splash on a TPU (lengths a
+  multiple of 128), cuDNN's through ``dot_product`` on a GPU, and the reference path on a CPU
+  (where it is the tuned form); the choice and why is logged, once per process.
   """
   if requested not in CHOICES:
     raise ValueError(f"config.attention_kernel={requested!r} is not one of {CHOICES}")
   dropout = float(attention_dropout)
   if requested == "auto":
-    if dropout > 0:
-      logging.info(
-        "config.attention_kernel='auto': the reference path, since attention dropout "
-        "(config.attention_probs_dropout_prob=%g) needs it; set it to 0 for a fused kernel",
-        dropout,
-      )
-      return "reference"
-    if platform == "tpu" and max_seq_length % SPLASH_BLOCK == 0:
-      return "splash"
-    return "dot_product" if platform in ("gpu", "tpu") else "reference"
+    kernel, why = _auto_kernel(dropout, platform, max_seq_length, length_key)
+    logging.log_first_n(
+      logging.INFO, "config.attention_kernel='auto' resolved to %r: %s", 1, kernel, why
+    )
+    return kernel
   if requested in FUSED and dropout > 0:
     raise ValueError(
       f"config.attention_kernel={requested!r} has no attention dropout but "
@@ -99,6 +94,28 @@ def resolve_attention_kernel(
         f"{SPLASH_BLOCK}, got {max_seq_length}"
       )
   return requested
+
+
+def _auto_kernel(dropout: float, platform: str, length: int, length_key: str) -> tuple[str, str]:
+  """``auto``'s kernel and why (the platform, the attention dropout, the length)."""
+  if dropout > 0:
+    return "reference", (
+      f"attention dropout (config.attention_probs_dropout_prob={dropout:g}) needs it; set it "
+      "to 0 for a fused kernel"
+    )
+  if platform == "tpu" and length % SPLASH_BLOCK == 0:
+    return (
+      "splash",
+      f"TPU, no attention dropout, {length_key}={length} a multiple of {SPLASH_BLOCK}",
+    )
+  if platform == "tpu":
+    return "dot_product", (
+      f"TPU, no attention dropout, but {length_key}={length} is not a multiple of "
+      f"{SPLASH_BLOCK} (splash's block)"
+    )
+  if platform == "gpu":
+    return "dot_product", "GPU (cuDNN's fused kernel), no attention dropout"
+  return "reference", f"{platform.upper()} devices: the reference path is the tuned form there"
 
 
 @struct.dataclass
