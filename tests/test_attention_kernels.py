@@ -5,6 +5,7 @@ The reference path is BERT's computation (checked against Hugging Face in test_m
 interpret mode. Forward and gradients, padded, left-to-right and packed rows, float32.
 """
 
+import functools
 import logging
 
 import flax.linen as nn
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tolerance import assert_close_to_float64, float64_bound
 
 from bert_jax.model import BertConfig, BertEncoder
 from bert_jax.model.kernels import attention as kernels
@@ -37,7 +39,7 @@ def _batch(packed: bool):
   return batch
 
 
-def _outputs_and_grads(kernel, packed, is_decoder, positions=False):
+def _outputs_and_grads(kernel, packed, is_decoder, positions=False, float64=False):
   config = BertConfig.from_preset("tiny", vocab_size=97).replace(
     hidden_dropout_prob=0.0,
     attention_probs_dropout_prob=0.0,
@@ -55,8 +57,30 @@ def _outputs_and_grads(kernel, packed, is_decoder, positions=False):
     real = batch["input_mask_BxL"][..., None] if not positions else 1.0
     return jnp.sum((out[key] * real) ** 2) + jnp.sum(out["pooled_output"] ** 2), out[key]
 
-  (_, out), grads = jax.value_and_grad(loss, has_aux=True)(params)
-  return np.asarray(out), grads
+  if not float64:
+    (_, out), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return np.asarray(out), grads
+  # The same parameters in float64. BertConfig admits 16- and 32-bit dtypes only, so the float64
+  # run sets them past its check; the reference path still rounds the attention scores and
+  # probabilities to float32 once per layer (bert.py's preferred_element_type and
+  # masked_softmax_as), a few ulps against the hundreds a float32 run accumulates.
+  object.__setattr__(config, "dtype", "float64")
+  object.__setattr__(config, "param_dtype", "float64")
+  model = BertEncoder(config)
+  with jax.enable_x64(True):
+    params = jax.tree_util.tree_map(lambda p: np.asarray(p, np.float64), params)
+    (_, out), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return np.asarray(out), jax.tree_util.tree_map(np.asarray, grads)
+
+
+@functools.cache
+def _reference(packed, is_decoder, positions=False, float64=False):
+  """The reference path's outputs and gradients (float32, or float64), computed once per case."""
+  return _outputs_and_grads("reference", packed, is_decoder, positions, float64)
+
+
+def _module(path) -> tuple:
+  return tuple(path[:-1])
 
 
 @pytest.mark.parametrize("kernel", ["dot_product", "splash"])
@@ -65,16 +89,30 @@ def _outputs_and_grads(kernel, packed, is_decoder, positions=False):
   [(False, False, False), (True, False, False), (True, True, False), (True, False, True)],
 )
 def test_a_fused_kernel_equals_the_reference_path(kernel, packed, is_decoder, positions):
-  ref_out, ref_grads = _outputs_and_grads("reference", packed, is_decoder, positions)
+  ref_out, ref_grads = _reference(packed, is_decoder, positions)
+  out64, grads64 = _reference(packed, is_decoder, positions, float64=True)
   out, grads = _outputs_and_grads(kernel, packed, is_decoder, positions)
   real = _batch(packed)["input_mask_BxL"] > 0
   if not positions:  # padded positions' rows are never read
-    ref_out, out = ref_out[real], out[real]
-  np.testing.assert_allclose(out, ref_out, rtol=2e-5, atol=2e-5)
+    ref_out, out, out64 = ref_out[real], out[real], out64[real]
+  # float32 sums in another order: off float64 by at most 4x the reference path's own error.
+  assert_close_to_float64(out, ref_out, out64)
+  leaves64 = jax.tree_util.tree_leaves_with_path(grads64)
   flat_ref, flat = jax.tree_util.tree_leaves(ref_grads), jax.tree_util.tree_leaves(grads)
-  for a, b in zip(flat_ref, flat):
-    a = np.asarray(a)  # float32 sums in another order: tolerance relative to the leaf's scale
-    np.testing.assert_allclose(np.asarray(b), a, rtol=1e-4, atol=2e-5 * max(1.0, np.abs(a).max()))
+  # Gradients: the reference's error and the magnitude are taken over each Dense/LayerNorm/table
+  # (kernel and bias together: one sum over the tokens, of LayerNorm-scaled inputs for the
+  # kernel), since a gradient that is zero in exact arithmetic (a key bias: softmax ignores a
+  # shift of a row's scores) is rounding noise of its module's terms, not of its own size.
+  ref_error, magnitude = {}, {}
+  for (path, x64), a in zip(leaves64, flat_ref):
+    m = _module(path)
+    ref_error[m] = max(ref_error.get(m, 0.0), np.abs(np.asarray(a, np.float64) - x64).max())
+    magnitude[m] = max(magnitude.get(m, 0.0), np.abs(x64).max())
+  for (path, x64), b in zip(leaves64, flat):
+    bound = float64_bound(ref_error[_module(path)], magnitude[_module(path)])
+    np.testing.assert_allclose(
+      np.asarray(b, np.float64), x64, rtol=0, atol=bound, err_msg=jax.tree_util.keystr(path)
+    )
 
 
 def test_dot_product_in_bfloat16_equals_the_reference_path_within_its_rounding():
@@ -94,7 +132,8 @@ def test_dot_product_in_bfloat16_equals_the_reference_path_within_its_rounding()
 def test_splash_sharded_over_batch_and_heads_equals_the_reference_path():
   mesh = create_mesh({"data": 2, "fsdp": 1, "tensor": 2}, jax.devices()[:4])
   rules = normalize_rules([("batch", ("data", "fsdp")), ("heads", "tensor"), ("kv", None)])
-  ref_out, _ = _outputs_and_grads("reference", True, False)
+  ref_out, _ = _reference(True, False)
+  out64, _ = _reference(True, False, float64=True)
   config = BertConfig.from_preset("tiny", vocab_size=97).replace(
     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attention_kernel="splash"
   )
@@ -103,7 +142,7 @@ def test_splash_sharded_over_batch_and_heads_equals_the_reference_path():
   with mesh_context(mesh, rules):
     out = jax.jit(lambda p, b: model.apply({"params": p}, **b)["sequence_output"])(params, batch)
   real = batch["input_mask_BxL"] > 0
-  np.testing.assert_allclose(np.asarray(out)[real], ref_out[real], rtol=2e-5, atol=2e-5)
+  assert_close_to_float64(np.asarray(out)[real], ref_out[real], out64[real])
 
 
 def test_a_fused_kernel_with_attention_dropout_is_refused():

@@ -1,0 +1,69 @@
+"""How far apart two float32 results of one computation may be: bounds derived from float32's
+rounding, so that a comparison holds on any CPU, not only on the host whose summation order it was
+tuned to.
+
+Two float32 computations of one value that sum in different orders (another kernel, another
+XLA:CPU code path or vector width, PyTorch) differ by rounding alone. Two rules, the first
+preferred:
+
+1. Against float64 (``float64_bound``, ``assert_close_to_float64``). Compute the value once more
+   in float64 and measure the float32 *reference* computation's own error against it. The result
+   under test may be off the float64 value by at most ``factor`` (4) times that error, plus a floor
+   of ``ulps`` (8) float32 ulps of the largest float64 magnitude (so that a reference which happens
+   to round exactly does not demand bit equality): |got - x64| <= 4 |ref - x64|_max + 8 eps32
+   max|x64|. The bound follows the computation's actual float32 error, however much it
+   accumulates through layers and cancels in sums.
+
+2. A float32 sum's rounding (``sum_bound``, ``assert_sum_close``), where no float64 run exists
+   (Hugging Face PyTorch in float32, a kernel without float64). A float32 sum of n terms t_i
+   carries one rounding of relative size <= eps32/2 per addition; the errors are independent, so
+   they add in quadrature and the sum is off its exact value by about sqrt(n) eps32/2 M, M the
+   magnitude of the summed terms (the largest partial sum: the operands' norms for a dot
+   product, the result's own max where nothing cancels); Higham, *Accuracy and Stability of
+   Numerical Algorithms* (2002), sections 2.8 and 4.2. Two float32 results each carry such an
+   error, and the tail of their distribution reaches a few standard deviations: |a - b| <=
+   k eps32 sqrt(n) M with k = 4. Through a chain of reductions (a model's layers) ``n`` is the
+   chain's total reduction length: each stage adds its own rounding.
+
+A real bug (a wrong mask, a missing scale, a dropped term) moves values by orders of magnitude
+more than either bound, so both still fail it.
+"""
+
+import numpy as np
+
+EPS32 = float(np.finfo(np.float32).eps)  # 2**-23: the spacing of float32 numbers in [1, 2)
+
+
+def float64_bound(ref_error: float, magnitude64: float, factor: float = 4.0, ulps: float = 8.0):
+  """Rule 1: ``factor`` times the float32 reference's error against float64, plus ``ulps`` float32
+  ulps of the float64 value's magnitude."""
+  return factor * float(ref_error) + ulps * EPS32 * float(magnitude64)
+
+
+def assert_close_to_float64(got, ref32, exact64, factor=4.0, ulps=8.0, err_msg=""):
+  """Rule 1 for one array: ``got`` (float32, the computation under test) and ``ref32`` (the
+  float32 reference computation) against ``exact64`` (the reference computed in float64)."""
+  exact64 = np.asarray(exact64, np.float64)
+  ref_error = np.abs(np.asarray(ref32, np.float64) - exact64).max(initial=0.0)
+  bound = float64_bound(ref_error, np.abs(exact64).max(initial=0.0), factor, ulps)
+  np.testing.assert_allclose(
+    np.asarray(got, np.float64), exact64, rtol=0, atol=bound, err_msg=err_msg
+  )
+
+
+def sum_bound(magnitude: float, terms: int, k: float = 4.0) -> float:
+  """Rule 2: ``k`` eps32 sqrt(``terms``) ``magnitude`` for two float32 sums of ``terms`` terms of
+  summed magnitude ``magnitude`` computed in different orders."""
+  return k * EPS32 * float(np.sqrt(terms)) * float(magnitude)
+
+
+def assert_sum_close(actual, desired, magnitude, terms, k=4.0, err_msg=""):
+  """Rule 2 for one array (elementwise, no relative part: the bound is the sum's own)."""
+  atol = sum_bound(magnitude, terms, k)
+  np.testing.assert_allclose(
+    np.asarray(actual, np.float64),
+    np.asarray(desired, np.float64),
+    rtol=0,
+    atol=atol,
+    err_msg=err_msg,
+  )
