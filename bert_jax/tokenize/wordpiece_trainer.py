@@ -29,14 +29,25 @@ import collections
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 
+from bert_jax.tokenize.piece_cache import SPLIT_MISMATCH
 from bert_jax.tokenize.wordpiece import CONTINUATION_PREFIX
 
 
 def count_words(lines: Iterable[str], split: Callable[[str], Sequence[str]]) -> dict[str, int]:
-  """Occurrences of each word of ``split(line)`` over ``lines``."""
+  """Occurrences of each word of ``split(line)`` over ``lines``, where ``split`` is BERT's
+  normalizer and pre-tokenizer: each distinct whitespace piece is split once (the pipeline acts
+  within a piece; piece_cache.py), a line holding a character where ``str.split()`` and BERT
+  disagree (piece_cache.SPLIT_MISMATCH) whole."""
+  pieces: collections.Counter[str] = collections.Counter()
   counts: collections.Counter[str] = collections.Counter()
   for line in lines:
-    counts.update(split(line))
+    if SPLIT_MISMATCH.search(line):
+      counts.update(split(line))
+    else:
+      pieces.update(line.split())
+  for piece, n in pieces.items():
+    for word in split(piece):
+      counts[word] += n
   counts.pop("", None)
   return dict(counts)
 
