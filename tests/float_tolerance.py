@@ -51,19 +51,30 @@ def assert_close_to_float64(got, ref32, exact64, factor=4.0, ulps=8.0, err_msg="
   )
 
 
-def sum_bound(magnitude: float, terms: int, k: float = 4.0) -> float:
-  """Rule 2: ``k`` eps32 sqrt(``terms``) ``magnitude`` for two float32 sums of ``terms`` terms of
-  summed magnitude ``magnitude`` computed in different orders."""
-  return k * EPS32 * float(np.sqrt(terms)) * float(magnitude)
+def sum_bound(magnitude, terms: int, k: float = 4.0):
+  """Rule 2: ``k`` eps32 sqrt(``terms``) ``magnitude`` for float32 sums of ``terms`` terms whose
+  magnitude is ``magnitude`` (a number, or an array: one per element)."""
+  return k * EPS32 * float(np.sqrt(terms)) * np.asarray(magnitude, np.float64)
+
+
+def product_magnitude(equation: str, a, b):
+  """The magnitude of each element's summed terms in ``einsum(equation, a, b)``: the sum of
+  |a_i b_i| over its contraction, i.e. the same product of |a| and |b|, in float64."""
+  return np.einsum(equation, np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64)))
 
 
 def assert_sum_close(actual, desired, magnitude, terms, k=4.0, err_msg=""):
-  """Rule 2 for one array (elementwise, no relative part: the bound is the sum's own)."""
-  atol = sum_bound(magnitude, terms, k)
-  np.testing.assert_allclose(
-    np.asarray(actual, np.float64),
-    np.asarray(desired, np.float64),
-    rtol=0,
-    atol=atol,
-    err_msg=err_msg,
+  """Rule 2 for one array, elementwise (no relative part: the bound is the sum's own)."""
+  actual, desired = np.asarray(actual, np.float64), np.asarray(desired, np.float64)
+  bound = np.broadcast_to(
+    sum_bound(magnitude, terms, k), np.broadcast_shapes(actual.shape, desired.shape)
   )
+  error = np.abs(actual - desired)
+  bad = ~(error <= bound)
+  if bad.any():
+    i = np.unravel_index(np.argmax(np.where(bad, error - bound, -np.inf)), bad.shape)
+    raise AssertionError(
+      f"{err_msg} {int(bad.sum())} of {bad.size} elements off by more than k eps32 sqrt(n) M "
+      f"(k={k}, n={terms}); worst at {i}: {np.broadcast_to(actual, bad.shape)[i]!r} vs "
+      f"{np.broadcast_to(desired, bad.shape)[i]!r}, |diff| {error[i]:.3g} > bound {bound[i]:.3g}"
+    )

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tolerance import assert_sum_close, product_magnitude, sum_bound
 from jax import lax
 
 from bert_jax.model import BertConfig
@@ -49,7 +50,11 @@ def test_bfloat16_einsum_values_and_gradients(equation, a_shape, b_shape):
   )
   got = ours(a, b)
   assert got.dtype == jnp.bfloat16
-  np.testing.assert_allclose(np.asarray(got, np.float32), exact, rtol=BF16_ULP, atol=1e-5)
+  # One bfloat16 rounding of each value, plus float32's summation order near zero (k eps32 sqrt(n)
+  # times each element's sum of |a_i b_i|; module float_tolerance).
+  n = int(np.prod(a_shape)) * int(np.prod(b_shape)) // int(np.prod(out_shape))
+  sum_error = sum_bound(product_magnitude(equation, a, b), n)
+  assert (np.abs(np.asarray(got, np.float64) - exact) <= BF16_ULP * np.abs(exact) + sum_error).all()
   # Gradients: JAX's autodiff of the plain bfloat16 product, to one bfloat16 rounding.
   for g, g_ref in zip(_grads(ours, a, b, w), _grads(plain, a, b, w)):
     assert g.dtype == jnp.bfloat16
@@ -111,7 +116,8 @@ def test_a_float32_operands_gradient_is_not_rounded_to_bfloat16():
   dx, dkernel = vjp(g)
   assert dx.dtype == jnp.bfloat16 and dkernel.dtype == jnp.float32
   want = np.einsum("bld,blf->df", np.asarray(x, np.float64), np.asarray(g, np.float64))
-  np.testing.assert_allclose(np.asarray(dkernel, np.float64), want, rtol=1e-5, atol=1e-5)
+  # float32 sums of 4 x 16 products: within k eps32 sqrt(n) of their sum of |x g| (float_tolerance).
+  assert_sum_close(dkernel, want, product_magnitude("bld,blf->df", x, g), terms=4 * 16)
   assert not np.array_equal(
     np.asarray(dkernel), np.asarray(dkernel.astype(jnp.bfloat16), np.float32)
   )
@@ -121,7 +127,8 @@ def test_bfloat16_bias_gradient_is_the_float32_sum():
   """On a CPU; off it, autodiff's bfloat16 sum as before (module docstring)."""
   y, g = _normal(9, (8, 64, 2, 16)), _normal(11, (8, 64, 2, 16))
   want = np.asarray(g, np.float64).sum(axis=(0, 1))
-  for bias_dtype, rtol in [(jnp.bfloat16, BF16_ULP), (jnp.float32, 1e-6)]:
+  magnitude = np.abs(np.asarray(g, np.float64)).sum(axis=(0, 1))  # of the 8 x 64 summed terms
+  for bias_dtype, rtol in [(jnp.bfloat16, BF16_ULP), (jnp.float32, 0.0)]:
     bias = _normal(10, (2, 16), bias_dtype)
     if not _on_cpu():
       plain = lambda y, b: y + b.astype(y.dtype)
@@ -131,7 +138,9 @@ def test_bfloat16_bias_gradient_is_the_float32_sum():
     dy, dbias = vjp(g)
     np.testing.assert_array_equal(np.asarray(dy, np.float32), np.asarray(g, np.float32))
     assert dbias.dtype == bias_dtype
-    np.testing.assert_allclose(np.asarray(dbias, np.float64), want, rtol=rtol, atol=1e-6)
+    # One rounding to the bias's dtype (rtol), plus the float32 sum's (float_tolerance, rule 2).
+    atol = sum_bound(magnitude, 8 * 64)
+    assert (np.abs(np.asarray(dbias, np.float64) - want) <= rtol * np.abs(want) + atol).all()
     np.testing.assert_array_equal(
       np.asarray(matmul.add_bias(y, bias), np.float32),
       np.asarray(y + bias.astype(jnp.bfloat16), np.float32),
@@ -175,10 +184,12 @@ def test_tied_logits_values_and_gradients_against_float64(h_shape):
   logits, vjp = jax.vjp(lambda h, t: matmul.tied_logits(h, t, jnp.float32), h, table)
   dh, dtable = vjp(g)
   h64, t64, g64 = (np.asarray(x, np.float64) for x in (h, table, g))
-  np.testing.assert_allclose(np.asarray(logits), h64 @ t64.T, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(dh), g64 @ t64, rtol=1e-5, atol=1e-5)
+  # float32 sums: within k eps32 sqrt(n) of each element's sum of |terms| (float_tolerance).
+  assert_sum_close(logits, h64 @ t64.T, np.abs(h64) @ np.abs(t64).T, terms=32)
+  assert_sum_close(dh, g64 @ t64, np.abs(g64) @ np.abs(t64), terms=97)
   rows_g, rows_h = g64.reshape(-1, 97), h64.reshape(-1, 32)
-  np.testing.assert_allclose(np.asarray(dtable), rows_g.T @ rows_h, rtol=1e-5, atol=1e-5)
+  magnitude = np.abs(rows_g).T @ np.abs(rows_h)
+  assert_sum_close(dtable, rows_g.T @ rows_h, magnitude, terms=len(rows_g))
   assert dh.dtype == dtable.dtype == jnp.float32 and dtable.shape == table.shape
   text = str(jax.make_jaxpr(lambda h, t: matmul.tied_logits(h, t, jnp.float32))(h, table))
   assert "platform_index" in text  # the CPU form only where lowered for a CPU
