@@ -134,9 +134,12 @@ def get_config(preset: str = "tiny") -> ml_collections.ConfigDict:
   config.packing = ml_collections.ConfigDict(
     dict(
       enabled=False,
-      max_sequences_per_row=4,  # phase 1: at most this many instances in a row
+      # phase 1: at most this many instances in a row (<= max_seq_length // 3: each instance
+      # is at least [CLS] x [SEP]); a resume cannot change it, nor packing.enabled
+      max_sequences_per_row=4,
       # prediction slots of a phase-1 row; 0 = min(max_predictions_per_seq x sequences,
-      # ceil(masked_lm_prob x max_seq_length) + sequences): what the instances can mask
+      # ceil(masked_lm_prob x max_seq_length) + sequences): what the instances can mask;
+      # at most max_seq_length - 2 (a row's non-special tokens)
       max_predictions_per_row=0,
     )
   )

@@ -206,11 +206,11 @@ def test_resume_refusals_come_before_any_work_or_write(tmp_path, caplog):
 def test_extending_a_finished_curriculum_trains_on_in_phase_2(tmp_path):
   workdir = str(tmp_path / "w")
   two = {"phase2.fraction": 0.2, "phase2.max_seq_length": 64, "phase2.max_predictions_per_seq": 8}
-  first = run_pretraining(_config(steps=10, **two), workdir)
-  assert first["step"] == 10 and set(first["input_token_share"]) == {"seq32", "seq64"}
-  # Phase 2 began at step 8; 15 steps would put it at 12: steps 10 and 11 stay in phase 2.
-  second = run_pretraining(_config(steps=15, **two), workdir)
-  assert second["step"] == 15
+  first = run_pretraining(_config(steps=5, **two), workdir)
+  assert first["step"] == 5 and set(first["input_token_share"]) == {"seq32", "seq64"}
+  # Phase 2 began at step 4; 10 steps would put it at 8: steps 5 to 7 stay in phase 2.
+  second = run_pretraining(_config(steps=10, **two), workdir)
+  assert second["step"] == 10
   assert set(second["input_token_share"]) == {"seq64"}  # not one phase-1 row
   assert second["input_token_share"]["seq64"]["rows"] == 5 * 8
 
