@@ -9,7 +9,9 @@ import io
 import re
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 from conftest import REPO, subprocess_env_for
 
@@ -143,3 +145,94 @@ def test_docs_export_names_what_its_loading_snippet_needs():
   hf = cfg["options.extras_require"]["hf"]
   names = {re.split(r"[<>=!~ \[]", line.strip())[0] for line in hf.splitlines() if line.strip()}
   assert {"transformers", "torch"} <= names
+
+
+def test_progress_logs_while_one_slow_batch_runs():
+  """An evaluation whose first batch compiles the step for longer than the interval: lines keep
+  coming while it runs (at most one interval apart), naming the batch still running."""
+  from bert_jax.train.progress import MIN_BEAT_SEC, Progress
+
+  lines, stamps = [], []
+
+  def log(line):
+    lines.append(line)
+    stamps.append(time.monotonic())
+
+  t0 = time.monotonic()
+  with Progress("evaluating dev", total=4, interval_sec=MIN_BEAT_SEC, log=log) as progress:
+    time.sleep(3.4 * MIN_BEAT_SEC)  # batch 1: compiling
+    progress.update()
+  beats = [line for line in lines if line.endswith("; batch 1 still running")]
+  assert len(beats) >= 2, lines
+  assert beats[0].startswith("evaluating dev: 0/4 batches (0%), 0.00 batches/s, elapsed 0m0")
+  gaps = [b - a for a, b in zip([t0, *stamps], stamps)]
+  assert max(gaps) < 2.5 * MIN_BEAT_SEC, gaps  # never silent much past the interval
+  assert lines[-1].startswith("evaluating dev: 1/4 batches (25%)") and lines[-1].endswith("(done)")
+
+
+def test_a_slow_evaluation_in_the_training_loop_logs_while_it_runs(monkeypatch, caplog):
+  """The held-out evaluation (and its first compile) runs under a heartbeat: a line at least
+  every interval while eval_fn runs."""
+  import dataclasses
+  import functools
+
+  import jax
+  import jax.numpy as jnp
+
+  from bert_jax import parallel
+  from bert_jax.train import loop
+  from bert_jax.train.job import Phase
+  from bert_jax.train.progress import Heartbeat
+  from configs.common import logical_axis_rules
+
+  class Manager:
+    directory = "nowhere"
+
+    def save(self, *args, **kwargs):
+      pass
+
+    def wait(self):
+      pass
+
+    def check_for_errors(self):
+      pass
+
+    def latest_step(self):
+      return None
+
+  class Writer:
+    def scalars(self, step, values):
+      pass
+
+  def inputs():
+    while True:
+      yield {"input_ids": np.ones((8, 4), np.int32)}
+
+  @jax.tree_util.register_dataclass
+  @dataclasses.dataclass
+  class State:
+    step: jax.Array
+
+  def eval_fn(state):
+    time.sleep(1.0)
+    return {"accuracy": 0.5}
+
+  monkeypatch.setattr(loop, "Heartbeat", functools.partial(Heartbeat, interval_sec=0.3))
+  caplog.set_level("INFO")
+  step = jax.jit(lambda s, b: (State(s.step + 1), {"loss": jnp.sum(b["input_ids"]) * 0.0}))
+  mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  options = loop.LoopOptions(save_every_steps=100, eval_every_steps=2, eval_fn=eval_fn)
+  loop.train_loop(
+    State(jnp.zeros((), jnp.int32)),
+    [Phase("finetune", 2, 8, 4, {}, make_input=inputs)],
+    [step],
+    Manager(),
+    options,
+    Writer(),
+    mesh,
+    parallel.normalize_rules(logical_axis_rules()),
+  )
+  beats = [
+    r.getMessage() for r in caplog.records if "evaluating at step 2: still" in r.getMessage()
+  ]
+  assert len(beats) >= 2, [r.getMessage() for r in caplog.records]

@@ -258,7 +258,8 @@ def train_loop(
     nonlocal last_eval
     flush(now_step)
     t_eval = time.time()
-    last_eval = dict(options.eval_fn(state))
+    with Heartbeat(f"evaluating at step {now_step}"):  # a line every 30 s (the first compiles)
+      last_eval = dict(options.eval_fn(state))
     timer.exclude_since(t_eval)  # the evaluation's time is not charged to the next steps' rates
     writer.scalars(now_step, {f"eval/{k}": v for k, v in last_eval.items()})
     logging.info(

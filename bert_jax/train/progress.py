@@ -8,10 +8,13 @@
   with Heartbeat("compiling train step seq128"):
     compiled = lowered.compile()   # 'compiling train step seq128: still running, 1m30s' every 30 s
 
-``Progress`` is driven by the work's own calls; ``Heartbeat`` runs a daemon thread for work that
-cannot report (a compile, a blocking call). Both log through absl (``log`` to change that) and
-print nothing when the work ends within one interval, except ``Progress``'s closing line when
-``total`` is given and at least one line was logged before it.
+``Progress`` is driven by the work's own calls; used as a context manager it also logs its line
+(with "unit k+1 still running") when one unit takes longer than the interval, e.g. the first
+batch of an evaluation, which compiles the step (intervals under ``MIN_BEAT_SEC`` are left to
+the calls alone). ``Heartbeat`` runs a daemon thread for work that cannot report (a compile, a
+blocking call). Both log through absl (``log`` to change that) and print nothing when the work
+ends within one interval, except ``Progress``'s closing line when ``total`` is given and at
+least one line was logged before it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable
 from absl import logging
 
 INTERVAL_SEC = 30.0
+MIN_BEAT_SEC = 1.0  # Progress's own thread only for intervals at least this long
 
 
 def format_duration(seconds: float) -> str:
@@ -31,6 +35,13 @@ def format_duration(seconds: float) -> str:
   h, rem = divmod(seconds, 3600)
   m, s = divmod(rem, 60)
   return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _singular(unit: str) -> str:
+  """'batch' for 'batches', 'row' for 'rows'."""
+  if unit.endswith(("ches", "shes", "sses", "xes")):
+    return unit[:-2]
+  return unit[:-1] if unit.endswith("s") else unit
 
 
 class Progress:
@@ -52,6 +63,9 @@ class Progress:
     self.done = 0
     self.lines = 0
     self.t_start = self.t_last = clock()
+    self._beat_last = time.monotonic()  # the real time of the last line or update
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
 
   def line(self) -> str:
     elapsed = self.clock() - self.t_start
@@ -69,11 +83,21 @@ class Progress:
 
   def update(self, n: int = 1) -> None:
     self.done += n
+    self._beat_last = time.monotonic()
     now = self.clock()
     if now - self.t_last >= self.interval_sec:
       self.t_last = now
       self.lines += 1
       self.log(self.line())
+
+  def _beat(self) -> None:
+    """A line when nothing was logged or done for ``interval_sec``: one unit is slow."""
+    while not self._stop.wait(self.interval_sec):
+      if time.monotonic() - self._beat_last >= self.interval_sec:
+        self._beat_last = time.monotonic()
+        self.t_last = self.clock()
+        self.lines += 1
+        self.log(f"{self.line()}; {_singular(self.unit)} {self.done + 1} still running")
 
   def close(self) -> None:
     """The closing line, where an earlier line said the work was under way."""
@@ -81,9 +105,15 @@ class Progress:
       self.log(self.line().split(", eta")[0] + " (done)")
 
   def __enter__(self) -> Progress:
+    if self.interval_sec >= MIN_BEAT_SEC:
+      self._thread = threading.Thread(target=self._beat, name="bert_jax-progress", daemon=True)
+      self._thread.start()
     return self
 
   def __exit__(self, exc_type, exc, tb) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
     if exc_type is None:
       self.close()
 
