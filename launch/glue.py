@@ -52,6 +52,7 @@ IDENTITY = ("protocol", "init_checkpoint", "data_dir", "extra_args")
 ASSUMED_OVERHEAD_S = 30.0
 ASSUMED_EXAMPLES_PER_S = 10.0
 EVAL_COST = 1 / 3
+STOPPED = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a run's status when the suite stopped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,15 +381,14 @@ def run_glue(suite: Suite, target, parallel: int = 1, dry_run: bool = False, out
     out.flush()
 
   statuses = sweep.run_sweep(sweep_runs, target, parallel, on_finish=progress, out=out)
-  stopped = any(
-    s in (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM) for s in statuses.values()
-  )
+  halted = {n for n, s in statuses.items() if s in STOPPED}
+  stopped = bool(halted)
   if target.name != "local" and todo:
     out.write("glue: runs submitted; run the same command again once they finish to collect\n")
     return max(statuses.values(), default=0)
   planned = [(t, r.name.split("/", 1)[1], r.job.workdir, r.overrides) for t, r in runs]
   rows = report.summarise(report.read_runs(planned), suite.protocol)
-  failed = [n for n, s in statuses.items() if s]
+  failed = [n for n, s in statuses.items() if s and n not in halted]
   if not stopped and "predict_test" not in _passed(suite.extra_args):
     failed += predict_tests(suite, rows, target, out)
   identity = {**suite.identity(), "settings": settings(suite), "tasks": tasks}
@@ -399,10 +399,15 @@ def run_glue(suite: Suite, target, parallel: int = 1, dry_run: bool = False, out
   out.write(
     f"glue: {len(table['tasks'])} task(s); average {_fmt(avg['average'])}, without WNLI "
     f"{_fmt(avg['average_without_wnli'])}; {suite.root}/glue.md, glue.json, submission.zip"
-    f"{'; interrupted: run the same command again to finish' if stopped else ''}"
-    f"; failed: {', '.join(failed) or 'none'}\n"
+    + (
+      f"; interrupted ({len(halted)} run(s) stopped or not started): run the same command "
+      "again to finish"
+      if stopped
+      else ""
+    )
+    + f"; failed: {', '.join(failed) or 'none'}\n"
   )
-  return 1 if failed else 0
+  return 1 if failed or stopped else 0
 
 
 def _fmt(x: float | None) -> str:

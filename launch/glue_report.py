@@ -205,7 +205,9 @@ def render_markdown(suite: Mapping[str, Any], table: Mapping[str, Any]) -> str:
     "",
     f"Protocol: **{suite['protocol']}** "
     + (
-      f"(median over seeds of one setting: {table['settings']})"
+      "(median over seeds of one setting: "
+      + (", ".join(f"{k}={v}" for k, v in table["settings"].items()) or "the overrides")
+      + ")"
       if quick
       else "(the paper's grid; the best run on dev per task)"
     )
@@ -236,8 +238,14 @@ def render_markdown(suite: Mapping[str, Any], table: Mapping[str, Any]) -> str:
     + ".",
     "",
   ]
-  if table["missing_tasks"]:
-    lines += [f"Not run (no data or not chosen): {', '.join(table['missing_tasks'])}.", ""]
+  if table["no_complete_run"]:
+    names = ", ".join(table["no_complete_run"])
+    lines += [f"No complete run yet (rerun the command to finish): {names}.", ""]
+  if table["not_run"]:
+    lines += [
+      f"Not run (no data under data_dir, or not in --tasks): {', '.join(table['not_run'])}.",
+      "",
+    ]
   incomplete = [r for r in table["tasks"] if r["runs_done"] < r["runs_planned"]]
   if incomplete:
     names = ", ".join(DIR_NAMES[r["task"]] for r in incomplete)
@@ -273,7 +281,10 @@ def write_report(
       for r in rows
     ],
     "averages": averages(rows),
-    "missing_tasks": [DIR_NAMES[t] for t in ORDER if t not in {r.task for r in rows}],
+    "not_run": [DIR_NAMES[t] for t in ORDER if t not in tasks],
+    "no_complete_run": [
+      DIR_NAMES[t] for t in ORDER if t in tasks and t not in {r.task for r in rows}
+    ],
     "not_complete": [f"{r.task}/{r.name}" for r in runs if r.metrics is None and r.task in tasks],
     "submission": notes,
   }

@@ -429,7 +429,8 @@ def test_a_killed_suite_reruns_only_what_is_missing(tmp_path, shared_data):
   launcher.send_signal(signal.SIGTERM)
   first = launcher.communicate(timeout=120)[0]
   assert launcher.returncode != 0
-  assert "interrupted: run the same command again to finish" in first
+  assert "interrupted (2 run(s) stopped or not started): run the same command again" in first
+  assert "failed: none" in first
   table = json.loads((root / "glue.json").read_text())  # written from the runs complete
   assert [r["task"] for r in table["tasks"]] == ["rte"]
   assert not (root / "wnli" / "seed=0" / "metrics.json").exists()
