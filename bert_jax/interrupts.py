@@ -17,7 +17,9 @@ clean-up) exits at once.
 
 Inside a training loop ``bert_jax.train.loop.PreemptionWatcher`` handles SIGINT itself (save,
 then stop; a second Ctrl-C stops without saving) and tells this handler (``record``), so that
-the entry point still ends with status 130 after the checkpoint is saved.
+the entry point still ends with status 130 after the checkpoint is saved. A Ctrl-C that came
+before the loop but whose KeyboardInterrupt something caught and dropped (``requested``) is
+honoured by the loop as soon as it starts.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class InterruptHandler:
       sys.stderr.flush()
       os._exit(INTERRUPTED_EXIT)
     raise KeyboardInterrupt
+
+  @property
+  def requested(self) -> bool:
+    """Whether a Ctrl-C came: a training loop starting after one that was swallowed (an
+    ``except BaseException`` somewhere) stops after its first step, saving."""
+    return self.count > 0
 
   def record(self, signum: int) -> None:
     """Counts a Ctrl-C (also one a training loop's own handler took)."""

@@ -78,6 +78,26 @@ def test_a_training_loops_own_handler_reports_the_ctrl_c():
   assert handler.count == 1
 
 
+def test_a_ctrl_c_something_swallowed_stops_the_next_training_loop():
+  from bert_jax.train.loop import PreemptionWatcher
+
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  handler = InterruptHandler("test")
+  try:
+    with handler.installed():
+      try:
+        signal.raise_signal(signal.SIGINT)
+      except BaseException:  # what some library code does
+        pass
+      with PreemptionWatcher() as watcher:
+        assert watcher.requested()  # the loop saves after its first step and stops
+      with PreemptionWatcher() as watcher, pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)  # another Ctrl-C: the second, at once
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  assert handler.count == 2
+
+
 def _pretrain(workdir, corpus_dir, *extra):
   return [
     sys.executable,

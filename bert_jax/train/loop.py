@@ -76,6 +76,9 @@ class PreemptionWatcher:
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
       self._previous = {s: signal.signal(s, self._on_signal) for s in self.SIGNALS}
+      # A Ctrl-C the entry point's handler took but that did not stop the run (something swallowed
+      # its KeyboardInterrupt): honoured here, save after the first step and stop.
+      self._flag = bool(getattr(self._previous[signal.SIGINT], "requested", False))
     return self
 
   def _on_signal(self, signum, frame):
