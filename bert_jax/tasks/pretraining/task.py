@@ -404,7 +404,10 @@ def check_init_checkpoint_model(config) -> None:
   found = next((c for c in candidates if c.is_file()), None)
   if found is None:
     return
-  theirs = _model_sizes(BertConfig.from_dict(read_json(found), source=str(found)))
+  try:
+    theirs = _model_sizes(BertConfig.from_dict(read_json(found), source=str(found)))
+  except (ValueError, TypeError, KeyError):
+    return  # not a model config: the loader says what the checkpoint is
   if config.bert_config_file:
     ours = BertConfig.from_dict(read_json(config.bert_config_file), source=config.bert_config_file)
   else:
