@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tolerance import assert_sum_close
 
 from bert_jax.model import BertConfig
 from bert_jax.model.bert import Embeddings
@@ -58,6 +59,21 @@ def _reference(c, p, ids, seg):
   return y * f["LayerNorm"]["scale"] + f["LayerNorm"]["bias"]
 
 
+def _magnitude(c, p, ids, seg):
+  """The magnitude of the terms each output element sums (float_tolerance, rule 2): the row's
+  inputs (mean ~3: three tables ~1) over the row's standard deviation, times the scale, plus the
+  bias."""
+  f = {k: {n: np.asarray(v, np.float64) for n, v in d.items()} for k, d in p.items()}
+  ids, seg = np.asarray(ids), np.asarray(seg)
+  x = (
+    f["word_embeddings"]["embedding"][ids]
+    + f["position_embeddings"]["embedding"][: ids.shape[1]][None]
+    + f["token_type_embeddings"]["embedding"][seg]
+  )
+  x_over_std = np.abs(x).max(-1, keepdims=True) / x.std(-1, keepdims=True)
+  return x_over_std * np.abs(f["LayerNorm"]["scale"]) + np.abs(f["LayerNorm"]["bias"])
+
+
 @pytest.mark.parametrize("type_vocab_size", [1, 2, 3])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_embeddings_equal_the_definition(dtype, type_vocab_size):
@@ -65,9 +81,10 @@ def test_embeddings_equal_the_definition(dtype, type_vocab_size):
   out = module.apply({"params": params}, ids, seg, True)
   assert out.dtype == jnp.dtype(dtype)
   ref = _reference(c, params, ids, seg)
-  # bfloat16: one rounding of the float32 LayerNorm's output (8 bits of mantissa)
-  tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=2**-8, atol=2**-8)
-  np.testing.assert_allclose(np.asarray(out, np.float64), ref, **tol)
+  if dtype == "float32":  # float32 sums over the row's D inputs (float_tolerance, rule 2)
+    assert_sum_close(out, ref, _magnitude(c, params, ids, seg), terms=c.hidden_size)
+  else:  # bfloat16: one rounding of the float32 LayerNorm's output (8 bits of mantissa)
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=2**-8, atol=2**-8)
 
 
 def test_table_gradients_are_scatter_adds_of_the_output_gradient():
@@ -104,8 +121,20 @@ def test_table_gradients_are_scatter_adds_of_the_output_gradient():
   np.add.at(expected["word_embeddings"], np.asarray(ids), dx)
   expected["position_embeddings"][:length] = dx.sum(0)
   np.add.at(expected["token_type_embeddings"], np.asarray(seg), dx)
+  # float32 scatter-adds of up to B x L rows (float_tolerance, rule 2), each row the LayerNorm's
+  # gradient (gs - mean(gs) - y mean(gs y)) / std, gs = g scale: its terms' magnitude, times
+  # max|x| / std for the rounding of x (mean ~3) that y = (x - mean) / std carries.
+  std = np.sqrt(x.var(-1, keepdims=True) + c.layer_norm_eps)
+  y, gs = (x - x.mean(-1, keepdims=True)) / std, g_out * np.asarray(params["LayerNorm"]["scale"])
+  row_terms = np.abs(gs) + np.abs(gs).mean(-1, keepdims=True)
+  row_terms = (row_terms + np.abs(y) * np.abs(gs * y).mean(-1, keepdims=True)) / std
+  row_terms *= np.abs(x).max(-1, keepdims=True) / std
+  magnitude = {k: np.zeros_like(v) for k, v in f.items()}
+  np.add.at(magnitude["word_embeddings"], np.asarray(ids), row_terms)
+  magnitude["position_embeddings"][:length] = row_terms.sum(0)
+  np.add.at(magnitude["token_type_embeddings"], np.asarray(seg), row_terms)
   for k in expected:
-    np.testing.assert_allclose(grads[k]["embedding"], expected[k], rtol=1e-5, atol=1e-5, err_msg=k)
+    assert_sum_close(grads[k]["embedding"], expected[k], magnitude[k], ids.size, err_msg=k)
 
 
 def test_bfloat16_gradients_scatter_in_float32_and_not_into_token_types():
