@@ -29,7 +29,7 @@ from bert_jax.tokenize.wordpiece import (
 
 MODEL_TYPES = ("unigram", "bpe")
 # "deterministic": bert_jax/tokenize/wordpiece_trainer.py (the same bytes in any process);
-# "tokenizers": Hugging Face's WordPieceTrainer (faster; ties broken in hash order).
+# "tokenizers": Hugging Face's WordPieceTrainer (multi-threaded; ties broken in hash order).
 WORDPIECE_TRAINERS = ("deterministic", "tokenizers")
 
 
@@ -168,8 +168,8 @@ def build_wordpiece_vocab(
 
   The vocabulary has BERT's layout: one token per line, [PAD] [UNK] [CLS] [SEP] [MASK] at ids
   0..4, then ``num_unused`` "[unusedN]" slots (room for tokens added later without resizing the
-  embeddings), then single characters and whole-word pieces, with "##" marking pieces that
-  continue a word. ``tokenizer_config.json`` with do_lower_case is written beside the file.
+  embeddings), then the single characters and the "##" characters (each by code point), then
+  whole-word pieces and "##" pieces (which continue a word) in the order they were learned. ``tokenizer_config.json`` with do_lower_case is written beside the file.
 
   Args:
     files: corpus files or glob patterns (see expand_files).
