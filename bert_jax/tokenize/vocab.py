@@ -169,8 +169,9 @@ def build_wordpiece_vocab(
   The vocabulary has BERT's layout: one token per line, [PAD] [UNK] [CLS] [SEP] [MASK] at ids
   0..4, then ``num_unused`` "[unusedN]" slots (room for tokens added later without resizing the
   embeddings), then the single characters and the "##" characters (by code point; "tokenizers"
-  orders the latter by hash), then
-  whole-word pieces and "##" pieces (which continue a word) in the order they were learned. ``tokenizer_config.json`` with do_lower_case is written beside the file.
+  orders the latter by hash), then whole-word pieces and "##" pieces (which continue a word) in
+  the order they were learned. ``tokenizer_config.json`` with do_lower_case is written beside
+  the file.
 
   Args:
     files: corpus files or glob patterns (see expand_files).
