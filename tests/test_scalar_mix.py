@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from float_tolerance import assert_sum_close
 
 from bert_jax.model import BertConfig, BertEncoder, ScalarMix
 from bert_jax.model import scalar_mix as scalar_mix_lib
@@ -58,10 +59,12 @@ def test_uniform_weights_and_scale_k_give_the_sum():
   assert params["gamma"].shape == () and float(params["gamma"]) == 1.0
   params = {"weights": params["weights"], "gamma": jnp.float32(7.0)}
   out = ScalarMix().apply({"params": params}, hidden)
-  np.testing.assert_allclose(np.asarray(out), np.sum(hidden, axis=0), rtol=1e-6, atol=1e-6)
+  # float32 sums of 7 terms (float_tolerance, rule 2): magnitude the sum of |h_k|.
+  h64 = np.asarray(hidden, np.float64)
+  assert_sum_close(out, h64.sum(0), np.abs(h64).sum(0), terms=7)
   # The init (gamma 1) is the mean of the layers.
   out = ScalarMix().apply({"params": {**params, "gamma": jnp.float32(1.0)}}, hidden)
-  np.testing.assert_allclose(np.asarray(out), np.mean(hidden, axis=0), rtol=1e-6, atol=1e-6)
+  assert_sum_close(out, h64.mean(0), np.abs(h64).mean(0), terms=7)
 
 
 def test_general_weights_match_numpy_softmax_mix():
@@ -70,7 +73,9 @@ def test_general_weights_match_numpy_softmax_mix():
   s = np.exp(logits.astype(np.float64)) / np.exp(logits.astype(np.float64)).sum()
   ref = 0.7 * sum(s[k] * hidden[k].astype(np.float64) for k in range(4))
   out = ScalarMix().apply({"params": {"weights": logits, "gamma": np.float32(0.7)}}, hidden)
-  np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-6)
+  # A float32 sum of 4 terms (float_tolerance, rule 2): magnitude 0.7 sum s_k |h_k|.
+  magnitude = 0.7 * sum(s[k] * np.abs(hidden[k].astype(np.float64)) for k in range(4))
+  assert_sum_close(out, ref, magnitude, terms=4)
   # bfloat16 hidden states: the mix is computed (and returned) in float32.
   out16 = ScalarMix().apply(
     {"params": {"weights": logits, "gamma": np.float32(0.7)}},
@@ -254,7 +259,9 @@ def test_extractor_mix_equals_numpy_mix_of_the_output_layers(tiny_encoder):
     assert values.shape == (n + 1, len(f.tokens), TINY["hidden_size"])
     by_layer = {layers[j]: values[j].astype(np.float64) for j in range(n)}  # -1 last
     ref = 2.0 * sum(s[k] * by_layer[k - 1 - n] for k in range(1, n + 1))  # k = j + 1
-    np.testing.assert_allclose(values[-1], ref, rtol=1e-5, atol=1e-5)
+    # A float32 sum of n terms (float_tolerance, rule 2): magnitude 2 sum s_k |h_k|.
+    magnitude = 2.0 * sum(s[k] * np.abs(by_layer[k - 1 - n]) for k in range(1, n + 1))
+    assert_sum_close(values[-1], ref, magnitude, terms=n)
 
 
 def test_extractor_mix_includes_the_embeddings(tiny_encoder):
