@@ -103,8 +103,8 @@ def test_records_read_without_tensorflow_equal_tensorflows_parse(tmp_path):
 def test_document_split_keeps_heldout_text_out_of_training(tmp_path):
   docs = list(time_to_quality_data.iter_documents("cpython"))[:120]
   docs += docs[:30]  # repeated documents: each copy must land on the same side
-  train, heldout = time_to_quality_data.split_documents(docs, 0.2)
-  assert heldout and train and len(train) + len(heldout) == len(docs)
+  train, heldout, dropped = time_to_quality_data.split_documents(docs, 0.2)
+  assert heldout and train and len(train) + len(heldout) + dropped == len(docs)
   train_texts = {"\n".join(d) for d in train}
   assert not any("\n".join(d) in train_texts for d in heldout)
 

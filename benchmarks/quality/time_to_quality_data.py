@@ -8,7 +8,8 @@ Corpora: ``wiki`` (the Wikipedia excerpt under /work/shared/data/pretrain/wiki: 
 document), ``shakespeare`` (a play or poem file is a document), ``cpython`` (the built-in corpus,
 ``bert_jax.data.default_corpus``: CPython's docs). A document goes to the held-out side when the
 hash of its text falls below ``heldout_fraction``: the same text always lands on the same side,
-so no held-out document's text is trained on, even where a corpus repeats one. The sides are
+and a held-out document whose text or long sentences the training side holds is dropped, so no
+held-out document's text is trained on, even where a corpus repeats or nests one. The sides are
 written in google-research/bert's format (``train/<corpus>.txt``, ``heldout/heldout.txt``), the
 WordPiece vocabulary is built from the training side only (``bert_jax.tokenize.vocab``), and the
 records by ``bert_jax.data.generate`` (static masks, seq 128, 20 predictions; the held-out side
@@ -69,13 +70,24 @@ def is_heldout(document: list[str], fraction: float) -> bool:
 
 
 def split_documents(
-  documents: Iterable[list[str]], fraction: float
-) -> tuple[list[list[str]], list[list[str]]]:
-  """(train, heldout) by ``is_heldout``."""
+  documents: Iterable[list[str]], fraction: float, long_sentence: int = 40
+) -> tuple[list[list[str]], list[list[str]], int]:
+  """(train, heldout, dropped) by ``is_heldout``. A corpus may hold a document inside another
+  (CPython's pydoc topics do): a held-out document is dropped (counted, used by neither side)
+  when its text lies within the training text or any of its sentences of ``long_sentence``
+  characters or more is a training sentence."""
   train, heldout = [], []
   for doc in documents:
     (heldout if is_heldout(doc, fraction) else train).append(doc)
-  return train, heldout
+  train_text = "\n\n".join("\n".join(d) for d in train)
+  train_sentences = {s for d in train for s in d if len(s) >= long_sentence}
+  kept = [
+    d
+    for d in heldout
+    if "\n".join(d) not in train_text
+    and not any(s in train_sentences for s in d if len(s) >= long_sentence)
+  ]
+  return train, kept, len(heldout) - len(kept)
 
 
 def _write_original(path: str, documents: list[list[str]]) -> None:
@@ -111,6 +123,7 @@ def prepare(
     max_eval_records=max_eval_records,
     eval_batch_size=eval_batch_size,
     seed=seed,
+    split="text hash; held-out documents nested in the training side dropped",
   )
   marker = os.path.join(out_dir, "data.json")
   if os.path.exists(marker):
@@ -127,18 +140,20 @@ def prepare(
   from bert_jax.tokenize import vocab
 
   os.makedirs(os.path.join(out_dir, "text", "train"), exist_ok=True)
-  train_paths, heldout_docs, counts = [], [], {"train": 0, "heldout": 0}
+  train_paths, heldout_docs = [], []
+  counts = {"train": 0, "heldout": 0, "heldout_dropped": 0}
   for name in corpora:
     docs = iter_documents(name)
     if max_documents:
       docs = (d for i, d in zip(range(max_documents), docs))
-    train, heldout = split_documents(docs, heldout_fraction)
+    train, heldout, dropped = split_documents(docs, heldout_fraction)
     path = os.path.join(out_dir, "text", "train", f"{name}.txt")
     _write_original(path, train)
     train_paths.append(path)
     heldout_docs += heldout
     counts["train"] += len(train)
     counts["heldout"] += len(heldout)
+    counts["heldout_dropped"] += dropped
   if not heldout_docs:
     raise ValueError(f"no held-out document at --heldout_fraction={heldout_fraction}")
   heldout_path = os.path.join(out_dir, "text", "heldout.txt")
