@@ -29,6 +29,7 @@ A real bug (a wrong mask, a missing scale, a dropped term) moves values by order
 more than either bound, so both still fail it.
 """
 
+import jax
 import numpy as np
 
 EPS32 = float(np.finfo(np.float32).eps)  # 2**-23: the spacing of float32 numbers in [1, 2)
@@ -63,6 +64,18 @@ def product_magnitude(equation: str, a, b):
   return np.einsum(equation, np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64)))
 
 
+def encoder_terms(config, length: int) -> int:
+  """Rule 2's ``n`` for a BERT encoder's output: the reduction lengths along one path through it,
+  summed (each stage adds its own rounding, and LayerNorm keeps the scale from growing). Per
+  layer: the query/key/value projection (D), the scores (head dim), the softmax and the
+  probabilities' product (2 L), the output projection (D), two LayerNorms (mean and variance:
+  4 D), the intermediate (D) and output (I) projections; and the embeddings' LayerNorm (2 D).
+  ``config``: ours or Hugging Face's BertConfig (the same field names)."""
+  d, i = config.hidden_size, config.intermediate_size
+  per_layer = 7 * d + d // config.num_attention_heads + 2 * length + i
+  return 2 * d + config.num_hidden_layers * per_layer
+
+
 def assert_sum_close(actual, desired, magnitude, terms, k=4.0, err_msg=""):
   """Rule 2 for one array, elementwise (no relative part: the bound is the sum's own)."""
   actual, desired = np.asarray(actual, np.float64), np.asarray(desired, np.float64)
@@ -78,3 +91,19 @@ def assert_sum_close(actual, desired, magnitude, terms, k=4.0, err_msg=""):
       f"(k={k}, n={terms}); worst at {i}: {np.broadcast_to(actual, bad.shape)[i]!r} vs "
       f"{np.broadcast_to(desired, bad.shape)[i]!r}, |diff| {error[i]:.3g} > bound {bound[i]:.3g}"
     )
+
+
+def assert_gradients_close(actual, desired, terms: int, k: float = 4.0):
+  """Rule 2 for two float32 gradient trees of one loss. Each leaf's magnitude is the largest
+  |desired| over its module's leaves (a Dense's kernel and bias, a LayerNorm's scale and bias:
+  the same sum over the tokens), since a gradient that is zero in exact arithmetic (a key bias:
+  the softmax ignores a shift of a row's scores) is rounding noise of its module's terms, not of
+  its own size. ``terms``: the forward and backward chains' reduction lengths and the tokens'
+  sum (e.g. 2 ``encoder_terms`` + B L)."""
+  leaves = jax.tree_util.tree_leaves_with_path(desired)
+  magnitude = {}
+  for path, x in leaves:
+    magnitude[tuple(path[:-1])] = max(magnitude.get(tuple(path[:-1]), 0.0), np.abs(x).max())
+  for (path, x), y in zip(leaves, jax.tree_util.tree_leaves(actual), strict=True):
+    m = magnitude[tuple(path[:-1])]
+    assert_sum_close(y, x, m, terms, k, err_msg=jax.tree_util.keystr(path))
