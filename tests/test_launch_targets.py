@@ -42,7 +42,9 @@ def test_tpu_dry_run_commands_and_worker_environment(tmp_path, fake_python):
     CONFIG,
     "gs://bucket/runs/tiny",
     python=python,
-    extra_args=("--config.num_train_steps=10",),
+    # Phase 2's batch of 8 does not split over v4-32's 16 chips: the run (and the dry run) would
+    # refuse it.
+    extra_args=("--config.num_train_steps=10", "--config.phase2.fraction=0"),
   )
   target = TpuTarget(
     tpu_name="pod",
@@ -97,6 +99,7 @@ esac
     f"--config={CONFIG}",
     "--workdir=gs://bucket/runs/tiny",
     "--config.num_train_steps=10",
+    "--config.phase2.fraction=0",
   ]
 
 
