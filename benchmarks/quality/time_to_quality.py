@@ -66,6 +66,7 @@ def _parser():
   flags.add_bool(p, "glue", True, "fine-tune the checkpoints on GLUE (launch glue)")
   p.add_argument("--glue_data_dir", default="/work/shared/data/glue", help="launch glue's data")
   p.add_argument("--glue_seeds", type=int, default=0, help="launch glue's --seeds (0: its own)")
+  p.add_argument("--glue_tasks", default="", help="launch glue's --tasks ('': every task)")
   p.add_argument("--workdir", default="/tmp/time_to_quality", help="data and runs (resumable)")
   p.add_argument("--out", default="", help="results folder ('' = benchmarks/results/...)")
   return p
@@ -221,6 +222,7 @@ def glue_stage(results: dict, args, data) -> dict:
       sys.executable, "-m", "launch", "glue", f"--init_checkpoint={path}",
       f"--data_dir={args.glue_data_dir}", f"--workdir={root}", "--protocol=quick",
       *([f"--seeds={args.glue_seeds}"] if args.glue_seeds else []),
+      *([f"--tasks={args.glue_tasks}"] if args.glue_tasks else []),
     ]  # fmt: skip
     print(f"GLUE: {name} -> {root}", flush=True)
     log = os.path.join(args.workdir, "glue", f"{name}.log")
