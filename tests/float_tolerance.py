@@ -103,7 +103,13 @@ def assert_gradients_close(actual, desired, terms: int, k: float = 4.0):
   leaves = jax.tree_util.tree_leaves_with_path(desired)
   magnitude = {}
   for path, x in leaves:
-    magnitude[tuple(path[:-1])] = max(magnitude.get(tuple(path[:-1]), 0.0), np.abs(x).max())
+    magnitude[_module(path)] = max(magnitude.get(_module(path), 0.0), np.abs(x).max())
   for (path, x), y in zip(leaves, jax.tree_util.tree_leaves(actual), strict=True):
-    m = magnitude[tuple(path[:-1])]
+    m = magnitude[_module(path)]
     assert_sum_close(y, x, m, terms, k, err_msg=jax.tree_util.keystr(path))
+
+
+def _module(path) -> tuple:
+  """A parameter's module: its path less the parameter's name (and a box's ``.value``)."""
+  keys = [p for p in path if isinstance(p, jax.tree_util.DictKey)]
+  return tuple(keys[:-1])
