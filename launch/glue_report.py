@@ -213,7 +213,7 @@ def render_markdown(suite: Mapping[str, Any], table: Mapping[str, Any]) -> str:
     )
     + f". Overrides for every run: {' '.join(suite['extra_args']) or 'none'}.",
     "",
-    "| task | metrics | score | " + ("std | min-max | seeds |" if quick else "runs | chosen |"),
+    "| task | metrics | score | " + ("std | min to max | seeds |" if quick else "runs | chosen |"),
     "|---|---|---|" + ("---|---|---|" if quick else "---|---|"),
   ]
   for row in table["tasks"]:
@@ -222,7 +222,7 @@ def render_markdown(suite: Mapping[str, Any], table: Mapping[str, Any]) -> str:
     if quick:
       s = row["spread"]
       lines.append(
-        f"{head} {_cell(s['std'])} | {_cell(s['min'])}-{_cell(s['max'])} | "
+        f"{head} {_cell(s['std'])} | {_cell(s['min'])} to {_cell(s['max'])} | "
         f"{row['runs_done']}/{row['runs_planned']} |"
       )
     else:
