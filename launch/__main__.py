@@ -113,6 +113,7 @@ def main(argv):
         FLAGS.seeds,
         tuple(argv[2:]),
         python,
+        FLAGS.config.partition(":")[0] or "configs/glue.py",
       )
       return run_glue(suite, target, FLAGS.parallel, FLAGS.dry_run)
     if argv[1] == "run":

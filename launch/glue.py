@@ -65,6 +65,7 @@ class Suite:
   seeds: int = 0  # 0: the protocol's default (quick 5, paper 1)
   extra_args: tuple[str, ...] = ()
   python: str = sys.executable
+  config: str = CONFIG  # the GLUE config file (the task is its argument)
 
   def identity(self) -> dict[str, Any]:
     return {k: getattr(self, k) if k != "extra_args" else list(self.extra_args) for k in IDENTITY}
@@ -207,7 +208,7 @@ def plan(suite: Suite, tasks: Sequence[str]) -> list[tuple[str, sweep.SweepRun]]
   for task in tasks:
     job = Job(
       "finetune",
-      f"{CONFIG}:{task}",
+      f"{suite.config}:{task}",
       os.path.join(suite.root, task),
       overrides=tuple(base.items()),
       extra_args=suite.extra_args,

@@ -245,7 +245,7 @@ def test_quick_table_against_sklearn_and_scipy(tmp_path, shared_data):
 
 
 def test_bert_paper_average_reproduces_table1():
-  """BERT-base's dev... test figures of Table 1 (Devlin et al. 2019) average to its 79.6."""
+  """BERT-base's GLUE test figures in Table 1 (Devlin et al. 2019) average to its 79.6."""
   table1 = {
     "mnli": {"accuracy_m": 84.6, "accuracy_mm": 83.4},
     "qqp": {"f1": 71.2, "accuracy": 89.2},
