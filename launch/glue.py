@@ -373,7 +373,11 @@ def run_glue(suite: Suite, target, parallel: int = 1, dry_run: bool = False, out
     took.append(seconds)
     task, name = r.name.split("/", 1)
     found = report.read_runs([(task, name, r.job.workdir, r.overrides)])[0].metrics
-    what = f"score {found['score']:.1f}" if status == 0 and found else f"FAILED (status {status})"
+    what = (
+      f"score {found['score']:.1f}"
+      if status == 0 and found
+      else f"FAILED (status {status}; logs in {r.job.workdir}/logs)"
+    )
     left = (len(sweep_runs) - done[0]) * sum(took) / len(took) / max(1, parallel)
     out.write(
       f"glue: [{done[0]}/{len(sweep_runs)}] {r.name}: {what} in {_duration(seconds)}; "

@@ -468,3 +468,28 @@ def test_dry_run_lists_the_runs_with_an_estimate_and_writes_nothing(tmp_path, sh
     assert f"# glue: {name}: 20 train examples x 2 epochs, 5 eval rows: ~0m34s" in text
   assert "4 of 4 run(s) to run over 2 task(s), estimated ~2m17s" in text
   assert "--config.seed=0" in text and "--config.predict_test=false" in text
+
+
+@pytest.mark.slow
+def test_real_suite_fine_tunes_and_predicts_the_test_set(tmp_path, shared_data, minilm_dir):
+  """The real entry points end to end: MiniLM on 20 WNLI rows, then its test predictions."""
+  data = _glue_dir(tmp_path / "glue", shared_data, ["wnli"])
+  root = tmp_path / "root"
+  cmd = [sys.executable, "-m", "launch", "glue", f"--init_checkpoint={minilm_dir}"]
+  cmd += [f"--data_dir={data}", f"--workdir={root}", "--seeds=1", "--"]
+  cmd += [
+    "--config.max_seq_length=32",
+    "--config.num_train_epochs=1",
+    "--config.max_eval_examples=8",
+    "--config.train_batch_size=8",
+  ]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "glue: [1/1] wnli/seed=0: score" in proc.stdout
+  row = json.loads((root / "glue.json").read_text())["tasks"][0]
+  dev = json.loads((root / "wnli" / "seed=0" / "metrics.json").read_text())["eval"]["dev"]
+  assert row["metrics"]["accuracy"] == pytest.approx(100 * dev["accuracy"])
+  with zipfile.ZipFile(root / "submission.zip") as zf:
+    lines = zf.read("WNLI.tsv").decode().splitlines()
+  assert lines[0] == "index\tprediction" and len(lines) == 1 + 20  # every test row, not 8
+  assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
