@@ -311,11 +311,17 @@ def predict_tests(suite: Suite, rows, target, out: TextIO) -> list[str]:
   """Runs bert_jax.evaluate --split=test on each chosen run without test predictions."""
   failed = []
   for row in rows:
+    if row.runs_done < row.runs_planned:
+      continue  # the chosen run may change when the missing runs complete
     names = report.test_files(row.task)
     files = task_files(suite.data_dir, row.task)
     wanted = [n for n in names if os.path.isfile(files[n]) or "://" in suite.data_dir]
     if not wanted or all(report.find_test_file(row.chosen.workdir, n) for n in wanted):
       continue
+    last = _read_json(os.path.join(row.chosen.workdir, "launch.json")) or {}
+    if target.name != "local" and last.get("entry") == "bert_jax.evaluate":
+      out.write(f"glue: test predictions of {row.task}/{row.chosen.name} submitted; waiting\n")
+      continue  # submitted by an earlier invocation, not finished yet
     job = Job(
       "evaluate",
       "",

@@ -11,6 +11,7 @@ files written by the real task code from the real test TSVs, against the GLUE se
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import pathlib
@@ -26,7 +27,7 @@ from scipy import stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from launch import glue_report
-from launch.glue import Suite, run_glue
+from launch.glue import Suite, predict_tests, run_glue
 from launch.job import LaunchError
 from launch.targets import make_target
 
@@ -493,3 +494,40 @@ def test_real_suite_fine_tunes_and_predicts_the_test_set(tmp_path, shared_data, 
     lines = zf.read("WNLI.tsv").decode().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 1 + 20  # every test row, not 8
   assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
+
+
+def test_remote_test_predictions_are_submitted_once(tmp_path):
+  """On a remote target the chosen run's evaluate job is submitted once, not at every rerun;
+  a task with runs missing predicts nothing yet (its median run may change)."""
+
+  @dataclasses.dataclass
+  class Remote:
+    name: str = "slurm"
+    submitted: tuple = ()
+
+    def validate(self, job):
+      pass
+
+    def describe(self, job):
+      return job.shell_command()
+
+    def run(self, job, out):
+      self.submitted += (job.workdir,)
+      return 0
+
+  data = tmp_path / "glue"
+  for task in ("RTE", "WNLI"):
+    (data / task).mkdir(parents=True)
+    (data / task / "test.tsv").write_text("index\tsentence1\tsentence2\n0\ta\tb\n")
+  rows = []
+  for task, done in (("rte", 2), ("wnli", 1)):
+    run = glue_report.Run(task, "seed=0", str(tmp_path / task / "seed=0"), {}, {"score": 1.0})
+    rows.append(glue_report.TaskRow(task, done, 2, {"score": 1.0}, run))
+  suite = Suite(str(tmp_path), "ckpt", str(data))
+  target, out = Remote(), io.StringIO()
+  assert predict_tests(suite, rows, target, out) == []
+  assert target.submitted == (str(tmp_path / "rte" / "seed=0"),)
+  record = json.loads((tmp_path / "rte" / "seed=0" / "launch.json").read_text())
+  assert record["argv"][-2:] == ["--split=test", "--set=max_eval_examples=0"]
+  assert predict_tests(suite, rows, target, out) == []  # run again before the job finished
+  assert len(target.submitted) == 1 and "submitted; waiting" in out.getvalue()
