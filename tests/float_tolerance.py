@@ -113,3 +113,13 @@ def _module(path) -> tuple:
   """A parameter's module: its path less the parameter's name (and a box's ``.value``)."""
   keys = [p for p in path if isinstance(p, jax.tree_util.DictKey)]
   return tuple(keys[:-1])
+
+
+def assert_model_close(actual, desired, config, length: int, err_msg=""):
+  """Rule 2 for a BERT model's output against another float32 computation of it (Hugging Face
+  PyTorch, TensorFlow, another path of ours): magnitude the desired output's largest |value|, n the
+  encoder's reductions at ``length`` plus a head's two products over D (pooler and classifier;
+  the MLM transform and decoder)."""
+  desired = np.asarray(desired, np.float64)
+  terms = encoder_terms(config, length) + 2 * config.hidden_size
+  assert_sum_close(actual, desired, np.abs(desired).max(initial=0.0), terms, err_msg=err_msg)

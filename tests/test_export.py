@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 from flax.linen import meta
+from float_tolerance import assert_model_close
 
 from bert_jax import model as models
 from bert_jax.checkpoint import CheckpointManager
@@ -150,13 +151,10 @@ def test_hf_export_matches_bert_jax(task, workdirs, tmp_path):
     "question_answering": [("start_logits", "start_logits"), ("end_logits", "end_logits")],
   }.get(task, [("logits", "logits")])
   for ours_key, theirs_key in pairs:
-    np.testing.assert_allclose(
-      np.asarray(ours[ours_key]),
-      theirs[theirs_key].numpy(),
-      atol=1e-5,
-      rtol=1e-5,
-      err_msg=f"{task}: {ours_key}",
-    )
+    # PyTorch's float32 in another order (float_tolerance, rule 2).
+    theirs_np = theirs[theirs_key].numpy()
+    length = ids.shape[-1]
+    assert_model_close(ours[ours_key], theirs_np, CONFIG, length, err_msg=f"{task}: {ours_key}")
   # The tokenizer travels with the model: transformers' BertTokenizer reads the same vocab.
   tok = transformers.BertTokenizer.from_pretrained(out)
   assert tok.convert_tokens_to_ids(["cat", "##s"]) == load_tokenizer(out).convert_tokens_to_ids(
@@ -183,13 +181,9 @@ def test_saved_model_matches_bert_jax(task, workdirs, tmp_path):
       "question_answering": ["start_logits", "end_logits"],
     }.get(task, ["logits"])
     for key in keys + ["sequence_output", "pooled_output"]:
-      np.testing.assert_allclose(
-        theirs[key].numpy(),
-        np.asarray(ours[key]),
-        atol=1e-5,
-        rtol=1e-5,
-        err_msg=f"{task}: {key} at {b}x{length}",
-      )
+      # TensorFlow's float32 in another order (float_tolerance, rule 2).
+      msg = f"{task}: {key} at {b}x{length}"
+      assert_model_close(theirs[key].numpy(), ours[key], CONFIG, length, err_msg=msg)
   if task == "pretraining":  # the second signature: MLM logits at given positions only
     ids, mask, segments = batch(task, 2, 13, seed=5)
     positions = np.array([[1, 4, 7], [0, 2, 12]], np.int32)
@@ -204,13 +198,8 @@ def test_saved_model_matches_bert_jax(task, workdirs, tmp_path):
     )
     assert theirs["mlm_logits"].shape == (2, 3, CONFIG.vocab_size)
     for key in ("mlm_logits", "nsp_logits"):
-      np.testing.assert_allclose(
-        theirs[key].numpy(),
-        np.asarray(ours[key]),
-        atol=1e-5,
-        rtol=1e-5,
-        err_msg=f"masked_lm: {key}",
-      )
+      msg = f"masked_lm: {key}"
+      assert_model_close(theirs[key].numpy(), ours[key], CONFIG, 13, err_msg=msg)
   extra = os.path.join(out, "assets.extra")
   assert json.load(open(os.path.join(extra, "head.json")))["task"] == task
   assert os.path.exists(os.path.join(extra, "vocab.txt"))
@@ -261,9 +250,9 @@ def test_encoder_export_from_a_fine_tuned_checkpoint(workdirs, tmp_path):
       attention_mask=torch.tensor(mask, dtype=torch.long),
       token_type_ids=torch.tensor(segments, dtype=torch.long),
     )
-  np.testing.assert_allclose(
-    theirs.last_hidden_state.numpy(), ours["sequence_output"], atol=1e-5, rtol=1e-5
-  )
+  # PyTorch's float32 in another order (float_tolerance, rule 2).
+  length = ids.shape[-1]
+  assert_model_close(theirs.last_hidden_state.numpy(), ours["sequence_output"], CONFIG, length)
 
 
 @pytest.mark.parametrize(
