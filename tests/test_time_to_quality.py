@@ -109,7 +109,6 @@ def test_document_split_keeps_heldout_text_out_of_training(tmp_path):
   assert not [d for d in heldout if "\n".join(d) in train_text]
 
 
-@pytest.mark.slow
 def test_prepared_data_has_no_heldout_document_text_in_training(tmp_path):
   data = time_to_quality_data.prepare(
     str(tmp_path / "data"), corpora=["cpython"], max_documents=120, heldout_fraction=0.2,
