@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from float_tolerance import float64_bound, sum_bound
 
 from bert_jax.tasks.inference import features
 
@@ -34,8 +35,9 @@ def hf_minilm(minilm_dir):
   )
 
 
-def hf_reference(hf_minilm, line, layers, max_seq_length=128):
+def hf_reference(hf_minilm, line, layers, max_seq_length=128, float64=False):
   tok, model = hf_minilm
+  model = model.to(torch.float64 if float64 else torch.float32)
   a, _, b = line.partition(" ||| ")
   enc = tok(
     a, b or None, truncation="longest_first", max_length=max_seq_length, return_tensors="pt"
@@ -60,13 +62,18 @@ def test_output_matches_hf_in_the_original_layout(minilm_dir, hf_minilm, tmp_pat
   for row, line in zip(rows, LINES):
     assert list(row) == ["linex_index", "features"]
     tokens, ref = hf_reference(hf_minilm, line, layers)
+    _, ref64 = hf_reference(hf_minilm, line, layers, float64=True)
     assert [f["token"] for f in row["features"]] == tokens
     for t, feat in enumerate(row["features"]):
       assert list(feat) == ["token", "layers"]
       assert [layer["index"] for layer in feat["layers"]] == list(layers)
       for layer in feat["layers"]:
         assert list(layer) == ["index", "values"]
-        np.testing.assert_allclose(layer["values"], ref[layer["index"]][t], atol=2e-5, rtol=0)
+        # Off Hugging Face's float64 by at most 4x its float32's error (float_tolerance, rule 1),
+        # plus the written values' rounding to 6 decimals.
+        want64, want32 = ref64[layer["index"]][t], ref[layer["index"]][t]
+        bound = float64_bound(np.abs(want32 - want64).max(), np.abs(want64).max()) + 5e-7
+        np.testing.assert_allclose(layer["values"], want64, atol=bound, rtol=0)
 
 
 def test_pairs_are_truncated_longest_first(minilm_dir, hf_minilm):
@@ -203,7 +210,13 @@ def test_scalar_mix_entry_matches_numpy_mix(minilm_dir, hf_minilm, tmp_path):
       mixed = written["mix"]
       # the written layers (k = 1..6 is layer k - 1, i.e. index k - 7) + HF's embeddings
       ref_written = 3.0 * (s[0] * hf_hidden[0][t] + sum(s[k] * written[k - 7] for k in range(1, 7)))
-      np.testing.assert_allclose(mixed, ref_written, atol=5e-5, rtol=0)
+      # The written layers' and the mix's rounding to 6 decimals, and float32's sum of Hugging
+      # Face's embeddings and ours (their LayerNorm: 2 D terms) and of the 7-term mix (float_tolerance,
+      # rule 2), magnitude 3 sum s_k |h_k|.
+      h = [np.abs(hf_hidden[0][t])] + [np.abs(written[k - 7]) for k in range(1, 7)]
+      magnitude = 3.0 * sum(s[k] * h[k] for k in range(7))
+      atol = 4 * 5e-7 + sum_bound(magnitude, 2 * model.config.hidden_size + 7)
+      assert np.all(np.abs(mixed - ref_written) <= atol), np.abs(mixed - ref_written).max()
       ref_hf = 3.0 * sum(s[k] * hf_hidden[k][t] for k in range(7))
       np.testing.assert_allclose(mixed, ref_hf, atol=1e-4, rtol=0)
 

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from float_tolerance import assert_sum_close
 
 from bert_jax.model import BertConfig, BertForSequenceClassification
 from bert_jax.tasks.base import SplitData, Task
@@ -398,8 +399,12 @@ def test_the_defence_mixin_defends_another_classification_task():
   r = np.asarray(outputs["pooled_output"], np.float64)
   h = np.maximum(r @ adv["hidden"]["kernel"] + adv["hidden"]["bias"], 0)
   logits = h @ adv["output"]["kernel"] + adv["output"]["bias"]
-  np.testing.assert_allclose(outputs["adversary_logits"], logits, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(outputs["encoder_adversary_logits"], logits, rtol=1e-5, atol=1e-6)
+  # Two float32 products (float_tolerance, rule 2): magnitude the same products of |values|.
+  hidden_terms = np.abs(r) @ np.abs(adv["hidden"]["kernel"]) + np.abs(adv["hidden"]["bias"])
+  magnitude = hidden_terms @ np.abs(adv["output"]["kernel"]) + np.abs(adv["output"]["bias"])
+  n = r.shape[-1] + h.shape[-1]
+  assert_sum_close(outputs["adversary_logits"], logits, magnitude, n)
+  assert_sum_close(outputs["encoder_adversary_logits"], logits, magnitude, n)
   # alpha * the task's cross-entropy + the adversary's loss + beta * the encoder's "not z" term.
   y = np.asarray(outputs["logits"], np.float64)
   log_p = y - y.max(-1, keepdims=True)
