@@ -18,12 +18,13 @@ preferred:
    (Hugging Face PyTorch in float32, a kernel without float64). A float32 sum of n terms t_i
    carries one rounding of relative size <= eps32/2 per addition; the errors are independent, so
    they add in quadrature and the sum is off its exact value by about sqrt(n) eps32/2 M, M the
-   magnitude of the summed terms (the largest partial sum: the operands' norms for a dot
-   product, the result's own max where nothing cancels); Higham, *Accuracy and Stability of
+   magnitude of the summed terms: sum |t_i| per element where the terms are known
+   (``product_magnitude``), else the output's largest |value| (``assert_model_close``) or, for
+   gradients, its module's (``assert_gradients_close``); Higham, *Accuracy and Stability of
    Numerical Algorithms* (2002), sections 2.8 and 4.2. Two float32 results each carry such an
    error, and the tail of their distribution reaches a few standard deviations: |a - b| <=
    k eps32 sqrt(n) M with k = 4. Through a chain of reductions (a model's layers) ``n`` is the
-   chain's total reduction length: each stage adds its own rounding.
+   chain's total reduction length (``encoder_terms``): each stage adds its own rounding.
 
 A real bug (a wrong mask, a missing scale, a dropped term) moves values by orders of magnitude
 more than either bound, so both still fail it.
