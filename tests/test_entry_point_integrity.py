@@ -105,34 +105,22 @@ def test_a_dry_run_on_gpu_hosts_checks_on_their_topology(tmp_path):
     ("tpu", 0.1, 512, "reference", "config.attention_probs_dropout_prob=0.1"),
   ],
 )
-def test_auto_attention_kernel_logs_its_choice_once(
-  monkeypatch, platform, dropout, length, kernel, why
-):
+def test_auto_attention_kernel_logs_its_choice(monkeypatch, platform, dropout, length, kernel, why):
   from bert_jax.model.kernels import attention
 
   calls = []
-
-  def log_first_n(level, fmt, n, *args):
-    calls.append((level, n, fmt % args))
-
-  monkeypatch.setattr(attention.logging, "log_first_n", log_first_n)
-  for _ in range(3):
-    got = attention.resolve_attention_kernel(
-      "auto", attention_dropout=dropout, platform=platform, max_seq_length=length
-    )
-    assert got == kernel
-  # One call site, logged at most once per process (absl's log_first_n with n=1).
-  assert {(level, n) for level, n, _ in calls} == {(attention.logging.INFO, 1)}
-  assert len({text for _, _, text in calls}) == 1
-  text = calls[0][2]
-  assert text.startswith(f"config.attention_kernel='auto' resolved to {kernel!r}: ") and why in text
-  assert (
-    attention.resolve_attention_kernel(
-      "reference", attention_dropout=dropout, platform=platform, max_seq_length=length
-    )
-    == "reference"
-    and len(calls) == 3
-  )  # an explicit kernel: nothing to say
+  monkeypatch.setattr(attention.logging, "info", lambda fmt, *args: calls.append(fmt % args))
+  got = attention.resolve_attention_kernel(
+    "auto", attention_dropout=dropout, platform=platform, max_seq_length=length
+  )
+  assert got == kernel
+  assert len(calls) == 1  # one line per resolution (a run resolves once per phase)
+  assert calls[0].startswith(f"config.attention_kernel='auto' resolved to {kernel!r}: ")
+  assert why in calls[0]
+  explicit = attention.resolve_attention_kernel(
+    "reference", attention_dropout=dropout, platform=platform, max_seq_length=length
+  )
+  assert explicit == "reference" and len(calls) == 1  # an explicit kernel: nothing to say
 
 
 def test_docs_export_names_what_its_loading_snippet_needs():

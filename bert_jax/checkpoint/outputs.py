@@ -67,6 +67,8 @@ def checkpoint_folders(path: PathLike | None) -> list[str]:
   if not _local(path):
     return []
   path = os.fspath(path).rstrip(os.sep) or os.sep
+  if not os.path.exists(path) and not glob.glob(glob.escape(path) + ".*"):
+    return []  # no checkpoint there (nor a TF prefix's files): its loading reports that
   folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
   out = [folder]
   name, parent = os.path.basename(_real(folder)), os.path.dirname(_real(folder))

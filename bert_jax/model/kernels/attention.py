@@ -72,9 +72,7 @@ def resolve_attention_kernel(
   dropout = float(attention_dropout)
   if requested == "auto":
     kernel, why = _auto_kernel(dropout, platform, max_seq_length, length_key)
-    logging.log_first_n(
-      logging.INFO, "config.attention_kernel='auto' resolved to %r: %s", 1, kernel, why
-    )
+    logging.info("config.attention_kernel='auto' resolved to %r: %s", kernel, why)
     return kernel
   if requested in FUSED and dropout > 0:
     raise ValueError(
