@@ -14,6 +14,11 @@ is one line ``build_vocab: error: ...``; ``--verbose_errors`` adds the traceback
 docs/tokenizers.md.
 """
 
+from bert_jax import interrupts
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below stops at once
+  interrupts.stop_at_once_on_ctrl_c("build_vocab")
+
 import json
 
 from absl import app, flags

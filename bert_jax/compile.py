@@ -29,6 +29,11 @@ see into (bert_jax.plan.attention). See docs/compile.md.
 
 from __future__ import annotations
 
+from bert_jax import interrupts
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below stops at once
+  interrupts.stop_at_once_on_ctrl_c("compile")
+
 import json
 import os
 import sys

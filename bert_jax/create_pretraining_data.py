@@ -20,6 +20,11 @@ vocabulary is refused: ``bert_jax.checkpoint.outputs``); a user error is one lin
 ``--verbose_errors`` adds the traceback. See docs/pretraining_data.md.
 """
 
+from bert_jax import interrupts
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below stops at once
+  interrupts.stop_at_once_on_ctrl_c("create_pretraining_data")
+
 import os
 
 from absl import app, flags

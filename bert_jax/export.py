@@ -17,6 +17,11 @@ picks a fine-tuning workdir's best (``best/``) or latest checkpoint
 
 from __future__ import annotations
 
+from bert_jax import interrupts
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below stops at once
+  interrupts.stop_at_once_on_ctrl_c("export")
+
 import signal
 
 from absl import app, flags

@@ -15,6 +15,11 @@ docs/extract_features.md.
 
 from __future__ import annotations
 
+from bert_jax import interrupts
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below stops at once
+  interrupts.stop_at_once_on_ctrl_c("extract_features")
+
 import json
 
 from absl import app, flags

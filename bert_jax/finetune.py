@@ -20,6 +20,11 @@ the traceback. See docs/finetuning.md.
 
 from __future__ import annotations
 
+from bert_jax import interrupts
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below stops at once
+  interrupts.stop_at_once_on_ctrl_c("finetune")
+
 import json
 
 from absl import app, flags, logging

@@ -100,3 +100,21 @@ class InterruptHandler:
     finally:
       sys.unraisablehook = self._previous_hook
       signal.signal(signal.SIGINT, previous)
+
+
+def stop_at_once_on_ctrl_c(prog: str) -> None:
+  """Until ``InterruptHandler.installed`` takes over: a Ctrl-C ends the process at once with
+  one line and status 130. An entry point calls it first, under ``if __name__ == "__main__"``,
+  before its heavy imports (JAX, TensorFlow): a KeyboardInterrupt raised inside them can be
+  caught or dropped (a gc callback), and there is nothing to save yet. Only in the main thread;
+  a process started with SIGINT ignored keeps ignoring it."""
+
+  def stop(signum, frame) -> None:
+    del signum, frame
+    os.write(2, f"{prog}: interrupted (Ctrl-C): stopped\n".encode())
+    os._exit(INTERRUPTED_EXIT)
+
+  if threading.current_thread() is threading.main_thread() and (
+    signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+  ):
+    signal.signal(signal.SIGINT, stop)

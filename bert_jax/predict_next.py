@@ -14,6 +14,11 @@ docs/predict_next.md and bert_jax/tasks/inference/next_token.py.
 
 from __future__ import annotations
 
+from bert_jax import interrupts
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below stops at once
+  interrupts.stop_at_once_on_ctrl_c("predict_next")
+
 import json
 import os
 

@@ -17,6 +17,11 @@ file) is one line ``pretrain: error: ...`` (status 2 for usage errors, 1 otherwi
 
 from __future__ import annotations
 
+from bert_jax import interrupts
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below stops at once
+  interrupts.stop_at_once_on_ctrl_c("pretrain")
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 

@@ -23,6 +23,11 @@ probe leaves no workdir it created. See docs/probe.md.
 
 from __future__ import annotations
 
+from bert_jax import interrupts
+
+if __name__ == "__main__":  # a Ctrl-C during the imports below stops at once
+  interrupts.stop_at_once_on_ctrl_c("probe")
+
 import json
 
 from absl import app, flags

@@ -235,8 +235,17 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_d
   resumed = runner.finetune(config(), str(tmp_path))
   assert resumed["init"].startswith("resumed") and "step 3" in resumed["init"]
   loss_b = json.load(open(tmp_path / "summary.json"))["train_loss_history"]
-  assert [s for s, _ in loss_a] == [1, 2, 3, 4, 5, 6] and [s for s, _ in loss_b] == [4, 5, 6]
-  np.testing.assert_allclose([l for _, l in loss_b], [l for _, l in loss_a[3:]], rtol=1e-6)
+  # The whole curve survives the resume: steps 1-3 as the first run logged them, 4-6 retrained.
+  assert [s for s, _ in loss_a] == [1, 2, 3, 4, 5, 6] and [s for s, _ in loss_b] == [
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+  ]
+  assert loss_b[:3] == loss_a[:3]
+  np.testing.assert_allclose([l for _, l in loss_b[3:]], [l for _, l in loss_a[3:]], rtol=1e-6)
   assert resumed["dev"] == dev_a
   assert [h["step"] for h in resumed["history"]] == [3, 6]
   # The steps after the resume point were cut to more than one length.

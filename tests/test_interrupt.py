@@ -59,7 +59,7 @@ def test_a_ctrl_c_dropped_by_a_callback_is_delivered_again():
       _collect_and_spin(5.0)
   finally:
     signal.signal(signal.SIGINT, previous)
-  assert time.monotonic() - t0 < 2.0  # at once, not after the spin
+  assert time.monotonic() - t0 < 4.0  # at once, not after the 5 s spin (a loaded host: slack)
   assert handler.count == 1  # delivered again, but one Ctrl-C
   assert signal.getsignal(signal.SIGINT) is previous  # restored
 
