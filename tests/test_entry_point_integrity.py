@@ -166,31 +166,14 @@ def test_a_slow_evaluation_in_the_training_loop_logs_while_it_runs(monkeypatch, 
 
   import jax
   import jax.numpy as jnp
+  from test_train_loop import _Manager as Manager
+  from test_train_loop import _Writer as Writer
 
   from bert_jax import parallel
   from bert_jax.train import loop
   from bert_jax.train.job import Phase
   from bert_jax.train.progress import Heartbeat
   from configs.common import logical_axis_rules
-
-  class Manager:
-    directory = "nowhere"
-
-    def save(self, *args, **kwargs):
-      pass
-
-    def wait(self):
-      pass
-
-    def check_for_errors(self):
-      pass
-
-    def latest_step(self):
-      return None
-
-  class Writer:
-    def scalars(self, step, values):
-      pass
 
   def inputs():
     while True:
