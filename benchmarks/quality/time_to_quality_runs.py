@@ -232,6 +232,21 @@ def run_bert_jax(recipe: str, run_dir: str, data, args, log) -> dict:
   return st
 
 
+def finished(recipe: str, run_dir: str) -> dict | None:
+  """The state of a finished run of ``recipe`` (as its runner returns it), None if unfinished;
+  reads only."""
+  if recipe in TORCH_RECIPES:
+    workdir = os.path.join(run_dir, "workdir")
+    st = _read_json(os.path.join(workdir, "history.json"), {})
+    if not st.get("completed"):
+      return None
+    return dict(
+      recipe=recipe, evals=st["history"], completed=True, checkpoint=os.path.join(workdir, "hf")
+    )
+  st = _read_json(os.path.join(run_dir, "ttq_state.json"), {})
+  return st if st.get("completed") else None
+
+
 def run_torch(recipe: str, run_dir: str, data, args, log) -> dict:
   """Runs (or resumes) the PyTorch reference; returns its state in the same form."""
   workdir = os.path.join(run_dir, "workdir")
