@@ -146,7 +146,9 @@ def test_glue_stage_commands_pass_the_caps_and_margins_are_over_the_floor(tmp_pa
   glue = dict(
     glue_args=args.glue_args,
     models={
-      "a": dict(tasks={"rte": {"score": 60.0}, "mrpc": {"score": 80.0}}, averages={"average": 70.0}),
+      "a": dict(
+        tasks={"rte": {"score": 60.0}, "mrpc": {"score": 80.0}}, averages={"average": 70.0}
+      ),
       "random_init": dict(tasks={"rte": {"score": 50.0}}, averages={"average": 55.5}),
     },
   )
