@@ -191,10 +191,6 @@ class Topology:
     return out
 
 
-def known_topologies() -> list[str]:
-  return [f"{g}:{s}" for g, shapes in KNOWN_SHAPES.items() for s in shapes]
-
-
 def _unknown(name: str) -> ValueError:
   listing = "; ".join(f"{g}: {' '.join(s)}" for g, s in KNOWN_SHAPES.items())
   return ValueError(

@@ -71,7 +71,7 @@ Frozen parameters (the feature-based approach): ``trainable(path)`` says for a p
 defence's adversary); ``param_report(params)`` is what a run reports about its trained
 parameters (e.g. learned scalar-mix weights), written into metrics.json as "param_report".
 
-A new task is registered in ``bert_jax/tasks/__init__.py`` (``TASKS``: name -> "module:Class",
+A new task is registered in ``bert_jax/tasks/registry.py`` (``TASKS``: name -> "module:Class",
 imported lazily) and gets a config file in ``configs/``.
 """
 

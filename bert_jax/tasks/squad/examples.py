@@ -215,7 +215,3 @@ def _word_span(
     return None
   return start, end
 
-
-def qid_to_has_answer(examples: list[SquadExample]) -> dict[str, bool]:
-  """Question id -> whether it has a gold answer (last occurrence wins, as the official)."""
-  return {e.qas_id: bool(e.answers) for e in examples}
