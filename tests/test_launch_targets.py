@@ -54,6 +54,7 @@ def test_tpu_dry_run_commands_and_worker_environment(tmp_path, fake_python):
     accelerator_type="v4-32",
     remote_dir=str(tmp_path),
     log_file=str(tmp_path / "job.log"),
+    max_restarts=0,  # the job runs attached (watched restarts: tests/test_launch_tpu_watch.py)
   )
   printed = dry_run(job, target)
   # A shell script: the setup script as a here-document, then the commands.
@@ -107,7 +108,12 @@ def test_kubernetes_manifest_indexed_job_and_headless_service(fake_python):
   python, _ = fake_python
   job = Job("finetune", "configs/glue.py:rte", "gs://bucket/runs/rte-1", python="python3")
   target = KubernetesTarget(
-    image="us-docker.pkg.dev/p/bert-jax:1", num_hosts=4, gpus_per_host=8, namespace="ml"
+    image="us-docker.pkg.dev/p/bert-jax:1",
+    num_hosts=4,
+    gpus_per_host=8,
+    namespace="ml",
+    workload="job",  # a JobSet and restarts: tests/test_launch_kubernetes_jobset.py
+    max_restarts=0,
   )
   docs = list(yaml.safe_load_all(dry_run(job, target)))
   service, job_doc = docs
@@ -215,7 +221,11 @@ K8S = {"image": "us-docker.pkg.dev/p/bert-jax:1"}
     ("kubernetes", {**K8S, "memory": "64GB"}, "--memory '64GB' is not a Kubernetes quantity"),
     ("kubernetes", {**K8S, "cpu": "8 cores"}, "--cpu '8 cores' is not a Kubernetes quantity"),
     ("kubernetes", {**K8S, "job_name": "1st-run"}, "job_name '1st-run' is not a DNS label"),
-    ("kubernetes", {**K8S, "job_name": "r" * 62, "num_hosts": 2}, "longer than 63"),
+    (
+      "kubernetes",
+      {**K8S, "job_name": "r" * 62, "num_hosts": 2, "workload": "job"},
+      "longer than 63",
+    ),
     ("kubernetes", {**K8S, "service_account": "Runner"}, "--service_account 'Runner'"),
     ("kubernetes", {**K8S, "accelerator_resource": "gpu"}, "--accelerator_resource 'gpu'"),
     ("kubernetes", {**K8S, "coordinator_port": 70000}, "--coordinator_port must be in"),

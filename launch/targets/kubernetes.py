@@ -1,17 +1,26 @@
-"""Run a job on Kubernetes: an Indexed Job of ``num_hosts`` pods plus a headless Service.
+"""Run a job on Kubernetes: a JobSet (one Indexed Job per slice) or an Indexed Job and a
+headless Service, restarted after a preemption (the manifests: kubernetes_manifests.py).
 
-Pod i of an Indexed Job is named ``<name>-<i>`` and, with ``subdomain: <name>`` and the headless
-Service of the same name, resolvable as ``<name>-<i>.<name>``. Every pod therefore gets
-``JAX_COORDINATOR_ADDRESS=<name>-0.<name>:<port>``, ``JAX_NUM_PROCESSES=num_hosts`` and
-``JAX_PROCESS_ID`` from its completion index (the ``batch.kubernetes.io/job-completion-index``
-annotation, which is also ``$JOB_COMPLETION_INDEX``). ``backoffLimit: 0`` fails the Job, and so
-stops every pod, when one pod fails. The workdir must be storage every pod can write: a gs://
-path, or a path inside ``volume_claim`` mounted at ``volume_mount``.
+``workload`` chooses: "jobset", "job", or "auto" (a JobSet for more than one pod, an Indexed Job
+for one). Every pod gets ``JAX_COORDINATOR_ADDRESS`` (pod 0's DNS name through the headless
+Service), ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``, ``BERT_JAX_ATTEMPT`` and
+``BERT_JAX_MAX_RESTARTS``. A JobSet is restarted as a whole, up to ``max_restarts`` times, after
+a pod was preempted (exit 143, or the ``DisruptionTarget`` condition) or killed by a signal; an
+exit status of 1, 2, 3 or 130 is never retried; ``max_restarts=0`` turns restarts off (an
+Indexed Job is then the plain ``backoffLimit: 0`` Job). ``queue_name`` submits to a Kueue
+LocalQueue (label ``kueue.x-k8s.io/queue-name``). ``accelerator_type`` runs on GKE TPU slices
+(``num_slices`` of them over the data-center network): one pod per TPU host requesting its
+chips as ``google.com/tpu``, on nodes selected by ``cloud.google.com/gke-tpu-accelerator`` and
+``cloud.google.com/gke-tpu-topology``, each slice on its own node pool (JobSet's exclusive
+placement by ``cloud.google.com/gke-nodepool``). The workdir must be storage every pod can
+write: a gs:// path, or a path inside ``volume_claim`` mounted at ``volume_mount``.
 
 :meth:`KubernetesTarget.validate` checks every setting by the API server's rules for the field
-it fills (names, quantities, ports) and ``gpu_type`` against the GPUs the pre-flight knows, so
-a dry run refuses what ``kubectl apply`` or the launch would; the manifests themselves are
-checked against the API's schemas in tests/test_launch_kubernetes_schema.py.
+it fills (names, quantities, ports; Kueue's for the queue name), ``gpu_type`` against the GPUs
+the pre-flight knows and ``accelerator_type`` against the TPU slices it knows, so a dry run
+refuses what ``kubectl apply`` or the launch would; the manifests themselves are checked
+against the Kubernetes API's schemas and JobSet's and Kueue's CRD schemas in
+tests/test_launch_kubernetes_schema.py.
 """
 
 from __future__ import annotations
@@ -25,10 +34,12 @@ from typing import Any, TextIO
 
 import yaml
 
-from ..job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
+from ..job import Job, LaunchError
 from ..preflight import gpu_topology_name, preflight
+from . import kubernetes_manifests
+from .kubernetes_manifests import SLICE
 
-INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+WORKLOADS = ("auto", "jobset", "job")
 # The API server's name rules (k8s.io/apimachinery/pkg/util/validation) and resource.Quantity's
 # form, for the fields the settings fill.
 _LABEL_1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -63,9 +74,10 @@ class KubernetesTarget:
 
   Attributes:
     image: the container image holding bert_jax (and the accelerator's jax).
-    job_name: the Job/Service name (DNS label); default from the workdir's last component.
+    job_name: the JobSet/Job/Service name (DNS label); default from the workdir's last
+      component.
     namespace: the namespace.
-    num_hosts: pods = jax processes.
+    num_hosts: pods = jax processes (with accelerator_type: the slices' hosts, from it).
     gpus_per_host: accelerators per pod (requested as ``accelerator_resource``).
     accelerator_resource: e.g. "nvidia.com/gpu" or "google.com/tpu".
     cpu, memory: per-pod requests (empty: none).
@@ -77,6 +89,16 @@ class KubernetesTarget:
       first compiled for num_hosts x gpus_per_host of them (the pre-flight,
       launch/preflight.py) and refused before anything is applied if a step does not fit.
     skip_preflight: apply without that check.
+    workload: "jobset" (a JobSet: one Indexed Job per slice, all restarted together), "job" (an
+      Indexed Job and a headless Service) or "auto" (a JobSet for more than one pod).
+    max_restarts: times the job is started again after a preemption (exit 143) or a pod killed
+      by a signal; it resumes from its latest checkpoint (0: never). Exit 1, 2, 3 and 130 are
+      never retried.
+    queue_name: a Kueue LocalQueue to submit to (label kueue.x-k8s.io/queue-name); empty: none.
+    accelerator_type: a GKE TPU slice, e.g. "v5p-64", "v5litepod-16", "v4:2x2x4": pods (one per
+      host) and google.com/tpu chips per pod come from it, with GKE's TPU node selectors; the
+      job is first compiled for it like the tpu target's.
+    num_slices: TPU slices (multislice over the data-center network; with accelerator_type).
   """
 
   image: str = ""
@@ -94,13 +116,22 @@ class KubernetesTarget:
   volume_mount: str = "/mnt/workdir"
   gpu_type: str = ""
   skip_preflight: bool = False
+  workload: str = "auto"
+  max_restarts: int = 3
+  queue_name: str = ""
+  accelerator_type: str = ""
+  num_slices: int = 1
 
   name = "kubernetes"
 
   def preflight(self, job: Job, config) -> dict | None:
-    """Compiles the job for the pods' GPUs (LaunchError when it does not fit); None when skipped
-    or when no gpu_type is given."""
-    if self.skip_preflight or not self.gpu_type or config is None:
+    """Compiles the job for the TPU slices or the pods' GPUs (LaunchError when it does not
+    fit); None when skipped or when neither accelerator_type nor gpu_type is given."""
+    if self.skip_preflight or config is None:
+      return None
+    if self.accelerator_type:
+      return preflight(job, config, self.accelerator_type, self.num_slices)
+    if not self.gpu_type:
       return None
     return preflight(
       job, config, gpu_topology_name(self.gpu_type, self.num_hosts, self.gpus_per_host)
@@ -108,8 +139,8 @@ class KubernetesTarget:
 
   def validate(self, job: Job) -> None:
     """Every setting, by the API server's rules for the fields it fills (names, quantities,
-    ports) and the GPUs the pre-flight knows; LaunchError (one line, naming the flag) before
-    anything is printed or applied, in a dry run as in a launch."""
+    ports) and the GPUs and TPU slices the pre-flight knows; LaunchError (one line, naming the
+    flag) before anything is printed or applied, in a dry run as in a launch."""
     if not self.image:
       raise LaunchError("kubernetes target: missing required setting: image (flag --image)")
     if re.search(r"\s", self.image):
@@ -118,6 +149,20 @@ class KubernetesTarget:
       raise LaunchError(f"kubernetes target: num_hosts must be >= 1, got {self.num_hosts}")
     if self.gpus_per_host < 0:
       raise LaunchError(f"kubernetes target: gpus_per_host must be >= 0, got {self.gpus_per_host}")
+    if self.max_restarts < 0:
+      raise LaunchError(f"kubernetes target: max_restarts must be >= 0, got {self.max_restarts}")
+    if self.workload not in WORKLOADS:
+      raise LaunchError(
+        f"kubernetes target: --workload must be one of {WORKLOADS}, got {self.workload!r}"
+      )
+    if self.num_slices < 1:
+      raise LaunchError(f"kubernetes target: num_slices must be >= 1, got {self.num_slices}")
+    if self.num_slices > 1 and not self.accelerator_type:
+      raise LaunchError("kubernetes target: --num_slices > 1 needs --accelerator_type (TPU slices)")
+    if self.accelerator_type and self.gpu_type:
+      raise LaunchError(
+        "kubernetes target: --accelerator_type (TPU) and --gpu_type exclude each other"
+      )
     if self.gpu_type and (self.gpus_per_host < 1 or self.accelerator_resource != "nvidia.com/gpu"):
       raise LaunchError(
         f"kubernetes target: gpu_type {self.gpu_type!r} needs gpus_per_host >= 1 and "
@@ -126,15 +171,28 @@ class KubernetesTarget:
       )
     if self.gpu_type:
       self.topology()
+    if self.accelerator_type:
+      self._check_tpu_hosts()
+    slices, pods, _ = self.layout()
+    if self.kind() == "Job" and slices > 1:
+      raise LaunchError(
+        f"kubernetes target: {slices} slices need --workload=jobset (one Indexed Job per slice)"
+      )
     if self.job_name and not _LABEL_1035.fullmatch(self.job_name):
       raise LaunchError(
         f"kubernetes target: job_name {self.job_name!r} is not a DNS label "
         f"(lower case letters, digits and '-', starting with a letter, at most 63)"
       )
-    last_pod = f"{self.resource_name(job)}-{self.num_hosts - 1}"
-    if len(last_pod) > 63:
+    name = self.resource_name(job)
+    # The last pod's host name; a JobSet's pod names get 6 more characters (JobSet's webhook
+    # checks "<host>-abcde" as a DNS label).
+    if self.kind() == "Job":
+      last_pod, limit = f"{name}-{pods - 1}", 63
+    else:
+      last_pod, limit = f"{name}-{SLICE}-{slices - 1}-{pods - 1}", 63 - 6
+    if len(last_pod) > limit:
       raise LaunchError(
-        f"kubernetes target: pod host name {last_pod!r} is longer than 63 characters "
+        f"kubernetes target: pod host name {last_pod!r} is longer than {limit} characters "
         f"(a shorter --job_name)"
       )
     for key, pattern, what in (
@@ -150,6 +208,15 @@ class KubernetesTarget:
         pattern.fullmatch(value) and len(value) <= 253
       ):
         raise LaunchError(f"kubernetes target: --{key} {value!r} is not {what}")
+    # Kueue's webhook takes the label as a LocalQueue name (a DNS subdomain); a label value is
+    # at most 63 characters.
+    if self.queue_name and not (
+      _SUBDOMAIN.fullmatch(self.queue_name) and len(self.queue_name) <= 63
+    ):
+      raise LaunchError(
+        f"kubernetes target: --queue_name {self.queue_name!r} is not a Kueue LocalQueue name "
+        "(lower-case letters, digits, '-' and '.', at most 63)"
+      )
     if not 0 < self.coordinator_port < 65536:
       raise LaunchError(
         f"kubernetes target: --coordinator_port must be in 1..65535, got {self.coordinator_port}"
@@ -180,73 +247,60 @@ class KubernetesTarget:
     except ValueError as e:
       raise LaunchError(f"kubernetes target: --gpu_type / --gpus_per_host: {e}") from None
 
+  def tpu_topology(self):
+    """The TPU slices ``accelerator_type`` x ``num_slices`` name (bert_jax.parallel.topology);
+    LaunchError when bert_jax does not know the slice."""
+    # bert_jax (and JAX with it) only when an accelerator type is given.
+    from bert_jax.parallel.topology import parse_topology  # noqa: PLC0415 (heavy)
+
+    try:
+      topo = parse_topology(self.accelerator_type.strip().lower(), max(1, self.num_slices))
+    except ValueError as e:
+      raise LaunchError(f"kubernetes target: --accelerator_type: {e}") from None
+    if topo.is_gpu:
+      raise LaunchError(
+        f"kubernetes target: --accelerator_type {self.accelerator_type!r} is a GPU, not a TPU "
+        "slice (--gpu_type for GPUs)"
+      )
+    return topo
+
+  def _check_tpu_hosts(self) -> None:
+    slices, pods, chips = self.layout()
+    if self.num_hosts not in (1, slices * pods) or self.gpus_per_host not in (0, chips):
+      raise LaunchError(
+        f"kubernetes target: --accelerator_type {self.accelerator_type} x {slices} slice(s) is "
+        f"{slices * pods} pod(s) of {chips} chips; leave --num_hosts / --gpus_per_host unset or "
+        f"give those (got {self.num_hosts}, {self.gpus_per_host})"
+      )
+
+  def layout(self) -> tuple[int, int, int]:
+    """(slices, pods per slice, accelerators per pod): one slice of num_hosts pods without an
+    accelerator_type; a TPU slice's hosts and their chips with one."""
+    if not self.accelerator_type:
+      return 1, self.num_hosts, self.gpus_per_host
+    topo = self.tpu_topology()
+    per_slice = topo.num_hosts // topo.num_slices
+    return topo.num_slices, per_slice, topo.chips_per_slice // per_slice
+
+  @property
+  def num_processes(self) -> int:
+    """The job's processes, one per pod (recorded in launch.json)."""
+    slices, pods, _ = self.layout()
+    return slices * pods
+
+  def kind(self) -> str:
+    """The workload: "JobSet" or "Job"."""
+    if self.workload == "auto":
+      return "JobSet" if self.num_processes > 1 else "Job"
+    return "JobSet" if self.workload == "jobset" else "Job"
+
   def resource_name(self, job: Job) -> str:
     return self.job_name or dns_name(job.workdir.rstrip("/").rsplit("/", 1)[-1])
 
   def manifests(self, job: Job) -> list[dict[str, Any]]:
-    """The Service and the Job, as dicts; applies nothing."""
+    """The JobSet, or the Service and the Job, as dicts; applies nothing."""
     self.validate(job)
-    name = self.resource_name(job)
-    labels = {"app.kubernetes.io/name": "bert-jax", "app.kubernetes.io/instance": name}
-    service = {
-      "apiVersion": "v1",
-      "kind": "Service",
-      "metadata": {"name": name, "namespace": self.namespace, "labels": dict(labels)},
-      "spec": {
-        "clusterIP": "None",
-        "publishNotReadyAddresses": True,
-        "selector": {"job-name": name},
-        "ports": [{"name": "coordinator", "port": self.coordinator_port}],
-      },
-    }
-    env = [
-      {"name": ENV_COORDINATOR, "value": f"{name}-0.{name}:{self.coordinator_port}"},
-      {"name": ENV_NUM_PROCESSES, "value": str(self.num_hosts)},
-      {
-        "name": ENV_PROCESS_ID,
-        "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}},
-      },
-    ]
-    container: dict[str, Any] = {
-      "name": "bert-jax",
-      "image": self.image,
-      "workingDir": self.remote_dir,
-      "command": job.argv(),
-      "env": env,
-      "ports": [{"containerPort": self.coordinator_port, "name": "coordinator"}],
-    }
-    limits = {self.accelerator_resource: self.gpus_per_host} if self.gpus_per_host else {}
-    requests = {k: v for k, v in (("cpu", self.cpu), ("memory", self.memory)) if v}
-    if limits or requests:
-      container["resources"] = {
-        **({"limits": limits} if limits else {}),
-        **({"requests": requests} if requests else {}),
-      }
-    pod_spec: dict[str, Any] = {
-      "subdomain": name,
-      "restartPolicy": "Never",
-      "containers": [container],
-    }
-    if self.service_account:
-      pod_spec["serviceAccountName"] = self.service_account
-    if self.volume_claim:
-      container["volumeMounts"] = [{"name": "workdir", "mountPath": self.volume_mount}]
-      pod_spec["volumes"] = [
-        {"name": "workdir", "persistentVolumeClaim": {"claimName": self.volume_claim}}
-      ]
-    job_manifest = {
-      "apiVersion": "batch/v1",
-      "kind": "Job",
-      "metadata": {"name": name, "namespace": self.namespace, "labels": dict(labels)},
-      "spec": {
-        "completionMode": "Indexed",
-        "completions": self.num_hosts,
-        "parallelism": self.num_hosts,
-        "backoffLimit": 0,
-        "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
-      },
-    }
-    return [service, job_manifest]
+    return kubernetes_manifests.manifests(self, job, self.resource_name(job))
 
   def manifest_yaml(self, job: Job) -> str:
     return yaml.safe_dump_all(self.manifests(job), sort_keys=False)
@@ -261,7 +315,8 @@ class KubernetesTarget:
     out = out or sys.stdout
     text = self.manifest_yaml(job)
     out.write(
-      f"launch: kubectl apply --namespace={self.namespace} -f - (Job {self.resource_name(job)})\n"
+      f"launch: kubectl apply --namespace={self.namespace} -f - "
+      f"({self.kind()} {self.resource_name(job)})\n"
     )
     return subprocess.run(
       ["kubectl", "apply", f"--namespace={self.namespace}", "-f", "-"],

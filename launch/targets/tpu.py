@@ -13,8 +13,12 @@ The plan, each step one ``gcloud`` command (printed verbatim by ``--dry_run``):
 4. start the same command on every worker (``--worker=all``) with ``remote_dir/.venv/bin`` first
    on PATH. Each worker reads its process id and the coordinator (worker 0's address) from the
    TPU metadata server and exports ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and
-   ``JAX_PROCESS_ID`` before the job starts, so the job needs no cluster auto-detection. The
-   workdir must be a gs:// bucket path that every worker can write.
+   ``JAX_PROCESS_ID`` before the job starts, so the job needs no cluster auto-detection, and
+   ``BERT_JAX_ATTEMPT`` / ``BERT_JAX_MAX_RESTARTS``. The workdir must be a gs:// bucket path
+   that every worker can write.
+5. with ``create`` and ``max_restarts > 0`` the job starts in the background on every worker
+   and the launch watches the queued resource and the job until the job completes,
+   re-creating a preempted slice (launch/targets/tpu_watch.py).
 
 Every setting is checked by :meth:`TpuTarget.validate` (names, zone, the accelerator type
 against the slices bert_jax can compile for), so a dry run refuses what a launch would.
@@ -33,6 +37,8 @@ import sys
 import time
 from typing import TextIO
 
+from bert_jax.interrupts import ENV_ATTEMPT, ENV_MAX_RESTARTS
+
 from ..job import (
   ENV_COORDINATOR,
   ENV_NUM_PROCESSES,
@@ -43,6 +49,7 @@ from ..job import (
   git_state,
 )
 from ..preflight import preflight
+from .tpu_watch import PID_FILE, STATUS_FILE, describe_watch, watch
 
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
 SHIP_METHODS = ("scp", "git", "none")
@@ -170,6 +177,12 @@ class TpuTarget:
     log_file: each worker's log (tee'd; the same path on every worker).
     skip_preflight: launch without first compiling the job for accelerator_type (the
       pre-flight, launch/preflight.py, refuses a job whose step does not fit in HBM).
+    max_restarts: with create: times the slice is re-created after it was preempted (or the job
+      started again after exit 143 or a signal); it resumes from its latest checkpoint. The
+      launch then starts the job in the background and watches it until it completes (Ctrl-C
+      stops watching, not the job); 0: no watching, the job runs attached to the launch.
+    watch_poll_s: seconds between looks at the queued resource and the job (also while
+      waiting for ACTIVE; a failed create is tried again after 1x, 2x, 4x ... of it).
   """
 
   tpu_name: str = ""
@@ -186,6 +199,8 @@ class TpuTarget:
   coordinator_port: int = 8476
   log_file: str = "$HOME/bert_jax_job.log"
   skip_preflight: bool = False
+  max_restarts: int = 3
+  watch_poll_s: float = 60.0
 
   name = "tpu"
 
@@ -246,6 +261,10 @@ class TpuTarget:
       raise LaunchError(
         f"tpu target: --coordinator_port must be in 1..65535, got {self.coordinator_port}"
       )
+    if self.max_restarts < 0:
+      raise LaunchError(f"tpu target: max_restarts must be >= 0, got {self.max_restarts}")
+    if self.watch_poll_s <= 0:
+      raise LaunchError(f"tpu target: watch_poll_s must be > 0, got {self.watch_poll_s}")
     if not job.workdir.startswith("gs://"):
       raise LaunchError(
         f"tpu target: workdir {job.workdir!r} must be a gs:// path that every worker can write"
@@ -255,11 +274,11 @@ class TpuTarget:
       python_bounds()
       local_jax_version()
 
-  def _gcloud(self, *args: str) -> list[str]:
+  def gcloud(self, *args: str) -> list[str]:
     return ["gcloud", "compute", "tpus", *args, f"--zone={self.zone}", f"--project={self.project}"]
 
-  def _ssh_all(self, command: str) -> list[str]:
-    return self._gcloud("tpu-vm", "ssh", self.tpu_name, "--worker=all", f"--command={command}")
+  def ssh_all(self, command: str) -> list[str]:
+    return self.gcloud("tpu-vm", "ssh", self.tpu_name, "--worker=all", f"--command={command}")
 
   def setup_script_path(self) -> str:
     """Where the setup script is written here (and copied to on every worker)."""
@@ -289,10 +308,23 @@ class TpuTarget:
       return {}
     return {self.setup_script_path(): self.setup_script()}
 
-  def worker_command(self, job: Job) -> str:
-    """The shell command every worker runs: set the jax.distributed coordinates, run the job
-    (``python3`` is remote_dir/.venv's)."""
+  def worker_command(self, job: Job, attempt: int = 0, detached: bool = False) -> str:
+    """The shell command every worker runs: set the jax.distributed coordinates and the attempt,
+    run the job (``python3`` is remote_dir/.venv's). ``detached``: in the background, in a
+    session of its own (it outlives the ssh connection), writing its exit status to
+    ``remote_dir/.bert_jax_job.status`` (``tpu_watch.status_command`` reads it)."""
     meta = f"curl -sf -H 'Metadata-Flavor: Google' {METADATA_URL}"
+    restarts = self.max_restarts if self.watched() else 0  # the restarts the launch makes
+    run = f"{job.shell_command()} 2>&1 | tee -a {self.log_file}"
+    if detached:
+      inner = (
+        f"echo $$ > {PID_FILE}; {job.shell_command()} >> {self.log_file} 2>&1; "
+        f"echo $? > {STATUS_FILE}"
+      )
+      run = (
+        f"rm -f {STATUS_FILE} {PID_FILE}; "
+        f"nohup setsid bash -c {shlex.quote(inner)} > /dev/null 2>&1 < /dev/null &"
+      )
     return "; ".join(
       [
         "set -euo pipefail",
@@ -303,31 +335,38 @@ class TpuTarget:
         f"export {ENV_NUM_PROCESSES}=$(echo \"$endpoints\" | tr ',' '\\n' | grep -c .)",
         f'export {ENV_COORDINATOR}=$(echo "$endpoints" | cut -d, -f1 | cut -d: -f3)'
         f":{self.coordinator_port}",
-        f"{job.shell_command()} 2>&1 | tee -a {self.log_file}",
+        f"export {ENV_ATTEMPT}={attempt} {ENV_MAX_RESTARTS}={restarts}",
+        run,
       ]
     )
 
-  def commands(self, job: Job) -> list[list[str]]:
-    """Every command the launch runs, in order (after :meth:`files` are written); runs
-    nothing."""
-    self.validate(job)
-    cmds = []
-    if self.create:
-      topo = self.topology()
-      create = self._gcloud(
-        "queued-resources",
-        "create",
-        self.tpu_name,
-        f"--node-id={self.tpu_name}",
-        f"--accelerator-type={topo.accelerator_type}",
-        f"--runtime-version={self.runtime_version or RUNTIMES[topo.chip.generation]}",
-      )
-      cmds.append(create + (["--spot"] if self.spot else []))
+  def watched(self) -> bool:
+    """Whether the launch watches the job and restarts it: max_restarts > 0 on a slice it
+    creates (it can only re-create what it created)."""
+    return self.create and self.max_restarts > 0
+
+  def create_command(self) -> list[str]:
+    topo = self.topology()
+    create = self.gcloud(
+      "queued-resources",
+      "create",
+      self.tpu_name,
+      f"--node-id={self.tpu_name}",
+      f"--accelerator-type={topo.accelerator_type}",
+      f"--runtime-version={self.runtime_version or RUNTIMES[topo.chip.generation]}",
+    )
+    return create + (["--spot"] if self.spot else [])
+
+  def state_command(self) -> list[str]:
+    return self.gcloud("queued-resources", "describe", self.tpu_name, "--format=value(state.state)")
+
+  def setup_commands(self, job: Job) -> list[list[str]]:
+    """Ship the code and set up every worker (idempotent; none with ship="none")."""
     if self.ship == "none":
-      cmds.append(self._ssh_all(self.worker_command(job)))
-      return cmds
+      return []
     script = [] if self.install else [self.setup_script_path()]
     install = self.install or f"bash /tmp/{os.path.basename(self.setup_script_path())}"
+    cmds = []
     if self.ship == "scp":
       archive = f"/tmp/bert_jax_code_{self.tpu_name}.tar.gz"
       cmds.append(
@@ -345,7 +384,7 @@ class TpuTarget:
         ]
       )
       cmds.append(
-        self._gcloud("tpu-vm", "scp", archive, *script, f"{self.tpu_name}:/tmp/", "--worker=all")
+        self.gcloud("tpu-vm", "scp", archive, *script, f"{self.tpu_name}:/tmp/", "--worker=all")
       )
       unpack = (
         f"mkdir -p {self.remote_dir} && tar -xzf /tmp/{archive.rsplit('/', 1)[1]} "
@@ -353,35 +392,41 @@ class TpuTarget:
       )
     else:
       if script:
-        cmds.append(
-          self._gcloud("tpu-vm", "scp", *script, f"{self.tpu_name}:/tmp/", "--worker=all")
-        )
+        cmds.append(self.gcloud("tpu-vm", "scp", *script, f"{self.tpu_name}:/tmp/", "--worker=all"))
       commit = git_state()["commit"] or "HEAD"
       unpack = (
         f"(test -d {self.remote_dir}/.git || git clone -q {self.repo_url} "
         f"{self.remote_dir}) && git -C {self.remote_dir} fetch -q origin && "
         f"git -C {self.remote_dir} checkout -q {commit}"
       )
-    cmds.append(self._ssh_all(f"{unpack} && cd {self.remote_dir} && {install}"))
-    cmds.append(self._ssh_all(self.worker_command(job)))
+    cmds.append(self.ssh_all(f"{unpack} && cd {self.remote_dir} && {install}"))
     return cmds
+
+  def start_command(self, job: Job, attempt: int) -> list[str]:
+    """Starts the job on every worker: attached (the ssh returns when it ends), or detached
+    when the launch watches it."""
+    return self.ssh_all(self.worker_command(job, attempt, detached=self.watched()))
+
+  def commands(self, job: Job) -> list[list[str]]:
+    """Every command the launch runs, in order (after :meth:`files` are written), up to the
+    job's start; runs nothing."""
+    self.validate(job)
+    create = [self.create_command()] if self.create else []
+    return create + self.setup_commands(job) + [self.start_command(job, 0)]
 
   def describe(self, job: Job) -> str:
     """A shell script of the launch: the files it writes (as here-documents), then its
-    commands."""
+    commands, then (as comments) how it watches the job."""
     lines = []
     for path, text in self.files(job).items():
       lines += [f"cat > {shlex.quote(path)} <<'BERT_JAX_EOF'", text.rstrip("\n"), "BERT_JAX_EOF"]
     for cmd in self.commands(job):
       lines.append(shlex.join(cmd))
       if cmd[3:5] == ["queued-resources", "create"]:
-        lines.append(f"# then wait until `{shlex.join(self._describe_state())}` prints ACTIVE")
+        lines.append(f"# then wait until `{shlex.join(self.state_command())}` prints ACTIVE")
+    if self.watched():
+      lines += describe_watch(self)
     return "\n".join(lines)
-
-  def _describe_state(self) -> list[str]:
-    return self._gcloud(
-      "queued-resources", "describe", self.tpu_name, "--format=value(state.state)"
-    )
 
   def run(self, job: Job, out: TextIO | None = None) -> int:
     out = out or sys.stdout
@@ -389,6 +434,8 @@ class TpuTarget:
       with open(path, "w") as f:
         f.write(text)
       out.write(f"launch: wrote {path}\n")
+    if self.watched():
+      return watch(self, job, out)
     for cmd in self.commands(job):
       out.write(f"launch: {shlex.join(cmd)}\n")
       out.flush()
@@ -397,14 +444,16 @@ class TpuTarget:
         out.write(f"launch: command failed with status {status}\n")
         return status
       if cmd[3:5] == ["queued-resources", "create"]:
-        status = self._wait_active(out)
+        status = self.wait_active(out)
         if status:
           return status
     return 0
 
-  def _wait_active(self, out: TextIO, poll_s: float = 30.0) -> int:
+  def wait_active(self, out: TextIO) -> int:
+    """Polls the queued resource every watch_poll_s until it is ACTIVE (0); its state's line
+    and 1 when it is FAILED or SUSPENDED, gcloud's status when describe fails."""
     while True:
-      proc = subprocess.run(self._describe_state(), capture_output=True, text=True, check=False)
+      proc = subprocess.run(self.state_command(), capture_output=True, text=True, check=False)
       state = proc.stdout.strip()
       if proc.returncode or state in ("FAILED", "SUSPENDED"):
         out.write(f"launch: queued resource {self.tpu_name} is {state or proc.stderr.strip()}\n")
@@ -413,4 +462,4 @@ class TpuTarget:
         return 0
       out.write(f"launch: queued resource {self.tpu_name} is {state}; waiting\n")
       out.flush()
-      time.sleep(poll_s)
+      time.sleep(self.watch_poll_s)
