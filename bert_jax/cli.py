@@ -18,7 +18,11 @@ line, key or value, and the process exits with
 
 * status 130 after a Ctrl-C (SIGINT), at any moment from the first second: one line
   ``prog: interrupted (Ctrl-C): ...``; a training loop saves a checkpoint first, elsewhere the
-  work stops where it is (``bert_jax.interrupts``; a second Ctrl-C exits at once).
+  work stops where it is (``bert_jax.interrupts``; a second Ctrl-C exits at once);
+* status 143 when SIGTERM stopped a training loop (a preemption): it saved a checkpoint, then
+  one line ``prog: preempted (SIGTERM): saved step N; re-run to resume``;
+* status 3 when a launcher's restart cannot help (``bert_jax.train.attempts``: the attempts
+  before made no progress), one line ``prog: no progress: ...``, before any work.
 
 The traceback is printed too (before the line) with ``--verbose_errors`` (or absl's
 ``-v 1``/``--verbosity=1`` and above). Anything else (a bug) propagates with its traceback.
@@ -67,7 +71,13 @@ from ml_collections import config_flags
 from bert_jax import hugepages
 from bert_jax.accelerators import accelerator_on_host
 from bert_jax.config_files import add_config_import_roots
-from bert_jax.interrupts import INTERRUPTED_EXIT, InterruptHandler
+from bert_jax.interrupts import (
+  INTERRUPTED_EXIT,
+  NO_PROGRESS_EXIT,
+  PREEMPTED_EXIT,
+  InterruptHandler,
+  NoProgressError,
+)
 
 USAGE_EXIT = 2
 ERROR_EXIT = 1
@@ -317,6 +327,9 @@ def _call_main(main, prog, errors, interrupts, argv):
     result = main(argv)
   except app.UsageError as e:
     _fail(prog, e, USAGE_EXIT, _verbose_parsed(), hint=HELP_HINT)
+  except NoProgressError as e:
+    print(f"{prog}: {one_line(e)}", file=sys.stderr, flush=True)
+    sys.exit(NO_PROGRESS_EXIT)
   except errors as e:
     _fail(prog, e, ERROR_EXIT, _verbose_parsed())
   except KeyboardInterrupt:
@@ -328,6 +341,13 @@ def _call_main(main, prog, errors, interrupts, argv):
       flush=True,
     )
     sys.exit(INTERRUPTED_EXIT)
+  if interrupts.stopped_at is not None:  # SIGTERM stopped a training loop: it saved, then stopped
+    print(
+      f"{prog}: preempted (SIGTERM): saved step {interrupts.stopped_at}; re-run to resume",
+      file=sys.stderr,
+      flush=True,
+    )
+    sys.exit(PREEMPTED_EXIT)
   return result
 
 

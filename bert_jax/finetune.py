@@ -10,10 +10,11 @@ r"""Fine-tune BERT on a downstream task (GLUE, SWAG, NER, feature-based NER, SQu
 TF checkpoint: its encoder is loaded, the head is new, and what was not loaded is printed.
 Every config key can be overridden with ``--config.<key>=value`` (a key that does not exist is
 an error), e.g. the paper's grid: learning_rate, train_batch_size, num_train_epochs, seed.
-Re-running with the same workdir resumes. A workdir that is, contains or lies inside an input
-the config names (init_checkpoint, vocab_file, data_dir, train_file, ...) is refused before any
-work (``bert_jax.checkpoint.outputs``). The workdir ends with metrics.json (the task's
-primary dev metric, for sweeps), summary.json, predictions/ and best/. A user error is one line
+Re-running with the same workdir resumes; SIGTERM during training saves a checkpoint and exits
+with status 143 (preempted: re-run to resume), Ctrl-C with 130. A workdir that is, contains or
+lies inside an input the config names (init_checkpoint, vocab_file, data_dir, train_file, ...)
+is refused before any work (``bert_jax.checkpoint.outputs``). The workdir ends with
+metrics.json (the task's primary dev metric, for sweeps), summary.json, predictions/ and best/. A user error is one line
 ``finetune: error: ...`` (status 2 for usage errors, 1 otherwise); ``--verbose_errors`` adds
 the traceback. See docs/finetuning.md.
 """

@@ -1,4 +1,5 @@
-"""Ctrl-C works from the first second an entry point runs: exit status 130, one line.
+"""Ctrl-C works from the first second an entry point runs: exit status 130, one line; a
+training run stopped by SIGTERM saves, then exits 143; the exit statuses launchers act on.
 
   handler = InterruptHandler("pretrain")
   with handler.installed():           # bert_jax.cli.run, around the whole entry point
@@ -20,6 +21,17 @@ then stop; a second Ctrl-C stops without saving) and tells this handler (``recor
 the entry point still ends with status 130 after the checkpoint is saved. A Ctrl-C that came
 before the loop but whose KeyboardInterrupt something caught and dropped (``requested``) is
 honoured by the loop as soon as it starts.
+
+Preemption. A training loop that stops on SIGTERM (its own, or another process's of the same
+job) saves a checkpoint and tells this handler the step (``record_stop``); the entry point then
+prints "<prog>: preempted (SIGTERM): saved step N; re-run to resume" on stderr and exits with
+``PREEMPTED_EXIT`` (143, as a shell reports a process ended by SIGTERM), so that a scheduler
+does not count the run as completed. SIGTERM outside a training loop ends the process (signal
+15, the same 143 to a shell). Launchers restart a job that ended ``restartable``: preempted, or
+killed by a signal other than SIGINT; never after 0 (completed), 1 (an error), 2 (bad input),
+3 (``NO_PROGRESS_EXIT``: the trainer refused an attempt that cannot help,
+``bert_jax.train.attempts``) or 130 (Ctrl-C). They tell each process which attempt it is in
+``ENV_ATTEMPT`` (0, then k for the k-th restart) and ``ENV_MAX_RESTARTS``.
 """
 
 from __future__ import annotations
@@ -33,7 +45,25 @@ import threading
 from collections.abc import Iterator
 
 INTERRUPTED_EXIT = 130  # as a shell reports a process ended by SIGINT (128 + 2)
+PREEMPTED_EXIT = 143  # as a shell reports a process ended by SIGTERM (128 + 15): saved, resumable
+NO_PROGRESS_EXIT = 3  # restarts stopped saving progress: restarting again cannot help
+ENV_ATTEMPT = "BERT_JAX_ATTEMPT"  # set by launchers: 0, then k for the k-th restart
+ENV_MAX_RESTARTS = "BERT_JAX_MAX_RESTARTS"  # set by launchers: the restarts they allow
 REDELIVER_SEC = 0.01  # a dropped KeyboardInterrupt is raised again this soon
+
+
+class NoProgressError(RuntimeError):
+  """Earlier attempts of this launch made no progress: the entry point exits
+  ``NO_PROGRESS_EXIT`` with this message on one line."""
+
+
+def restartable(status: int) -> bool:
+  """Whether a launcher restarts a process that ended with ``status``: a shell's exit status
+  (128 + s after death by signal s) or ``subprocess``'s returncode (-s). True for 143 (saved
+  after SIGTERM) and death by any signal but SIGINT (SIGKILL, a lost node); False for 0, 1, 2,
+  3 and 130 (Ctrl-C) and any other exit status."""
+  signum = -status if status < 0 else status - 128 if status > 128 else 0
+  return signum in signal.valid_signals() and signum != signal.SIGINT
 
 
 class InterruptHandler:
@@ -43,6 +73,7 @@ class InterruptHandler:
   def __init__(self, prog: str):
     self.prog = prog
     self.count = 0
+    self.stopped_at: int | None = None  # the step a training loop saved when a signal stopped it
     self._redeliver = False
     self._previous_hook = None
 
@@ -68,6 +99,11 @@ class InterruptHandler:
     """Counts a Ctrl-C (also one a training loop's own handler took)."""
     if signum == signal.SIGINT:
       self.count += 1
+
+  def record_stop(self, step: int) -> None:
+    """A training loop stopped on SIGTERM or Ctrl-C (of this process or another of the job)
+    after saving ``step``: the entry point exits 143 (130 when a Ctrl-C came)."""
+    self.stopped_at = step
 
   def _unraisable(self, unraisable) -> None:
     if isinstance(unraisable.exc_value, KeyboardInterrupt) or (

@@ -7,11 +7,13 @@ r"""Pre-train BERT (masked LM + next sentence), sharded over a device mesh.
 
 Every config key can be overridden with ``--config.<key>=value``; a key that does not exist
 is an error. Re-running with the same workdir resumes from its latest checkpoint. SIGTERM
-saves a checkpoint and exits with status 0; Ctrl-C (SIGINT) saves one too where training has
-started (at any earlier moment it stops at once) and exits with status 130. A workdir that is, contains or lies inside an input
-the config names (init_checkpoint, vocab_file, input files) is refused before any work
-(``bert_jax.checkpoint.outputs``). A user error (bad flag or config key, missing
-file) is one line ``pretrain: error: ...`` (status 2 for usage errors, 1 otherwise);
+during training saves a checkpoint and exits with status 143 (preempted: re-run to resume);
+Ctrl-C (SIGINT) saves one too where training has started (at any earlier moment it stops at
+once) and exits with status 130. Under a launcher that restarts it (BERT_JAX_ATTEMPT), an
+attempt the earlier ones show cannot progress exits with status 3 (``bert_jax.train.attempts``).
+A workdir that is, contains or lies inside an input the config names (init_checkpoint,
+vocab_file, input files) is refused before any work (``bert_jax.checkpoint.outputs``). A user
+error (bad flag or config key, missing file) is one line ``pretrain: error: ...`` (status 2 for usage errors, 1 otherwise);
 ``--verbose_errors`` adds the traceback. See docs/pretraining.md.
 """
 

@@ -38,9 +38,9 @@ print(json.dumps({k: os.environ.get(k) for k in keys}))
   job = Job("pretrain", "", str(tmp_path / "run"), python=python)
   target = LocalTarget(num_processes=3, cpu_devices_per_process=2, echo=False)
   assert target.run(job) == 0
-  envs = [
-    json.loads((tmp_path / "run" / "logs" / f"process_{i}.log").read_text()) for i in range(3)
-  ]
+  logs = [(tmp_path / "run" / "logs" / f"process_{i}.log").read_text() for i in range(3)]
+  assert all(log.startswith("launch: attempt 0 of at most 4, started ") for log in logs)
+  envs = [json.loads(log.splitlines()[1]) for log in logs]
   assert [e["JAX_PROCESS_ID"] for e in envs] == ["0", "1", "2"]
   assert {e["JAX_NUM_PROCESSES"] for e in envs} == {"3"}
   coordinators = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}

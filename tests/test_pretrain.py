@@ -140,12 +140,15 @@ def test_kill_and_resume_is_exact_across_the_phase_change(tmp_path, tfrecords):
   reference = losses_by_step(ref_dir)
   assert sorted(reference) == list(range(1, 9))
 
-  # SIGTERM in phase 1 (seq 128): saves the current step, exits cleanly.
+  # SIGTERM in phase 1 (seq 128): saves the current step, exits 143 (preempted) with one line.
   code, out = run(cut_dir, *overrides, kill_at=3, sig=signal.SIGTERM)
-  assert code == 0, out[-3000:]
+  assert code == 143, out[-3000:]
   assert "Saved step" in out and "after the stop signal" in out
   first_stop = max(int(s) for s in os.listdir(os.path.join(cut_dir, "checkpoints")) if s.isdigit())
   assert first_stop < 8
+  assert out.rstrip().splitlines()[-1] == (
+    f"pretrain: preempted (SIGTERM): saved step {first_stop}; re-run to resume"
+  )
   # Ctrl-C (SIGINT) saves like SIGTERM: the resumed run stops again at step 5, cleanly, with
   # the status a shell shows for an interrupted command (130).
   code, out = run(cut_dir, *overrides, kill_at=5, sig=signal.SIGINT)

@@ -96,6 +96,13 @@ class PreemptionWatcher:
     for s, previous in self._previous.items():
       signal.signal(s, previous)
 
+  def stopped(self, step: int) -> None:
+    """The loop saved ``step`` and stops on the signal: the entry point's handler
+    (``bert_jax.interrupts``) is told, so that it exits with 143 (130 after a Ctrl-C)."""
+    record_stop = getattr(self._previous.get(signal.SIGINT), "record_stop", None)
+    if record_stop is not None:
+      record_stop(step)
+
   def requested(self) -> bool:
     if jax.process_count() == 1:
       return self._flag
@@ -340,6 +347,7 @@ def train_loop(
         run_eval(step)
       if options.save_on_preemption and step < total and preemption.requested():
         save(step)
+        preemption.stopped(step)
         status = "preempted"
         logging.warning("Saved step %d after the stop signal; exiting", step)
         break

@@ -7,13 +7,15 @@
 
 A run, in this order (every task goes through exactly these steps):
   1. the run config's numbers are checked (``check_run_config``; the batch layout against the
-     mesh once it is made, ``check_batch_layout``), JAX's compilation cache and
+     mesh once it is made, ``check_batch_layout``); under a launcher that restarts the job, an
+     attempt that cannot help is refused (``bert_jax.train.attempts``: the attempts before it
+     saved no checkpoint past the one it would resume from); JAX's compilation cache and
      the multi-process runtime are set up; a workdir that holds another job's run (its
      config.json's task or objective, or its model_config.json's sizes, differ from the
      config's) is refused before anything is read or written (``check_workdir_identity``); the
      workdir is created and locked for this run (``bert_jax.checkpoint.lock``: a second run on
-     it is refused), and the temporary directories of an earlier run's interrupted save are
-     removed;
+     it is refused), the attempt is recorded (attempts.json, under a launcher that restarts
+     the job), and the temporary directories of an earlier run's interrupted save are removed;
   2. the mesh and logical-axis rules; the task builds its ``Job`` (reads and validates its
      data: bad input fails here, before anything is written);
   3. ``assemble``: the optimizer (with the job's parameter groups), the abstract state
@@ -30,11 +32,12 @@ A run, in this order (every task goes through exactly these steps):
      first redoes the evaluations the history lacks (the process died during them): the one
      due at the step it resumed from, and earlier ones whose checkpoint still exists (those
      whose checkpoint is gone are named in one warning);
-  7. after a completed run, ``job.hooks.finish`` (predictions, metrics.json); summary.json; the
-     checkpoint managers, the metric writer and the lock are released whatever happened.
+  7. after a completed run, ``job.hooks.finish`` (predictions, metrics.json); summary.json (with
+     ``restarts``, the launch's restarts so far); how the attempt ended; the checkpoint
+     managers, the metric writer and the lock are released whatever happened.
 A run that fails before it wrote a file leaves the workdir as it found it: the directories it
-created (the workdir itself, missing parents, ``checkpoints/``, ``best/``) are removed when
-they hold no file.
+created (the workdir itself, missing parents, ``checkpoints/``, ``best/``) and an attempts.json
+it started are removed when they hold no other file.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers
 from bert_jax.train import state as state_lib
 from bert_jax.train import train_step as step_lib
+from bert_jax.train.attempts import ATTEMPTS_FILE, Attempts
 from bert_jax.train.eval_history import EvalHistory
 from bert_jax.train.job import Job
 from bert_jax.train.loop import LoopOptions, train_loop
@@ -207,9 +211,15 @@ def _dotted(d: dict, key: str):
   return d
 
 
-def _has_checkpoint(workdir: str) -> bool:
+def _checkpoint_steps(workdir: str) -> list[int]:
+  """The steps of the workdir's saved checkpoints (an interrupted save's temporary directory is
+  not one), without opening them."""
   path = epath.Path(workdir) / "checkpoints"
-  return path.is_dir() and any(p.name.isdigit() for p in path.iterdir())
+  return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit()) if path.is_dir() else []
+
+
+def _has_checkpoint(workdir: str) -> bool:
+  return bool(_checkpoint_steps(workdir))
 
 
 def check_workdir_identity(config, workdir: str, fixed_keys=()) -> None:
@@ -314,10 +324,13 @@ def _remove_created(workdir: str, created: _Created) -> None:
   if jax.process_index() != 0 or "://" in str(workdir) or not os.path.isdir(workdir):
     return
   new = [os.path.join(workdir, n) for n in sorted(set(os.listdir(workdir)) - created.before)]
-  if not all(_holds_no_file(p) for p in new):
+  if not all(_holds_no_file(p) for p in new if os.path.basename(p) != ATTEMPTS_FILE):
     return
   for p in new:
-    shutil.rmtree(p, ignore_errors=True)
+    if os.path.isdir(p) and not os.path.islink(p):
+      shutil.rmtree(p, ignore_errors=True)
+    else:
+      os.remove(p)
   for d in reversed(created.dirs):
     try:
       os.rmdir(d)  # only while empty: something another process put there stays
@@ -340,14 +353,16 @@ def _earlier_losses(workdir: str, resumed: int | None) -> list[list[float]]:
 class _Writer(MetricWriter):
   """TensorBoard scalars, also keeping the training loss curve and the first step's time."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, attempts: Attempts):
     super().__init__(workdir)
     self.losses: list[list[float]] = []
     self.first_step_seconds: float | None = None  # the loop's first step: mostly compiling
+    self.attempts = attempts  # told the step of each progress line
 
   def scalars(self, step: int, values) -> None:
     if "train/loss" in values:
       self.losses.append([step, float(values["train/loss"])])
+      self.attempts.reached(step)
     if "train/first_step_sec" in values and self.first_step_seconds is None:
       self.first_step_seconds = float(values["train/first_step_sec"])
     super().scalars(step, values)
@@ -396,29 +411,49 @@ def run(config, workdir: str, build, purpose: str = "train", resume_fixed=None) 
   (``check_workdir_identity``)."""
   t_start = time.time()
   check_run_config(config)
+  attempts = Attempts.from_environ(workdir)  # a plain run unless a launcher restarts the job
+  resume_step = (_checkpoint_steps(workdir) or [0])[-1]
+  attempts.refuse_without_progress(resume_step)
   enable_compilation_cache(config.compilation_cache)
   parallel.initialize_distributed(config.distributed)
   check_workdir_identity(config, workdir, resume_fixed(config) if resume_fixed else ())
   created = _prepare_workdir(workdir)
   try:
     with WorkdirLock(workdir, purpose=purpose) as lock:
-      mesh = parallel.create_mesh(config.mesh)
-      check_batch_layout(config, mesh)  # every batch against accumulation, data x fsdp, hosts
-      rules = parallel.normalize_rules(config.logical_axis_rules)
-      logging.info(
-        "Mesh %s over %d devices (%d processes)",
-        dict(mesh.shape),
-        jax.device_count(),
-        jax.process_count(),
-      )
-      job = build(config, workdir, mesh)
-      return _run_job(job, config, workdir, mesh, rules, lock, t_start)
+      attempts.start(resume_step, writer=jax.process_index() == 0)
+      try:
+        mesh = parallel.create_mesh(config.mesh)
+        check_batch_layout(config, mesh)  # every batch against accumulation, data x fsdp, hosts
+        rules = parallel.normalize_rules(config.logical_axis_rules)
+        logging.info(
+          "Mesh %s over %d devices (%d processes)",
+          dict(mesh.shape),
+          jax.device_count(),
+          jax.process_count(),
+        )
+        job = build(config, workdir, mesh)
+        summary = _run_job(job, config, workdir, mesh, rules, lock, t_start, attempts)
+      except BaseException as e:
+        how = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed: {type(e).__name__}"
+        _record_end(attempts, how)
+        raise
+      _record_end(attempts, summary["status"], summary["step"])
+      return summary
   except BaseException:
     _remove_created(workdir, created)
     raise
 
 
-def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str, Any]:
+def _record_end(attempts: Attempts, how: str, step: int | None = None) -> None:
+  """How the attempt ended, in attempts.json; a failure to write it is a warning (it must not
+  hide the run's own outcome)."""
+  try:
+    attempts.end(how, step)
+  except Exception as e:
+    logging.warning("Could not record how this attempt ended in %s: %s", attempts.path, e)
+
+
+def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start, attempts) -> dict[str, Any]:
   asm = assemble(job, config, mesh, rules)
   program, hooks = job.program, job.hooks
   ckpt = config.checkpoint
@@ -485,7 +520,7 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
     if hooks.evaluate is None:
       logging.warning("No evaluation data configured: the run will not be evaluated")
     logging.info("%s: %d params", job.describe or job.name, asm.num_params)
-    writer = _Writer(workdir)
+    writer = _Writer(workdir, attempts)
     loop = train_loop(
       state, program.phases, asm.train_steps, manager, options, writer, mesh, rules,
       input_state=input_state, input_phase=meta.get("phase"),
@@ -508,6 +543,7 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start) -> dict[str,
       train_seconds=loop["wall_time_sec"] - history.seconds,
       first_step_seconds=writer.first_step_seconds,
       train_loss_history=_earlier_losses(workdir, resumed) + writer.losses,
+      restarts=attempts.restarts(),
     )
     lock.check()  # nothing of this run's is written over another run's
     if loop["status"] == "completed" and hooks.finish is not None:

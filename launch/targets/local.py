@@ -6,12 +6,22 @@ gives process i the environment ``JAX_COORDINATOR_ADDRESS=localhost:<port>``,
 logs to ``<workdir>/logs/process_<i>.log`` (process 0 is echoed to the console too). The first
 process to fail takes the others down (SIGTERM to its process group, SIGKILL after a grace
 period) and its exit status is the launch's.
+
+Restarts. When a process is preempted (exit status 143: it saved a checkpoint after SIGTERM) or
+dies by a signal other than SIGINT (SIGKILL, the OOM killer), the whole group is stopped and
+started again, up to ``max_restarts`` times, on a fresh coordinator port; the entry point
+resumes from the latest checkpoint. Every process gets ``BERT_JAX_ATTEMPT`` (0, then k for the
+k-th restart) and ``BERT_JAX_MAX_RESTARTS``; each attempt appends to the same log files, after
+a first line naming it, and the console gets one line per restart. Nothing is restarted after a
+status of 0, 1, 2, 3 (the trainer found the restarts make no progress) or 130 (Ctrl-C), nor
+when the launcher itself is stopped (SIGTERM, Ctrl-C, or a sweep's ``stop``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import socket
@@ -19,8 +29,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
+
+from bert_jax.interrupts import ENV_ATTEMPT, ENV_MAX_RESTARTS, restartable
 
 from ..job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
 
@@ -53,6 +65,8 @@ class LocalTarget:
     process_log_dir: where process logs go; empty means ``<workdir>/logs``.
     kill_grace_s: seconds between SIGTERM and SIGKILL when one process failed.
     echo: stream process 0's output to this console as well as its log.
+    max_restarts: times the whole job is started again after a process was preempted (exit
+      143) or killed by a signal; it resumes from its latest checkpoint (0: never).
   """
 
   num_processes: int = 1
@@ -62,23 +76,27 @@ class LocalTarget:
   process_log_dir: str = ""
   kill_grace_s: float = 30.0
   echo: bool = True
+  max_restarts: int = 3
 
   name = "local"
 
   def validate(self, job: Job) -> None:
     if self.num_processes < 1:
       raise LaunchError(f"local target: num_processes must be >= 1, got {self.num_processes}")
+    if self.max_restarts < 0:
+      raise LaunchError(f"local target: max_restarts must be >= 0, got {self.max_restarts}")
     if "://" in job.workdir:
       raise LaunchError(f"local target: workdir {job.workdir!r} must be a local path")
 
-  def plan(self, job: Job) -> list[ProcessSpec]:
-    """The processes that would start, with their environments; starts nothing."""
+  def plan(self, job: Job, attempt: int = 0) -> list[ProcessSpec]:
+    """The processes of ``attempt`` (0, then k for the k-th restart), with their environments
+    (a fresh coordinator port each time unless ``coordinator_port`` is set); starts nothing."""
     self.validate(job)
     log_dir = self.process_log_dir or os.path.join(job.workdir, "logs")
     port = self.coordinator_port or free_port()
     specs = []
     for i in range(self.num_processes):
-      env: dict[str, str] = {}
+      env = {ENV_ATTEMPT: str(attempt), ENV_MAX_RESTARTS: str(self.max_restarts)}
       if self.num_processes > 1:
         env.update(
           {
@@ -109,8 +127,17 @@ class LocalTarget:
     return "\n".join(lines)
 
   def run(self, job: Job, out: TextIO | None = None, stop: threading.Event | None = None) -> int:
-    """Starts the processes and waits; returns 0 or the first failing process's status."""
-    return run_processes(self.plan(job), self.kill_grace_s, self.echo, out or sys.stdout, stop=stop)
+    """Starts the processes and waits, restarting them as the module docstring says; returns 0
+    or the status of the process whose failure ended the launch."""
+    self.validate(job)
+    return run_processes(
+      functools.partial(self.plan, job),
+      self.kill_grace_s,
+      self.echo,
+      out or sys.stdout,
+      stop=stop,
+      max_restarts=self.max_restarts,
+    )
 
 
 def _pump(stream, log: TextIO, echo: TextIO | None, prefix: str) -> None:
@@ -125,6 +152,16 @@ def _pump(stream, log: TextIO, echo: TextIO | None, prefix: str) -> None:
 
 def _exit_status(returncode: int) -> int:
   return 128 - returncode if returncode < 0 else returncode  # killed by signal s -> 128 + s
+
+
+def _how(returncode: int) -> str:
+  """How a process ended, for a console line: ``died (SIGKILL)``, ``exited with status 1``."""
+  if returncode >= 0:
+    return f"exited with status {returncode}"
+  try:
+    return f"died ({signal.Signals(-returncode).name})"
+  except ValueError:
+    return f"died (signal {-returncode})"
 
 
 def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
@@ -143,22 +180,38 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
       p.wait()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Ended:
+  """How an attempt ended: every process with status 0 (``process`` None), or the failure of
+  ``process`` (its ``subprocess`` returncode: -s after death by signal s)."""
+
+  process: int | None = None
+  returncode: int = 0
+
+  @property
+  def status(self) -> int:
+    return _exit_status(self.returncode)
+
+
 def run_processes(
-  specs: Sequence[ProcessSpec],
+  plan: Callable[[int], Sequence[ProcessSpec]],
   kill_grace_s: float = 30.0,
   echo: bool = True,
   out: TextIO = sys.stdout,
   poll_s: float = 0.1,
   stop: threading.Event | None = None,
+  max_restarts: int = 0,
 ) -> int:
-  """Runs the processes of one job together: all succeed, or all stop when one fails.
+  """Runs the processes of one job together: all succeed, or all stop when one fails; a job
+  whose process was preempted or killed by a signal runs again (``plan(k)``: the processes of
+  the k-th restart), up to ``max_restarts`` times.
 
   SIGTERM or Ctrl-C to the launcher (when this runs in the main thread), or ``stop`` being set
   (a sweep being stopped), is passed on: every process gets SIGTERM (a pre-emption checkpoint
-  can be saved), SIGKILL after ``kill_grace_s``; the status is then 128 + the signal.
+  can be saved), SIGKILL after ``kill_grace_s``; the status is then 128 + the signal, and
+  nothing is restarted.
   """
   stop = stop or threading.Event()
-  procs, threads, logs = [], [], []
   received: list[int] = []
   previous = {}
   if threading.current_thread() is threading.main_thread():
@@ -171,10 +224,51 @@ def run_processes(
     for sig in (signal.SIGTERM, signal.SIGINT):
       previous[sig] = signal.signal(sig, on_signal)
   try:
+    attempt = 0
+    while True:
+      specs = plan(attempt)
+      ended = _run_attempt(specs, attempt, max_restarts, kill_grace_s, echo, out, poll_s, stop)
+      if stop.is_set():  # the launcher was stopped: its processes were told to save and stop
+        signum = received[0] if received else signal.SIGTERM
+        out.write(f"launch: {signal.Signals(signum).name}; stopping every process\n")
+        return 128 + signum
+      if ended.process is None or not _restarts(ended, attempt, max_restarts):
+        return ended.status
+      attempt += 1
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+
+
+def _restarts(ended: _Ended, attempt: int, max_restarts: int) -> bool:
+  return restartable(ended.returncode) and attempt < max_restarts
+
+
+def _run_attempt(
+  specs: Sequence[ProcessSpec],
+  attempt: int,
+  max_restarts: int,
+  kill_grace_s: float,
+  echo: bool,
+  out: TextIO,
+  poll_s: float,
+  stop: threading.Event,
+) -> _Ended:
+  """Starts one attempt's processes, each log first getting a line naming the attempt, and
+  waits until they all succeed, one fails (the console is told what happens next) or ``stop``
+  is set; then stops every process still running."""
+  procs, threads, logs = [], [], []
+  header = (
+    f"launch: attempt {attempt} of at most {max_restarts + 1}"
+    + (f" (restart {attempt})" if attempt else "")
+    + f", started {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+  )
+  try:
     for spec in specs:
       os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
       log = open(spec.log_path, "a", buffering=1)
       logs.append(log)
+      log.write(header)
       proc = subprocess.Popen(
         spec.argv,
         env={**os.environ, **spec.env},
@@ -193,29 +287,31 @@ def run_processes(
       )
       t.start()
       threads.append(t)
-    while True:
+    while not stop.is_set():
       codes = [p.poll() for p in procs]
       failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-      if failed:
-        i, code = failed[0]
-        status = _exit_status(code)
+      if failed:  # a signal's death explains the others' failures that came with it
+        i, code = next(((i, c) for i, c in failed if restartable(c)), failed[0])
+        ended = _Ended(i, code)
+        if _restarts(ended, attempt, max_restarts):
+          out.write(
+            f"launch: process {i} {_how(code)} at {time.strftime('%H:%M:%S')}; "
+            f"restart {attempt + 1} of {max_restarts}\n"
+          )
+          out.flush()
+          return ended
+        why = "; no restart left" if restartable(code) and max_restarts else ""
         out.write(
-          f"launch: process {i} exited with status {status}; stopping the others "
-          f"(log: {specs[i].log_path})\n"
+          f"launch: process {i} {_how(code)}{why}; stopping the others (log: {specs[i].log_path})\n"
         )
         _print_tail(specs[i].log_path, out)
-        return status
+        return ended
       if all(c == 0 for c in codes):
-        return 0
-      if stop.is_set():
-        signum = received[0] if received else signal.SIGTERM
-        out.write(f"launch: {signal.Signals(signum).name}; stopping every process\n")
-        return 128 + signum
+        return _Ended()
       time.sleep(poll_s)
+    return _Ended()
   finally:
     _stop(procs, kill_grace_s)
-    for sig, handler in previous.items():
-      signal.signal(sig, handler)
     for t in threads:
       t.join(timeout=5)
     for log in logs:
