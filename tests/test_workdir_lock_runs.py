@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from bert_jax.interrupts import PREEMPTED_EXIT
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -96,7 +98,7 @@ def test_second_run_on_a_running_workdir_is_refused(tmp_path, tiny_model, subpro
     assert first.poll() is None  # the first run is untouched and still training
     first.send_signal(signal.SIGTERM)  # it saves and stops
     lines += first.stdout.readlines()
-    assert first.wait(timeout=600) == 0, "".join(lines)[-3000:]
+    assert first.wait(timeout=600) == PREEMPTED_EXIT, "".join(lines)[-3000:]  # saved, stopped
   finally:
     if first.poll() is None:
       first.kill()

@@ -34,7 +34,8 @@ import sys
 import threading
 import time
 
-from benchmarks.common.process import run
+from benchmarks.common.process import ChildFailed, run
+from bert_jax.interrupts import PREEMPTED_EXIT
 
 _EVAL_LINE = re.compile(r"eval at step (\d+):")
 _PROGRESS_LINE = re.compile(r"step (\d+)/\d+")
@@ -208,10 +209,13 @@ def run_bert_jax(recipe: str, run_dir: str, data, args, log) -> dict:
         threading.Thread(target=watch, args=(holder,), daemon=True).start()
       on_line(line, proc)
 
+    log_path = os.path.join(run_dir, "train.log")
     try:
-      run(train_cmd, log=os.path.join(run_dir, "train.log"), append=True, on_line=on_line_first)
+      done = run(train_cmd, log=log_path, append=True, on_line=on_line_first, check=False)
     finally:
       stopped.set()
+    if done.returncode not in (0, PREEMPTED_EXIT):  # 143: stopped at the budget, saved
+      raise ChildFailed(f"{recipe}: training failed (status {done.returncode}); see {log_path}")
   final = _latest_checkpoint(workdir)
   if not st["evals"] or st["evals"][-1]["step"] != final:
     log(f"{recipe}: evaluating step {final}")
