@@ -3,6 +3,7 @@
     cluster = SlurmCluster(root)   # a fresh directory: config, spool, state, logs, munge key
     cluster.start()                # SlurmUnavailable when the daemons are not installed
     env = cluster.env()            # os.environ + SLURM_CONF: sbatch, srun, scontrol use it
+    cluster.reconfigure(JobRequeue="0")  # slurm.conf changed, read again by the daemons
     ...
     cluster.stop()
 
@@ -18,8 +19,14 @@ that exceed this machine's cores) and ``GPUS`` GPUs: a ``gpu`` GRES over charact
 made with ``mknod`` under ``root/dev`` (device files only; nothing opens them), so SLURM
 allocates GPUs per job and sets ``CUDA_VISIBLE_DEVICES`` as it does on a GPU cluster without
 cgroups. Partitions: ``debug`` (the GPU layout) and ``cpu`` (jobs that ask for no GPUs), both
-on that node. No accounting daemon: a finished job's state stays in ``scontrol show job`` for
-``MinJobAge`` seconds.
+on that node, and ``high`` (PriorityTier 2), whose jobs preempt theirs: SLURM requeues them
+(``PreemptType=preempt/partition_prio``, ``PreemptMode=REQUEUE``). No accounting daemon: a
+finished job's state stays in ``scontrol show job`` for ``MinJobAge`` seconds.
+
+Requeues are quick: a requeued job may start again ``cred_expire`` (AuthInfo; 5 s here, SLURM's
+default 120 s) + 1 s after it was requeued, and the scheduler looks at pending jobs every second
+(``sched_interval=1``; default 60 s). ``OverTimeLimit=1`` lets a job run a minute past its time
+limit before SLURM ends it (its processes get SIGTERM, SIGKILL ``KillWait`` = 30 s later).
 """
 
 from __future__ import annotations
@@ -102,6 +109,7 @@ class SlurmCluster:
 
   def __init__(self, root: os.PathLike | str):
     self.root = pathlib.Path(root).resolve()
+    self.settings: dict[str, str] = {}  # slurm.conf lines changed by reconfigure
     self.conf = self.root / "etc" / "slurm.conf"
     self.log_dir = self.root / "log"
     self.munge_socket = self.root / "munge" / "munge.socket"
@@ -112,8 +120,6 @@ class SlurmCluster:
   # --- set-up ----------------------------------------------------------------------------------
 
   def _write_files(self) -> None:
-    user = getpass.getuser()
-    host = socket.gethostname()
     for d in ("etc", "log", "state", "spool", "tmp", "dev", "munge", "munge_key"):
       (self.root / d).mkdir(parents=True, exist_ok=True)
     # munged wants its key private and the socket's directory reachable by everyone.
@@ -137,11 +143,14 @@ class SlurmCluster:
     )
     (self.root / "etc" / "cgroup.conf").write_text("")
     self.ctld_port, self.slurmd_port = free_port(), free_port()
-    lo, hi = sorted((free_port(), free_port()))
-    r = self.root
-    self.conf.write_text(
-      f"""\
-# A one-node test cluster (tests/slurm_cluster.py).
+    self.srun_ports = sorted((free_port(), free_port()))
+    self._write_conf()
+
+  def _write_conf(self) -> None:
+    """slurm.conf: the defaults below with ``self.settings`` replacing or adding lines."""
+    r, user, host = self.root, getpass.getuser(), socket.gethostname()
+    lo, hi = self.srun_ports
+    lines = f"""\
 ClusterName=bertjaxtest
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={self.ctld_port}
@@ -150,7 +159,7 @@ SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
+AuthInfo=socket={self.munge_socket},cred_expire=5
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool/%n
 SlurmctldPidFile={r}/slurmctld.pid
@@ -167,6 +176,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
@@ -176,17 +186,38 @@ SlurmdParameters=config_overrides
 GresTypes=gpu
 MinJobAge=3600
 KillWait=30
+OverTimeLimit=1
+JobRequeue=1
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 InactiveLimit=0
 SlurmdTimeout=300
 SlurmctldTimeout=300
 MessageTimeout=30
-SrunPortRange={lo}-{max(hi, lo + 20)}
-NodeName={self.node} NodeHostname={self.node} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory=1000 \
-Gres=gpu:{GPUS} State=UNKNOWN
-PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
-PartitionName=cpu Nodes={self.node} MaxTime=INFINITE State=UP
-"""
-    )
+SrunPortRange={lo}-{max(hi, lo + 20)}""".splitlines()
+    settings = dict(self.settings)
+    conf = ["# A one-node test cluster (tests/slurm_cluster.py)."]
+    for line in lines:
+      key = line.split("=", 1)[0]
+      conf.append(f"{key}={settings.pop(key)}" if key in settings else line)
+    conf += [f"{k}={v}" for k, v in settings.items()]
+    node = self.node
+    conf += [
+      f"NodeName={node} NodeHostname={node} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory=1000 "
+      f"Gres=gpu:{GPUS} State=UNKNOWN",
+      f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+      f"PartitionName=cpu Nodes={node} MaxTime=INFINITE State=UP PriorityTier=1",
+      # Its jobs preempt (requeue) the other partitions' jobs.
+      f"PartitionName=high Nodes={node} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
+    ]
+    self.conf.write_text("\n".join(conf) + "\n")
+
+  def reconfigure(self, **settings: str) -> None:
+    """Rewrites slurm.conf with ``settings`` changed (e.g. JobRequeue="0") and has the running
+    daemons read it again (``scontrol reconfigure``)."""
+    self.settings.update(settings)
+    self._write_conf()
+    self.scontrol("reconfigure")
 
   def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
     """``base`` (default os.environ) with SLURM_CONF pointing at this cluster."""

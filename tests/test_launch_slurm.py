@@ -123,6 +123,11 @@ def test_slurm_script_gives_every_task_its_coordinates(tmp_path, fake_python):
   assert d["ntasks-per-node"] == "4" and d["gpus-per-node"] == "4"
   assert d["account"] == "acct" and d["time"] == "02:00:00"
   assert d["output"] == f"{workdir}/logs/slurm-%j.out" and d["open-mode"] == "append"
+  # Restarts (max_restarts=3 by default): requeued even where JobRequeue=0; SIGUSR1 to the
+  # batch script 300 s before the time limit.
+  assert "#SBATCH --requeue" in script.splitlines() and d["signal"] == "B:USR1@300"
+  never = SlurmTarget(partition="gpu", max_restarts=0, remote_dir=str(REPO)).script(job)
+  assert "#SBATCH --no-requeue" in never.splitlines() and "#SBATCH --signal" not in never
 
   # SLURM lists no GPUs: task i of a node takes GPU i.
   run_with_stand_ins(tmp_path, script, nodes=2, tasks_per_node=4)
@@ -174,6 +179,135 @@ def test_cpu_only_layout_asks_for_no_gpu(tmp_path, fake_python):
   assert {r["CUDA_VISIBLE_DEVICES"] for r in recs} == {None}
 
 
+def run_attempt_with_stand_ins(tmp_path, target, statuses, restart, state="RUNNING"):
+  """Runs ``target``'s script as attempt ``restart`` of SLURM job 77 whose task i's entry point
+  exits with ``statuses[i]``, against stand-ins: srun runs the tasks one after the other, each
+  into its log, and exits with the highest status, as SLURM's does; scontrol shows the job in
+  ``state`` and records a requeue. (exit status, the script's output, whether it requeued the job, each task's
+  BERT_JAX_* environment)."""
+  bin_dir, seen, logs = tmp_path / "bin", tmp_path / "seen", tmp_path / "run" / "logs"
+  bin_dir.mkdir()
+  seen.mkdir()
+  executable(
+    bin_dir / "scontrol",
+    f"""#!/bin/bash
+case "$1 $2" in
+  "show hostnames") echo node07 ;;
+  "show job") echo "JobId=77 JobName=bert_jax UserId=u(1) JobState={state} Reason=None" ;;
+  "requeue 77") touch {seen}/requeued ;;
+  *) exit 3 ;;
+esac
+""",
+  )
+  executable(
+    bin_dir / "srun",
+    f"""#!/bin/bash
+while [[ "$1" == --* ]]; do shift; done
+rc=0
+for ((i = 0; i < SLURM_NTASKS; i++)); do
+  SLURM_PROCID=$i SLURM_LOCALID=$i "$@" >> {logs}/process_$i.log 2>&1
+  s=$?; ((s > rc)) && rc=$s
+done
+exit $rc
+""",
+  )
+  python = executable(
+    tmp_path / "python",
+    f"""#!/bin/bash
+echo "$BERT_JAX_ATTEMPT $BERT_JAX_MAX_RESTARTS" > {seen}/env_$SLURM_PROCID
+statuses=({" ".join(map(str, statuses))})
+exit ${{statuses[$SLURM_PROCID]}}
+""",
+  )
+  job = Job("pretrain", CONFIG, str(tmp_path / "run"), python=python)
+  script_path = tmp_path / "sbatch.sh"
+  script_path.write_text(target.script(job))
+  logs.mkdir(parents=True)
+  env = {
+    **os.environ,
+    "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    "SLURM_JOB_NODELIST": "node07",
+    "SLURM_NTASKS": str(len(statuses)),
+    "SLURM_JOB_ID": "77",
+    "SLURM_RESTART_COUNT": str(restart),
+  }
+  proc = subprocess.run(["bash", str(script_path)], env=env, capture_output=True, text=True)
+  envs = [p.read_text().split() for p in sorted(seen.glob("env_*"))]
+  return proc.returncode, proc.stdout, (seen / "requeued").exists(), envs
+
+
+@pytest.mark.parametrize(
+  "statuses,restart,max_restarts,status,requeued,line",
+  [
+    ((0, 0), 0, 3, 0, False, None),
+    (
+      (143, 143), 0, 3, 143, True,
+      "launch: srun exited with status 143: requeueing job 77 (restart 1 of at most 3; it "
+      "resumes from its latest checkpoint), ",
+    ),
+    ((137, 0), 2, 3, 137, True, "launch: srun exited with status 137: requeueing job 77 "),
+    (
+      (143, 143), 3, 3, 143, False,
+      "launch: srun exited with status 143: not requeued: max_restarts=3 restarts done",
+    ),
+    (
+      (143, 1), 0, 3, 1, False,
+      "launch: process 1 exited with status 1: not requeued (1 an error, 2 bad input, 3 no "
+      "progress over the last restarts, 130 Ctrl-C: a restart cannot help)",
+    ),
+    ((3, 143), 1, 3, 3, False, "launch: process 0 exited with status 3: not requeued (1 an"),
+    ((130,), 0, 3, 130, False, "launch: process 0 exited with status 130: not requeued (1 an"),
+    (
+      (143,), 0, 0, 143, False,
+      "launch: srun exited with status 143: not requeued: max_restarts=0 restarts done",
+    ),
+  ],
+)  # fmt: skip
+def test_an_attempt_is_requeued_only_after_a_save_or_a_kill(
+  tmp_path, statuses, restart, max_restarts, status, requeued, line
+):
+  """A task's 1, 2, 3 or 130 ends the job whatever srun's status (its siblings, stopped by
+  --kill-on-bad-exit, end 143); 143 or a death by a signal requeues it while restarts are left.
+  Every task learns its attempt and the restarts allowed (BERT_JAX_ATTEMPT, _MAX_RESTARTS)."""
+  target = SlurmTarget(
+    partition="cpu", gpus_per_node=0, tasks_per_node=len(statuses), max_restarts=max_restarts,
+    remote_dir=str(REPO),
+  )  # fmt: skip
+  got, out, was_requeued, envs = run_attempt_with_stand_ins(tmp_path, target, statuses, restart)
+  assert (got, was_requeued) == (status, requeued), out
+  assert envs == [[str(restart), str(max_restarts)]] * len(statuses)
+  assert out.splitlines() == ([] if line is None else [out.splitlines()[0]])
+  assert line is None or out.startswith(line)
+  log = (tmp_path / "run" / "logs" / "process_0.log").read_text()
+  assert f"launch: process 0 exited with status {statuses[0]}, " in log
+  assert not (tmp_path / "run" / "launch" / "exit_status").exists()
+
+
+def test_a_job_slurm_is_ending_is_not_requeued_by_its_script(tmp_path):
+  """scancel: SIGTERM to the script and the tasks, which save and exit 143 while SLURM
+  shows the job COMPLETING; the cancel stands (SLURM requeues a preempted job itself)."""
+  target = SlurmTarget(partition="cpu", gpus_per_node=0, tasks_per_node=1, remote_dir=str(REPO))
+  got, out, requeued, _ = run_attempt_with_stand_ins(tmp_path, target, (143,), 0, "COMPLETING")
+  assert (got, requeued) == (143, False)
+  assert out.splitlines() == [
+    "launch: srun exited with status 143: not requeued: SLURM is ending the job "
+    "(JobState=COMPLETING: cancelled, preempted or past its time limit; SLURM requeues a "
+    "preempted job itself)"
+  ]
+
+
+def test_an_attempt_past_max_restarts_does_not_start(tmp_path):
+  """SLURM itself requeues a preempted job (PreemptMode=REQUEUE) whatever max_restarts says:
+  the attempt after the last one allowed stops at once."""
+  target = SlurmTarget(partition="cpu", gpus_per_node=0, tasks_per_node=1, remote_dir=str(REPO))
+  got, out, requeued, envs = run_attempt_with_stand_ins(tmp_path, target, (0,), restart=4)
+  assert (got, requeued, envs) == (1, False, [])
+  assert out.splitlines() == [
+    "launch: job 77 was requeued 3 times already (max_restarts=3); not starting restart 4 "
+    "(submit again to resume from the latest checkpoint)"
+  ]
+
+
 @pytest.mark.parametrize(
   "settings,message",
   [
@@ -192,6 +326,17 @@ def test_cpu_only_layout_asks_for_no_gpu(tmp_path, fake_python):
       "slurm target: gpus_per_node (-1) and tasks_per_node (0) must be >= 0",
     ),
     (dict(nodes=0), "slurm target: nodes must be >= 1, got 0"),
+    (dict(max_restarts=-1), "slurm target: max_restarts must be >= 0, got -1"),
+    (dict(signal_grace_s=0), "slurm target: signal_grace_s must be >= 1, got 0"),
+    (
+      dict(time="00:05:00"),
+      "slurm target: signal_grace_s (300) must be shorter than the time limit (time='00:05:00': "
+      "300 s): the job is told to save that long before it",
+    ),
+    (
+      dict(time="1:2:3:4"),
+      "slurm target: time='1:2:3:4' is not a SLURM time limit (minutes, HH:MM:SS, D-HH:MM:SS, ...)",
+    ),
     (dict(cpus_per_task=0), "slurm target: cpus_per_task must be >= 1, got 0"),
     (
       dict(gpus_per_node=0, tasks_per_node=2, gpu_type="h100"),
