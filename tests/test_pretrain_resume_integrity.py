@@ -256,3 +256,17 @@ def test_a_corpus_directory_of_the_earlier_layout_is_read_and_never_changed(tmp_
   assert glob.glob(other.train_files[64]) and not glob.glob(str(legacy / "vocab-*"))
   after = _files(legacy)
   assert {p: after[p] for p in before} == before
+
+
+def test_rerunning_a_finished_run_keeps_its_summary(tmp_path):
+  """A finished run started again (a requeue that lands as the run exits, say) trains nothing
+  and keeps the finished run's training figures and loss curve in summary.json."""
+  workdir = str(tmp_path / "w")
+  first = run_pretraining(_config(steps=4), workdir)
+  assert first["status"] == "completed" and first["train"]
+  again = run_pretraining(_config(steps=4), workdir)
+  assert again["step"] == 4 and again["start_step"] == 4
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
+  assert summary["train"] == json.loads(json.dumps(first["train"]))
+  assert summary["train_loss_history"] == [list(e) for e in first["train_loss_history"]]

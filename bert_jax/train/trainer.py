@@ -340,13 +340,18 @@ def _remove_created(workdir: str, created: _Created) -> None:
     logging.info("Removed %s: the run failed before writing anything there", created.dirs[0])
 
 
+def _earlier_summary(workdir: str) -> dict:
+  """The workdir's summary.json from an earlier run, or {}."""
+  path = os.path.join(workdir, "summary.json")
+  return read_json(path) if epath.Path(path).is_file() else {}
+
+
 def _earlier_losses(workdir: str, resumed: int | None) -> list[list[float]]:
   """The training losses the workdir's summary.json holds up to the step resumed from (the
   loss curve before this run), or none."""
-  path = os.path.join(workdir, "summary.json")
-  if resumed is None or not epath.Path(path).is_file():
+  if resumed is None:
     return []
-  history = read_json(path).get("train_loss_history") or []
+  history = _earlier_summary(workdir).get("train_loss_history") or []
   return [list(e) for e in history if isinstance(e, list) and len(e) == 2 and e[0] <= resumed]
 
 
@@ -545,6 +550,8 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start, attempts) ->
       train_loss_history=_earlier_losses(workdir, resumed) + writer.losses,
       restarts=attempts.restarts(),
     )
+    if not summary["train"] and resumed is not None:  # resumed at its last step: nothing trained
+      summary["train"] = _earlier_summary(workdir).get("train") or {}
     lock.check()  # nothing of this run's is written over another run's
     if loop["status"] == "completed" and hooks.finish is not None:
 
