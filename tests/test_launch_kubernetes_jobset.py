@@ -140,7 +140,7 @@ def test_indexed_job_attempt_is_its_index_failures(recorder, tmp_path, failures,
 
 # how a pod ended -> (the Indexed Job's action, the JobSet's child Job's action)
 ENDINGS = {
-  "error": (1, (), "FailJob", "FailJob"),
+  "error (or a lost peer host)": (1, (), "FailJob", "Count"),
   "bad input": (2, (), "FailJob", "FailJob"),
   "no progress": (3, (), "FailJob", "FailJob"),
   "Ctrl-C": (130, (), "FailJob", "FailJob"),

@@ -5,8 +5,9 @@ headless Service, restarted after a preemption (the manifests: kubernetes_manife
 for one). Every pod gets ``JAX_COORDINATOR_ADDRESS`` (pod 0's DNS name through the headless
 Service), ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``, ``BERT_JAX_ATTEMPT`` and
 ``BERT_JAX_MAX_RESTARTS``. A JobSet is restarted as a whole, up to ``max_restarts`` times, after
-a pod was preempted (exit 143, or the ``DisruptionTarget`` condition) or killed by a signal; an
-exit status of 1, 2, 3 or 130 is never retried; ``max_restarts=0`` turns restarts off (an
+a pod was preempted (exit 143, or the ``DisruptionTarget`` condition), killed by a signal or
+ended with an error (1: also what a lost host's peers end with); 2, 3 and 130 are never
+retried (an Indexed Job does not retry 1 either); ``max_restarts=0`` turns restarts off (an
 Indexed Job is then the plain ``backoffLimit: 0`` Job). ``queue_name`` submits to a Kueue
 LocalQueue (label ``kueue.x-k8s.io/queue-name``). ``accelerator_type`` runs on GKE TPU slices
 (``num_slices`` of them over the data-center network): one pod per TPU host requesting its
@@ -92,8 +93,8 @@ class KubernetesTarget:
     workload: "jobset" (a JobSet: one Indexed Job per slice, all restarted together), "job" (an
       Indexed Job and a headless Service) or "auto" (a JobSet for more than one pod).
     max_restarts: times the job is started again after a preemption (exit 143) or a pod killed
-      by a signal; it resumes from its latest checkpoint (0: never). Exit 1, 2, 3 and 130 are
-      never retried.
+      by a signal (a JobSet: an error, exit 1, too); it resumes from its latest checkpoint (0:
+      never). Exit 2, 3 and 130 are never retried.
     queue_name: a Kueue LocalQueue to submit to (label kueue.x-k8s.io/queue-name); empty: none.
     accelerator_type: a GKE TPU slice, e.g. "v5p-64", "v5litepod-16", "v4:2x2x4": pods (one per
       host) and google.com/tpu chips per pod come from it, with GKE's TPU node selectors; the

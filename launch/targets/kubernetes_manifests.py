@@ -9,10 +9,12 @@
   annotations; with one slice the completion index itself). A failed pod fails its Job
   (``backoffLimit: 0``) and the JobSet recreates all of its Jobs, up to
   ``failurePolicy.maxRestarts`` times; ``BERT_JAX_ATTEMPT`` is the pods'
-  ``jobset.sigs.k8s.io/restart-attempt`` annotation. A pod that exits 1, 2, 3 or 130 (an error,
-  bad input, the trainer's refusal of a restart without progress, Ctrl-C) fails its Job through
-  the Job's ``podFailurePolicy`` (reason ``PodFailurePolicy``), which fails the JobSet without a
-  restart (the JobSet's failure-policy rule ``NotRetried``).
+  ``jobset.sigs.k8s.io/restart-attempt`` annotation. A pod that exits 2, 3 or 130 (bad input,
+  the trainer's refusal of a restart without progress, Ctrl-C) fails its Job through the Job's
+  ``podFailurePolicy`` (reason ``PodFailurePolicy``), which fails the JobSet without a restart
+  (the JobSet's failure-policy rule ``NotRetried``). Exit 1 restarts: when a host is lost its
+  peers fail with an error (exit 1) as the lost pod's disruption is handled, and either may
+  fail the Job first; an error that repeats at one step ends in the trainer's exit 3.
 * Indexed Job of P pods and a headless Service: pod i is ``<name>-<i>``, reachable as
   ``<name>-<i>.<name>`` (``subdomain``); process id = completion index. With restarts the Job
   gets ``backoffLimitPerIndex`` = max_restarts (``maxFailedIndexes: 0``: an index out of retries
@@ -57,6 +59,10 @@ GKE_TPUS = {
 SLICE = "slice"  # the JobSet's replicatedJob
 CONTAINER = "bert-jax"
 NOT_RETRIED = [1, 2, 3, 130]  # an error, bad input, no progress (the trainer's refusal), Ctrl-C
+# A JobSet's pods also exit 1 when a peer host is lost (a collective or the coordination service
+# fails): there an error is retried within maxRestarts, and the trainer's no-progress refusal
+# (exit 3) ends a failure that repeats at one step.
+JOBSET_NOT_RETRIED = [2, 3, 130]
 DISRUPTED = [{"type": "DisruptionTarget", "status": "True"}]  # preempted, evicted, drained
 
 
@@ -175,8 +181,8 @@ def manifests(target, job: Job, name: str) -> list[dict[str, Any]]:
       metadata["annotations"] = {EXCLUSIVE_ANNOTATION: "cloud.google.com/gke-nodepool"}
     rules = [
       {"action": "Count", "onPodConditions": DISRUPTED},  # a restart, whatever its exit status
-      _exit_codes("FailJob", NOT_RETRIED),
-      _exit_codes("Count", [PREEMPTED_EXIT]),
+      _exit_codes("FailJob", JOBSET_NOT_RETRIED),
+      _exit_codes("Count", [1, PREEMPTED_EXIT]),
     ]
     child = {**indexed, "podFailurePolicy": {"rules": rules}, "template": template}
     not_retried = {
