@@ -214,4 +214,3 @@ def _word_span(
   if actual.find(cleaned) == -1:
     return None
   return start, end
-
