@@ -245,7 +245,9 @@ def _parser():
   p.add_argument("--budget_seconds", type=float, default=1800.0)
   p.add_argument("--eval_every_seconds", type=float, default=60.0)
   p.add_argument("--seed", type=int, default=42)
-  p.add_argument("--threads", type=int, default=0, help="torch threads (0: os.cpu_count())")
+  p.add_argument(
+    "--threads", type=int, default=0, help="torch threads (0: the cores this process may run on)"
+  )
   return p
 
 
@@ -260,7 +262,7 @@ def train(args) -> dict:
   t_process = time.time()
   import torch
 
-  torch.set_num_threads(args.threads or os.cpu_count() or 1)
+  torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)) or 1)  # as XLA sizes its pool
   os.makedirs(args.workdir, exist_ok=True)
   with open(args.vocab_file) as f:
     vocab_size = sum(1 for _ in f)
