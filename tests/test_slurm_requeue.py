@@ -7,7 +7,8 @@ logged, and what the trainer wrote (attempts.json, summary.json):
 * a job whose training outlasts its time limit (``--time=1``: one minute, SLURM's smallest) gets
   SIGUSR1 from SLURM ``signal_grace_s`` before it, saves, requeues itself and completes in a
   later attempt, with the loss of every step as in a plain run of the same steps; on a cluster
-  with ``JobRequeue=0``, where only the job's own ``--requeue`` lets it be requeued;
+  with SLURM's default ``JobRequeue=1`` and on one with ``JobRequeue=0``, where only the job's
+  own ``--requeue`` lets it be requeued;
 * a job preempted by one in a higher-priority partition (``PreemptMode=REQUEUE``) saves,
   waits, resumes and completes, with the same losses;
 * a job killed at the same point of every attempt (as by the OOM killer) stops: the trainer
@@ -214,12 +215,17 @@ def check_resumed_and_completed(workdir, job_id, info, plain_run, stopped_restar
   assert summary["train_loss_history"] == plain
 
 
-def test_time_limited_job_saves_requeues_itself_and_completes(cluster, plain_run, tmp_path):
-  """--time=1 with signal_grace_s=1 on a cluster with JobRequeue=0 (only the job's own
-  --requeue lets its script's ``scontrol requeue`` through). Restarts to spare: on a loaded
-  machine an attempt may get its signal before it trains."""
-  cluster.reconfigure(JobRequeue="0")
-  assert re.search(r"^JobRequeue\s*= 0$", cluster.scontrol("show", "config").stdout, re.M)
+@pytest.mark.parametrize("job_requeue", ["1", "0"])
+def test_time_limited_job_saves_requeues_itself_and_completes(
+  cluster, plain_run, tmp_path, job_requeue
+):
+  """--time=1 with signal_grace_s=1, on a cluster with SLURM's default JobRequeue=1 and on one
+  with JobRequeue=0 (only the job's own --requeue lets its script's ``scontrol requeue``
+  through). Restarts to spare: on a loaded machine an attempt may get its signal before it
+  trains."""
+  cluster.reconfigure(JobRequeue=job_requeue)
+  shown = cluster.scontrol("show", "config").stdout
+  assert re.search(rf"^JobRequeue\s*= {job_requeue}$", shown, re.M)
   workdir = tmp_path / "run"
   job_id = submit(cluster, workdir, "--time=1", "--signal_grace_s=1", "--max_restarts=5")
   assert cluster.job(job_id)["Requeue"] == "1"
