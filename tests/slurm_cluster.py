@@ -371,6 +371,21 @@ SrunPortRange={lo}-{max(hi, lo + 20)}""".splitlines()
     )
 
 
+def tiny_pretrain_args(steps: int) -> list[str]:
+  """Entry-point flags of a tiny pre-training on synthetic data (with configs/pretrain.py:tiny),
+  small enough for the test cluster's CPUs: ``steps`` steps, no evaluation, a loss line a step."""
+  return [
+    "--config.synthetic_data=true",
+    f"--config.num_train_steps={steps}",
+    "--config.train_batch_size=8",
+    "--config.eval_batch_size=8",
+    "--config.max_eval_steps=1",
+    "--config.phase2.fraction=0.0",
+    "--config.eval_every_steps=0",
+    "--config.logging.log_every_steps=1",
+  ]
+
+
 if __name__ == "__main__":  # python tests/slurm_cluster.py DIR: a cluster until Ctrl-C
   import sys
 

@@ -27,7 +27,7 @@ import time
 import pytest
 from conftest import subprocess_env_for
 from launch_fakes import executable, records
-from slurm_cluster import SlurmCluster, SlurmUnavailable, free_port
+from slurm_cluster import SlurmCluster, SlurmUnavailable, free_port, tiny_pretrain_args
 
 from launch.job import Job, LaunchError
 from launch.launch import launch
@@ -37,16 +37,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = "configs/pretrain.py:tiny"
 STEPS = 20
 # Small enough for 2 CPU cores.
-PRETRAIN_ARGS = [
-  "--config.synthetic_data=true",
-  f"--config.num_train_steps={STEPS}",
-  "--config.train_batch_size=8",
-  "--config.eval_batch_size=8",
-  "--config.max_eval_steps=1",
-  "--config.phase2.fraction=0.0",
-  "--config.eval_every_steps=0",
-  "--config.logging.log_every_steps=1",
-]
+PRETRAIN_ARGS = tiny_pretrain_args(STEPS)
 GPU_FLAGS = ["--partition=debug", "--nodes=1", "--gpus_per_node=2", "--cpus_per_task=1"]
 BANNER = re.compile(
   r"^launch: slurm job (\d+) \(restart \d+\), process (\d+) of (\d+) on \S+"

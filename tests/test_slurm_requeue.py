@@ -36,24 +36,14 @@ import time
 
 import pytest
 from conftest import subprocess_env_for
-from slurm_cluster import SlurmCluster, SlurmUnavailable, free_port
+from slurm_cluster import SlurmCluster, SlurmUnavailable, free_port, tiny_pretrain_args
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = "configs/pretrain.py:tiny"
 STEPS = 10
 HOLD_AT_STEP = 3
 # One process, no periodic checkpoint: a restart resumes from what the stop signal saved.
-PRETRAIN_ARGS = [
-  "--config.synthetic_data=true",
-  f"--config.num_train_steps={STEPS}",
-  "--config.train_batch_size=8",
-  "--config.eval_batch_size=8",
-  "--config.max_eval_steps=1",
-  "--config.phase2.fraction=0.0",
-  "--config.eval_every_steps=0",
-  "--config.logging.log_every_steps=1",
-  "--config.save_checkpoints_steps=1000",
-]
+PRETRAIN_ARGS = [*tiny_pretrain_args(STEPS), "--config.save_checkpoints_steps=1000"]
 ONE_TASK = [
   "--partition=cpu", "--nodes=1", "--gpus_per_node=0", "--tasks_per_node=1", "--cpus_per_task=1",
 ]  # fmt: skip
