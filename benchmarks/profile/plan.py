@@ -24,7 +24,8 @@ import time
 
 from benchmarks.common import flags
 from bert_jax.model import BertConfig
-from bert_jax.parallel.topology import CHIPS, CHIPS_PER_HOST, parse_topology
+from bert_jax.parallel.topology import CHIPS, parse_topology
+from bert_jax.parallel.topology_base import CHIPS_PER_HOST
 from bert_jax.plan.planner import format_plan, make_plan
 from bert_jax.train import flops
 from configs import pretrain

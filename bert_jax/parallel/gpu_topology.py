@@ -32,7 +32,7 @@ import os
 import re
 from typing import Any
 
-from bert_jax.parallel.topology import ChipSpec, GiB, Topology, TopologyError
+from bert_jax.parallel.topology_base import ChipSpec, GiB, Topology, TopologyError
 
 _GB = 1e9
 GPUS_PER_HOST = (1, 2, 4, 8)

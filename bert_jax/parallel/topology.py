@@ -1,5 +1,6 @@
 """TPU topologies to compile for without the hardware, and the chip specs a step-time estimate uses
-(NVIDIA GPU hosts: bert_jax/parallel/gpu_topology.py, dispatched to from here).
+(NVIDIA GPU hosts: bert_jax/parallel/gpu_topology.py, dispatched to from here; the records both
+use, ChipSpec and Topology: bert_jax/parallel/topology_base.py).
 
   topo = parse_topology("v5e:16x16")             # or "v5e-256", "v4:4x4x8", "v4-256", "v5p:4x4x4"
   topo = parse_topology("v4:4x4x4", num_slices=2)   # two slices joined by the data-center network
@@ -24,46 +25,15 @@ over the data-center network (DCN) instead of the chips' interconnect (ICI).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
 from typing import Any
 
-GiB = 1024**3
+from bert_jax.parallel import gpu_topology
+from bert_jax.parallel.topology_base import ChipSpec, GiB, Topology, TopologyError
+
 _GB = 1e9
-
-
-class TopologyError(RuntimeError):
-  """The TPU compiler (libtpu) cannot provide the topology's devices."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ChipSpec:
-  """One chip. Bandwidths in bytes/s. ``ici_bandwidth`` is the all-reduce bandwidth per chip (the
-  pod's all-reduce bandwidth over its chips, i.e. half the bidirectional ICI bandwidth per chip):
-  the rate at which a ring collective moves one chip's data through the interconnect."""
-
-  generation: str
-  device_kind: str
-  hbm_bytes: int
-  peak_flops: float  # dense bf16
-  hbm_bandwidth: float
-  ici_bandwidth: float
-  dcn_bandwidth: float  # per chip
-  megacore: bool
-  notes: str = ""
-  platform: str = "tpu"  # or "gpu" (bert_jax/parallel/gpu_topology.py)
-  # dense float32 matmuls at XLA's default precision; 0 = peak_flops (TPUs run them as bf16
-  # passes; NVIDIA GPUs since Ampere as TF32, at half the bf16 rate)
-  peak_flops_f32: float = 0.0
-
-  def matmul_peak(self, compute_dtype: str) -> float:
-    """The peak a step computing in ``compute_dtype`` ("float32", "bfloat16", ...) can reach."""
-    if compute_dtype == "float32" and self.peak_flops_f32:
-      return self.peak_flops_f32
-    return self.peak_flops
-
 
 # Sources: Google Cloud TPU system-architecture pages, cloud.google.com/tpu/docs/<v4|v5e|v5p|v6e>
 # (the tables "key specifications"), read 2026-11. Derived numbers say how they are derived.
@@ -105,90 +75,20 @@ CHIPS: dict[str, ChipSpec] = {
   ),  # fmt: skip
 }
 
-# libtpu's generation prefix for each chip, and the slice shapes offered (Cloud docs' tables of
-# supported topologies; v5e/v6e single slices are 2D up to 16x16, v4/v5p 3D).
-_LIBTPU_PREFIX = {"v4": "v4", "v5e": "v5e", "v5p": "v5", "v6e": "v6e"}
+# The slice shapes offered (Cloud docs' tables of supported topologies; v5e/v6e single slices
+# are 2D up to 16x16, v4/v5p 3D).
 _ALIASES = {"v4": "v4", "v5e": "v5e", "v5litepod": "v5e", "v5p": "v5p", "v5": "v5p", "v6e": "v6e"}
 _SHAPES_2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 _SHAPES_3D = (
   "2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16",
   "16x16x16",
 )  # fmt: skip
-# Chips per host VM (Cloud TPU docs' machine types): 4 on every multi-host slice (v4, v5p:
-# 4 chips per VM; v5e, v6e: the 4-chip machine type), and one host for a single-host slice of
-# up to SINGLE_HOST_CHIPS chips (v5e / v6e offer an 8-chip VM).
-CHIPS_PER_HOST = 4
-SINGLE_HOST_CHIPS = {"v4": 4, "v5e": 8, "v5p": 4, "v6e": 8}
 KNOWN_SHAPES: dict[str, tuple[str, ...]] = {
   "v4": _SHAPES_3D,
   "v5e": _SHAPES_2D,
   "v5p": _SHAPES_3D,
   "v6e": _SHAPES_2D,
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Topology:
-  """A named TPU slice (times ``num_slices``), or GPU hosts: shape (hosts, GPUs per host)."""
-
-  name: str  # canonical, e.g. "v5e:16x16"
-  chip: ChipSpec
-  shape: tuple[int, ...]
-  num_slices: int = 1
-
-  @property
-  def chips_per_slice(self) -> int:
-    return math.prod(self.shape)
-
-  @property
-  def num_devices(self) -> int:
-    return self.chips_per_slice * self.num_slices
-
-  @property
-  def num_hosts(self) -> int:
-    """Host VMs (each runs one JAX process and its input pipeline): see CHIPS_PER_HOST."""
-    if self.is_gpu:
-      return self.shape[0] * self.num_slices
-    chips = self.chips_per_slice
-    per_slice = 1 if chips <= SINGLE_HOST_CHIPS[self.chip.generation] else chips // CHIPS_PER_HOST
-    return per_slice * self.num_slices
-
-  @property
-  def libtpu_name(self) -> str:
-    return f"{_LIBTPU_PREFIX[self.chip.generation]}:{'x'.join(map(str, self.shape))}"
-
-  @property
-  def is_gpu(self) -> bool:
-    return self.chip.platform == "gpu"
-
-  @property
-  def accelerator_type(self) -> str:
-    """The Cloud name of one slice (v4/v5p count TensorCores, v5e/v6e chips); a GPU's name."""
-    if self.is_gpu:
-      return self.name
-    n = self.chips_per_slice * (2 if self.chip.megacore else 1)
-    prefix = "v5litepod" if self.chip.generation == "v5e" else self.chip.generation
-    return f"{prefix}-{n}"
-
-  def describe(self) -> str:
-    if self.is_gpu:
-      hosts = f", {self.shape[0]} hosts x {self.shape[1]}" if self.shape[0] > 1 else ""
-      return f"{self.name} ({self.num_devices} GPUs{hosts}, {self.chip.device_kind})"
-    slices = f" x {self.num_slices} slices" if self.num_slices > 1 else ""
-    return f"{self.name}{slices} ({self.num_devices} chips, {self.chip.device_kind})"
-
-  def to_dict(self) -> dict[str, Any]:
-    out = {
-      "name": self.name,
-      "accelerator_type": self.accelerator_type,
-      "num_slices": self.num_slices,
-      "num_chips": self.num_devices,
-      "num_hosts": self.num_hosts,
-      "chip": dataclasses.asdict(self.chip),
-    }
-    if self.is_gpu:
-      out.update(hosts=self.shape[0], gpus_per_host=self.shape[1])
-    return out
 
 
 def _unknown(name: str) -> ValueError:
@@ -214,8 +114,6 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
   """``"v5e:16x16"`` / ``"v5e-256"`` / ``"v4:4x4x8"`` / ``"v4-256"`` -> Topology; GPU names
   (``"h100:8"``, ``"h100:2x8"``) as ``gpu_topology.parse_gpu_topology``; ValueError (one line,
   listing the known ones) for anything else."""
-  from bert_jax.parallel import gpu_topology  # noqa: PLC0415 (it imports this module)
-
   if gpu_topology.is_gpu_name(name):
     return gpu_topology.parse_gpu_topology(name, num_slices)
   if num_slices < 1:
@@ -239,9 +137,7 @@ def topology_devices(topo: Topology) -> list[Any]:
   """The abstract (compile-only) devices of ``topo``; TopologyError when libtpu (for a GPU
   topology: the CUDA PJRT plugin) is missing."""
   if topo.is_gpu:
-    from bert_jax.parallel.gpu_topology import gpu_topology_devices  # noqa: PLC0415
-
-    return gpu_topology_devices(topo)
+    return gpu_topology.gpu_topology_devices(topo)
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   # Not a TPU VM: no metadata server to ask for the host's TPU type and workers (libtpu would
   # print errors about both). Only the first libtpu start in a process reads these.
