@@ -195,23 +195,40 @@ def loss_terms(model, batch: dict, mlm_head: str):
   return loss, sums
 
 
-def _tensors(records: dict, index: np.ndarray) -> dict:
+def _tensors(records: dict, index: np.ndarray, device: str = "cpu") -> dict:
   import torch
 
-  return {k: torch.from_numpy(np.ascontiguousarray(v[index])) for k, v in records.items()}
+  return {
+    k: torch.from_numpy(np.ascontiguousarray(v[index])).to(device, non_blocking=True)
+    for k, v in records.items()
+  }
 
 
-def evaluate(model, records: dict, batch_size: int, mlm_head: str) -> dict[str, float]:
+def _autocast(device: str, dtype: str):
+  """Mixed precision as a PyTorch user runs it: ``torch.autocast`` in bfloat16 (parameters and
+  optimizer state stay float32), or nothing in float32."""
+  import contextlib
+
+  import torch
+
+  if dtype == "float32":
+    return contextlib.nullcontext()
+  return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+
+
+def evaluate(
+  model, records: dict, batch_size: int, mlm_head: str, device: str = "cpu", dtype: str = "float32"
+) -> dict[str, float]:
   """Held-out MLM loss / accuracy (over the masked tokens) and NSP loss / accuracy."""
   import torch
 
   model.eval()
   total: dict[str, float] = {}
   n = len(records["next_sentence_labels"])
-  with torch.no_grad():
+  with torch.no_grad(), _autocast(device, dtype):
     for lo in range(0, n, batch_size):
       _, sums = loss_terms(
-        model, _tensors(records, np.arange(lo, min(lo + batch_size, n))), mlm_head
+        model, _tensors(records, np.arange(lo, min(lo + batch_size, n)), device), mlm_head
       )
       for k, v in sums.items():
         total[k] = total.get(k, 0.0) + float(v)
@@ -248,6 +265,10 @@ def _parser():
   p.add_argument(
     "--threads", type=int, default=0, help="torch threads (0: the cores this process may run on)"
   )
+  p.add_argument("--device", default="auto", help="torch device (auto: cuda where available)")
+  p.add_argument(
+    "--dtype", default="float32", choices=("float32", "bfloat16"), help="autocast compute dtype"
+  )
   return p
 
 
@@ -270,7 +291,8 @@ def train(args) -> dict:
   if args.eval_records:
     eval_data = {k: v[: args.eval_records] for k, v in eval_data.items()}
   torch.manual_seed(args.seed)
-  model = hf_model(args.size, vocab_size, args.dropout, args.dropout)
+  device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+  model = hf_model(args.size, vocab_size, args.dropout, args.dropout).to(device)
   optim = torch.optim.AdamW(
     param_groups(model, args.weight_decay), lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-6
   )
@@ -281,7 +303,7 @@ def train(args) -> dict:
   state_path = os.path.join(args.workdir, "state.pt")
   st = dict(step=0, epoch=0, cursor=0, train_seconds=0.0, eval_seconds=0.0, tokens=0, history=[])
   if os.path.exists(state_path):
-    saved = torch.load(state_path, weights_only=False)
+    saved = torch.load(state_path, weights_only=False, map_location=device)
     model.load_state_dict(saved["model"])
     optim.load_state_dict(saved["optim"])
     sched.load_state_dict(saved["sched"])
@@ -309,7 +331,7 @@ def train(args) -> dict:
 
   def eval_and_save():
     t0 = time.time()
-    metrics = evaluate(model, eval_data, args.eval_batch_size, args.mlm_head)
+    metrics = evaluate(model, eval_data, args.eval_batch_size, args.mlm_head, device, args.dtype)
     st["history"].append(
       dict(step=st["step"], train_seconds=st["train_seconds"], tokens=st["tokens"], **metrics)
     )
@@ -329,20 +351,23 @@ def train(args) -> dict:
       if st["cursor"] + args.batch_size > n:
         st["epoch"], st["cursor"] = st["epoch"] + 1, 0
         order = np.random.default_rng([args.seed, st["epoch"]]).permutation(n)
-      batch = _tensors(train_data, order[st["cursor"] : st["cursor"] + args.batch_size])
+      rows = order[st["cursor"] : st["cursor"] + args.batch_size]
+      batch = _tensors(train_data, rows, device)
       st["cursor"] += args.batch_size
-      loss, _ = loss_terms(model, batch, args.mlm_head)
+      with _autocast(device, args.dtype):
+        loss, _ = loss_terms(model, batch, args.mlm_head)
       optim.zero_grad(set_to_none=True)
       loss.backward()
       if args.max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
       optim.step()
       sched.step()
-      value = float(loss.detach())
-      if not math.isfinite(value):
-        raise FloatingPointError(f"loss is {value} at step {st['step'] + 1}")
       st["step"] += 1
-      st["tokens"] += int(batch["input_mask"].sum())
+      st["tokens"] += int(train_data["input_mask"][rows].sum())  # host side: no device sync
+      if st["step"] % 50 == 0 or device == "cpu":  # a GPU syncs at the log lines only
+        value = float(loss.detach())
+        if not math.isfinite(value):
+          raise FloatingPointError(f"loss is {value} at step {st['step']}")
       now = time.time()
       st["train_seconds"] += now - clock
       clock = now

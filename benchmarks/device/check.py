@@ -22,6 +22,11 @@ r"""The attention kernels on one accelerator, in one run of about 8 minutes (one
    peak (989 TFLOP/s for an H100 or H200 SXM). Synthetic instances have random real lengths
    from L/8 to L (so that packing has something to pack).
 
+3. Time to quality (benchmarks/device/time_to_quality.py, 35% of the budget): BERT-mini in
+   bfloat16 pre-trained on the built-in corpus by bert_jax's paper and fast recipes and the
+   PyTorch SDPA reference, the same short training budget each; held-out MLM accuracy and each
+   recipe's time to the reference's final accuracy.
+
 Every section is time-boxed (``--budget_s``, default 480 s): a variant that would not finish in
 its cell's share of what is left is skipped with a note, never half-run. PyTorch rows are
 skipped with a note where torch or transformers is not installed (nothing is installed). Writes
@@ -50,6 +55,7 @@ import numpy as np
 from benchmarks.common import REPO
 from benchmarks.common.process import ChildFailed, run
 from benchmarks.common.timing import Timer
+from benchmarks.device import time_to_quality as ttq
 
 GOAL_PEER_RATIO = 1.3  # bert_jax over the PyTorch SDPA peer, seq 512
 GOAL_LARGE_MFU = 0.40  # BERT-large, seq 128
@@ -499,6 +505,7 @@ def format_table(result: dict) -> str:
       f"{head} {r['rows']:>5} {r['real_tokens_per_step']:>9,.0f} {r['step_ms']:>9.1f} "
       f"{r['tokens_per_second']:>11,.0f} {r['mfu']:>6.1%}"
     )
+  lines += ttq.table_lines(result.get("time_to_quality", {}))
   lines += ["", "goals:"]
   for name, g in result["goals"].items():
     figure = f"x{g['ratio']:.2f}" if "ratio" in g else f"{g['mfu']:.1%}"
@@ -521,6 +528,9 @@ def main(argv=None) -> int:
   p.add_argument("--seq_lens", default="", help="sequence lengths (default 128,512)")
   p.add_argument("--tokens_per_step", type=int, default=32768, help="batch = this / seq")
   p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+  p.add_argument(
+    "--ttq_share", type=float, default=-1.0, help="time to quality's share (-1: 0.35; 0: off)"
+  )
   p.add_argument("--torch_rows", default="", help=argparse.SUPPRESS)  # the child's output file
   args = p.parse_args(argv)
   s = settings(args)
@@ -551,17 +561,20 @@ def main(argv=None) -> int:
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+  # 2. time to quality, in child processes (each recipe has the accelerator to itself)
+  share = (0.25 if s.quick else 0.35) if args.ttq_share < 0 else args.ttq_share
+  ttq_result = ttq.section(s.budget_s * share, s.quick) if share > 0 else dict(note="off")
   import jax
 
   on = jax.default_backend()
   on = "gpu" if on in ("gpu", "cuda", "rocm") else on
   kind = jax.devices()[0].device_kind
   peak = _peak_of(kind)
-  # 2. numerics, time-boxed by their size (seconds on a GPU; tiny in --quick)
+  # 3. numerics, time-boxed by their size (seconds on a GPU; tiny in --quick)
   t = time.monotonic()
   checks = numerics(s, on)
   notes.append(f"numerics took {time.monotonic() - t:.0f} s")
-  # 3. bert_jax's step
+  # 4. bert_jax's step
   speed = jax_rows(s, clock, on, peak)
   by_cell = {}
   for r in speed + torch_speed:
@@ -583,6 +596,7 @@ def main(argv=None) -> int:
     seconds=time.monotonic() - clock.start,
     numerics=checks,
     speed=ordered,
+    time_to_quality=ttq_result,
     notes=notes,
   )
   result["goals"] = goals(ordered)

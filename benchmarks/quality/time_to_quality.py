@@ -57,6 +57,9 @@ def _parser():
   p.add_argument("--batch_size", type=int, default=0, help="rows per step (0: the preset's)")
   p.add_argument("--learning_rate", type=float, default=0.0, help="peak (0: the preset's)")
   p.add_argument("--warmup_steps", type=int, default=1000, help="linear warmup, then constant")
+  p.add_argument(
+    "--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype (all)"
+  )
   p.add_argument("--eval_batch_size", type=int, default=64)
   p.add_argument("--probe_steps", type=int, default=30, help="steps of bert_jax's rate probe")
   p.add_argument("--seed", type=int, default=42)

@@ -80,6 +80,7 @@ def bert_jax_command(recipe: str, workdir: str, data, args, steps: int, every: i
     eval_every_steps=every,
     save_checkpoints_steps=every,
     seed=args.seed,
+    dtype=args.dtype,
     **{
       "optimizer.schedule": "constant",
       "phase2.fraction": 0,
@@ -272,6 +273,7 @@ def run_torch(recipe: str, run_dir: str, data, args, log) -> dict:
     f"--eval_every_seconds={args.eval_every_seconds}",
     f"--mlm_head={TORCH_RECIPES[recipe]}",
     f"--seed={args.seed}",
+    f"--dtype={args.dtype}",
   ]
   os.makedirs(run_dir, exist_ok=True)
   st = _read_json(os.path.join(workdir, "history.json"), {})
