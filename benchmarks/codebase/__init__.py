@@ -1,0 +1,1 @@
+"""Measurements of the code itself (size, structure)."""

@@ -1,0 +1,165 @@
+"""The codebase's shape, measured from the files: lines by folder, the largest files, the
+members of ``Task`` and ``Job``, function-level imports, the places that choose an attention
+kernel and the places that build a ``BertConfig`` from a run config.
+
+  python -m benchmarks.codebase.house [--repo=DIR] [--json=OUT]
+
+Counted statically (``ast``): nothing is imported. A "place that chooses a kernel" is a function
+that calls ``resolve_attention_kernel`` or ``_auto_kernel``; a "place that builds a BertConfig
+from a run config" is a function that calls ``.replace(`` on a ``BertConfig`` with a keyword read
+from a config (``config.``) or calls ``BertConfig.from_preset`` with ``config.``; both lists name
+``file:function``. Clone pairs come from the ``duplicates`` tool where it is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import json
+import os
+import shutil
+import subprocess
+
+SOURCE_ROOTS = ("bert_jax", "launch", "configs", "benchmarks")
+
+
+def python_files(repo: str) -> list[str]:
+  out = []
+  for root in SOURCE_ROOTS:
+    for dirpath, dirnames, filenames in os.walk(os.path.join(repo, root)):
+      dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+      out += [os.path.join(dirpath, f) for f in filenames if f.endswith(".py")]
+  return sorted(out)
+
+
+def _lines(path: str) -> int:
+  with open(path, encoding="utf-8") as f:
+    return sum(1 for _ in f)
+
+
+def lines_by_folder(repo: str, files: list[str]) -> dict[str, int]:
+  """Lines per package folder (``bert_jax/tasks/glue``: its own files, not its subfolders')."""
+  counts: dict[str, int] = collections.Counter()
+  for path in files:
+    counts[os.path.relpath(os.path.dirname(path), repo)] += _lines(path)
+  return dict(sorted(counts.items()))
+
+
+def _class_members(tree: ast.Module, name: str) -> dict[str, list[str]] | None:
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ClassDef) and node.name == name:
+      attrs, methods, abstract = [], [], []
+      for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+          methods.append(item.name)
+          decorators = [ast.unparse(d) for d in item.decorator_list]
+          if any("abstractmethod" in d for d in decorators):
+            abstract.append(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+          attrs.append(item.target.id)
+        elif isinstance(item, ast.Assign):
+          attrs += [t.id for t in item.targets if isinstance(t, ast.Name)]
+      return dict(attributes=attrs, methods=methods, abstract=abstract)
+  return None
+
+
+def function_level_imports(trees: dict[str, ast.Module]) -> dict[str, int]:
+  """Per file: import statements inside a function body."""
+  out = {}
+  for path, tree in trees.items():
+    n = 0
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        n += sum(
+          isinstance(inner, (ast.Import, ast.ImportFrom))
+          for inner in ast.walk(node)
+          if inner is not node
+        )
+    if n:
+      out[path] = n
+  return out
+
+
+def _functions(tree: ast.Module):
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      yield node
+
+
+def kernel_choosers(trees: dict[str, ast.Module]) -> list[str]:
+  out = []
+  for path, tree in trees.items():
+    for fn in _functions(tree):
+      calls = {ast.unparse(c.func).split(".")[-1] for c in ast.walk(fn) if isinstance(c, ast.Call)}
+      if calls & {"resolve_attention_kernel", "_auto_kernel"}:
+        out.append(f"{path}:{fn.name}")
+  return sorted(set(out))
+
+
+def bert_config_builders(trees: dict[str, ast.Module]) -> list[str]:
+  out = []
+  for path, tree in trees.items():
+    for fn in _functions(tree):
+      for call in ast.walk(fn):
+        if not isinstance(call, ast.Call):
+          continue
+        func = ast.unparse(call.func)
+        reads_config = "config." in ast.unparse(call) and "bert_config" not in func
+        if (func.endswith(".replace") and reads_config and "BertConfig" in ast.unparse(fn)) or (
+          func.endswith("BertConfig.from_preset") and "config." in ast.unparse(call)
+        ):
+          out.append(f"{path}:{fn.name}")
+  return sorted(set(out))
+
+
+def clone_pairs(repo: str) -> str:
+  if not shutil.which("duplicates"):
+    return "duplicates tool not installed"
+  done = subprocess.run(
+    ["duplicates", "--repo", repo, "--seconds", "120"], capture_output=True, text=True, check=False
+  )
+  return done.stdout.splitlines()[0] if done.stdout else done.stderr.strip()
+
+
+def measure(repo: str) -> dict:
+  files = python_files(repo)
+  trees = {}
+  for path in files:
+    with open(path, encoding="utf-8") as f:
+      trees[os.path.relpath(path, repo)] = ast.parse(f.read(), filename=path)
+  largest = sorted(((_lines(p), os.path.relpath(p, repo)) for p in files), reverse=True)[:8]
+  members = {}
+  for cls, where in (("Task", "bert_jax/tasks/base.py"), ("Job", "bert_jax/train/job.py")):
+    found = _class_members(trees[where], cls) if where in trees else None
+    if found:
+      members[cls] = dict(found, total=len(found["attributes"]) + len(found["methods"]))
+  fli = function_level_imports({p: t for p, t in trees.items() if not p.startswith("benchmarks")})
+  return dict(
+    files=len(files),
+    lines=sum(_lines(p) for p in files),
+    lines_by_folder=lines_by_folder(repo, files),
+    largest_files=[dict(file=f, lines=n) for n, f in largest],
+    members=members,
+    function_level_imports=dict(total=sum(fli.values()), files=fli),
+    kernel_choosers=kernel_choosers(trees),
+    bert_config_builders=bert_config_builders(trees),
+    clone_pairs=clone_pairs(repo),
+  )
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--repo", default=".", help="the checkout to measure")
+  p.add_argument("--json", default="", help="write the figures here")
+  args = p.parse_args(argv)
+  result = measure(os.path.abspath(args.repo))
+  text = json.dumps(result, indent=1)
+  if args.json:
+    with open(args.json, "w") as f:
+      f.write(text + "\n")
+  print(text)
+
+
+if __name__ == "__main__":
+  main()
