@@ -100,9 +100,9 @@ def main(argv):
         f"{mean_and_spread(tables.best_config, tables.metric)})"
       )
       return 0
-    python = FLAGS.python or (sys.executable if FLAGS.target == "local" else "python3")
-    job = Job(FLAGS.job, FLAGS.config, FLAGS.workdir, extra_args=tuple(argv[2:]), python=python)
     target = target_from_flags()
+    python = FLAGS.python or (sys.executable if target.on_this_machine else "python3")
+    job = Job(FLAGS.job, FLAGS.config, FLAGS.workdir, extra_args=tuple(argv[2:]), python=python)
     if argv[1] == "glue":
       suite = Suite(
         FLAGS.workdir,
@@ -120,7 +120,7 @@ def main(argv):
       return launch(job, target, dry_run=FLAGS.dry_run)
     runs = plan_sweep(job, load_sweep(FLAGS.sweep or ""), FLAGS.workdir, FLAGS.sweep or "sweep")
     statuses = run_sweep(runs, target, FLAGS.parallel, FLAGS.dry_run)
-    if FLAGS.dry_run or FLAGS.target != "local":
+    if FLAGS.dry_run or not target.results_on_return:
       return max(statuses.values(), default=0)
     failed = sorted(name for name, status in statuses.items() if status)
     try:

@@ -36,6 +36,7 @@ from . import sweep
 from .job import Job, LaunchError, config_overrides_in_args, resolve_config
 from .launch import launch
 from .results import _listdir, _open, _read_json
+from .targets.base import Target
 
 PROTOCOLS = ("quick", "paper")
 QUICK_SETTINGS = {"learning_rate": 4e-5, "train_batch_size": 32, "num_train_epochs": 3.0}
@@ -307,7 +308,7 @@ def expected_test_rows(suite: Suite, tasks: Sequence[str]) -> dict[str, int | No
   return out
 
 
-def predict_tests(suite: Suite, rows, target, out: TextIO) -> list[str]:
+def predict_tests(suite: Suite, rows, target: Target, out: TextIO) -> list[str]:
   """Runs bert_jax.evaluate --split=test on each chosen run without test predictions."""
   failed = []
   for row in rows:
@@ -319,7 +320,7 @@ def predict_tests(suite: Suite, rows, target, out: TextIO) -> list[str]:
     if not wanted or all(report.find_test_file(row.chosen.workdir, n) for n in wanted):
       continue
     last = _read_json(os.path.join(row.chosen.workdir, "launch.json")) or {}
-    if target.name != "local" and last.get("entry") == "bert_jax.evaluate":
+    if not target.results_on_return and last.get("entry") == "bert_jax.evaluate":
       out.write(f"glue: test predictions of {row.task}/{row.chosen.name} submitted; waiting\n")
       continue  # submitted by an earlier invocation, not finished yet
     job = Job(
@@ -337,7 +338,9 @@ def predict_tests(suite: Suite, rows, target, out: TextIO) -> list[str]:
   return failed
 
 
-def run_glue(suite: Suite, target, parallel: int = 1, dry_run: bool = False, out=None) -> int:
+def run_glue(
+  suite: Suite, target: Target, parallel: int = 1, dry_run: bool = False, out=None
+) -> int:
   """Checks everything, then runs (or lists) the suite and writes the table; an exit status."""
   out = out or sys.stdout
   suite = dataclasses.replace(
@@ -394,7 +397,7 @@ def run_glue(suite: Suite, target, parallel: int = 1, dry_run: bool = False, out
   statuses = sweep.run_sweep(sweep_runs, target, parallel, on_finish=progress, out=out)
   halted = {n for n, s in statuses.items() if s in STOPPED}
   stopped = bool(halted)
-  if target.name != "local" and todo:
+  if not target.results_on_return and todo:
     out.write("glue: runs submitted; run the same command again once they finish to collect\n")
     return max(statuses.values(), default=0)
   planned = [(t, r.name.split("/", 1)[1], r.job.workdir, r.overrides) for t, r in runs]

@@ -17,7 +17,11 @@ launch/preflight.py) is ``launch.json`` (command, resolved config, git commit, t
 settings, pre-flight result) written into the workdir and the job started. ``dry_run`` prints
 exactly what would run and starts nothing, after checking the config as the entry point will
 before any work (``preflight.check_job_config``: a config it would refuse is the same one-line
-error here).
+error here). launch.json is written only where the target says its workdir is reachable from
+here (``Target.records_here``: not a Kubernetes path, which is inside the pods).
+
+The target is used only through ``launch.targets.base.Target``: any target, including one
+defined outside this package, launches the same way.
 """
 
 from __future__ import annotations
@@ -29,25 +33,12 @@ from typing import TextIO
 from .job import Job, launch_record, resolve_config, write_launch_record
 from .preflight import check_job_config
 from .targets import target_settings
-
-
-def num_processes(target) -> int:
-  for field in ("num_processes", "num_hosts"):
-    if hasattr(target, field):
-      return getattr(target, field)
-  if hasattr(target, "nodes"):
-    return target.nodes * target.gpus_per_node
-  return 0  # a TPU slice: known to the workers only
-
-
-def can_write(workdir: str) -> bool:
-  """Whether launch.json can be written from here (a local path or a gs:// bucket)."""
-  return workdir.startswith("gs://") or "://" not in workdir
+from .targets.base import Target, can_write
 
 
 def launch(
   job: Job,
-  target,
+  target: Target,
   dry_run: bool = False,
   out: TextIO | None = None,
   source: str = "command line",
@@ -55,7 +46,7 @@ def launch(
 ) -> int:
   """Validates ``job`` on ``target``, then prints it (dry run) or records and runs it.
 
-  ``stop`` (local target): setting it stops the job's processes (used by sweeps).
+  ``stop``: setting it stops a job that runs in this process (used by sweeps).
   """
   out = out or sys.stdout
   config = resolve_config(job, source)
@@ -65,19 +56,17 @@ def launch(
     check_job_config(job, config, target)  # what the entry point refuses at once
     out.write(plan + "\n")
     return 0
-  checked = target.preflight(job, config) if hasattr(target, "preflight") else None
-  record = launch_record(job, config, target.name, target_settings(target), num_processes(target))
+  checked = target.preflight(job, config)
+  record = launch_record(job, config, target.name, target_settings(target), target.processes)
   if checked is not None:
     record["preflight"] = checked
     out.write("".join(f"launch: pre-flight: {line}\n" for line in checked.get("summary", [])))
-  if can_write(job.workdir) and (target.name != "kubernetes" or job.workdir.startswith("gs://")):
+  if target.records_here(job):
     write_launch_record(job.workdir, record)
   else:
     out.write(f"launch: {job.workdir} is not reachable from here; launch.json not written\n")
   out.flush()
-  if target.name == "local":
-    return target.run(job, out, stop=stop)
-  return target.run(job, out)
+  return target.run(job, out, stop=stop)
 
 
-__all__ = ["can_write", "launch", "num_processes"]
+__all__ = ["can_write", "launch"]

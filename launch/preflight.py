@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .job import Job, LaunchError
+
+if TYPE_CHECKING:  # the targets import this module
+  from .targets.base import Target
 
 COMPILABLE = ("bert_jax.pretrain", "bert_jax.finetune")
 GiB = 1024**3
@@ -64,25 +67,13 @@ def gpu_topology_name(gpu_type: str, hosts: int, gpus_per_host: int) -> str:
   return f"{gpu_type}:{hosts}x{gpus_per_host}" if hosts > 1 else f"{gpu_type}:{gpus_per_host}"
 
 
-def target_topology(target) -> str | None:
-  """The topology name of the chips ``target`` runs on (a TPU accelerator type, or a GPU
-  topology from gpu_type and the hosts' GPUs); None where the target does not say."""
-  if getattr(target, "accelerator_type", ""):
-    return target.accelerator_type
-  if not getattr(target, "gpu_type", ""):
-    return None
-  if hasattr(target, "nodes"):
-    return gpu_topology_name(target.gpu_type, target.nodes, target.gpus_per_node)
-  return gpu_topology_name(target.gpu_type, target.num_hosts, target.gpus_per_host)
-
-
-def check_job_config(job: Job, config, target) -> None:
+def check_job_config(job: Job, config, target: Target) -> None:
   """LaunchError with the entry point's own one-line error when ``pretrain`` / ``finetune``
   would refuse ``config`` before any work (a dry run says so too, starting nothing): the
   numbers' ranges, the task's checks (packing a task that cannot be packed, ...) and the
   attention kernel (a fused kernel with attention dropout). On the target's topology where it
   names one (``bert_jax.plan.compiler.check_config``, no compile); else the platform-free
-  checks, and for the local target the kernel on this host's devices."""
+  checks, and for a target on this machine the kernel on this host's devices."""
   if job.module not in COMPILABLE or config is None:
     return
   # bert_jax (JAX) only when a config is checked: the launcher itself stays light.
@@ -92,14 +83,14 @@ def check_job_config(job: Job, config, target) -> None:
   from bert_jax.tasks.jobs import build_job  # noqa: PLC0415 (heavy)
   from bert_jax.train.run_config import check_run_config  # noqa: PLC0415 (heavy)
 
-  topology = target_topology(target)
+  topology = target.topology_name()
   try:
     if topology:
       check_config(config, parse_topology(topology))
       return
     check_run_config(config)
     kernel = config.get("attention_kernel", "reference")
-    if target.name != "local":  # the remote devices' platform is not known here: the kernel's
+    if not target.on_this_machine:  # the remote devices' platform is not known: the kernel's
       if kernel in FUSED:  # own checks on a platform it runs on (the dropout it cannot take)
         resolve_attention_kernel(
           kernel,

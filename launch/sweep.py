@@ -17,7 +17,7 @@ Before anything starts, the base config is loaded and every run's overrides appl
 that does not exist (or a value of the wrong type) is a LaunchError naming the sweep file and
 the key. A run whose workdir already holds ``metrics.json`` is complete and skipped, so running
 a sweep again only runs what is missing or failed. Local runs go one after another or
-``parallel`` at a time; remote targets get one job per run. The results are collected into
+``parallel`` at a time (``Target.parallel_runs``); remote targets get one job per run. The results are collected into
 ``results.csv`` / ``results.md`` (see ``launch.results``).
 """
 
@@ -40,6 +40,7 @@ from typing import Any, TextIO
 
 from .job import REPO_ROOT, Job, LaunchError, add_import_root, resolve_config
 from .launch import launch
+from .targets.base import Target
 
 Overrides = dict[str, Any]
 
@@ -202,21 +203,16 @@ def write_sweep_record(root: str, runs: Sequence[SweepRun]) -> None:
     f.write(text)
 
 
-def run_target(target, index: int, first: bool):
-  """The target for run ``index`` of a sweep: a distinct job name where the target has one;
-  on a TPU slice the code is shipped and installed (and the slice created) by the first run
-  only."""
-  changes: dict[str, Any] = {}
-  if getattr(target, "job_name", ""):
-    changes["job_name"] = f"{target.job_name}-{index}"
-  if target.name == "tpu" and not first:
-    changes.update(ship="none", create=False)
-  return dataclasses.replace(target, **changes) if changes else target
+def run_target(target: Target, index: int, first: bool, parallel: int = 1) -> Target:
+  """The target for run ``index`` of a sweep (``Target.sweep_run``): e.g. a distinct job name
+  where the target has one; on a TPU slice the code is shipped and installed (and the slice
+  created) by the first run only; local runs in parallel echo none of their processes."""
+  return target.sweep_run(index, first, parallel)
 
 
 def run_sweep(
   runs: Sequence[SweepRun],
-  target,
+  target: Target,
   parallel: int = 1,
   dry_run: bool = False,
   out: TextIO | None = None,
@@ -243,8 +239,6 @@ def run_sweep(
     return {}
   for root in dict.fromkeys(os.path.dirname(r.job.workdir) for r in runs):
     write_sweep_record(root, [r for r in runs if os.path.dirname(r.job.workdir) == root])
-  if target.name == "local":
-    target = dataclasses.replace(target, echo=parallel == 1 and target.echo)
   stop = threading.Event()
 
   def one(r: SweepRun) -> int:
@@ -253,7 +247,8 @@ def run_sweep(
     out.write(f"sweep: start {r.name}\n")
     out.flush()
     start = time.monotonic()
-    status = launch(r.job, run_target(target, runs.index(r), r is todo[0]), out=out, stop=stop)
+    run_on = run_target(target, runs.index(r), r is todo[0], parallel)
+    status = launch(r.job, run_on, out=out, stop=stop)
     out.write(f"sweep: {r.name} {'done' if status == 0 else f'FAILED (status {status})'}\n")
     out.flush()
     if on_finish is not None:
@@ -266,7 +261,7 @@ def run_sweep(
     for sig in (signal.SIGTERM, signal.SIGINT):
       previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
   try:
-    workers = max(1, parallel) if target.name == "local" else 1
+    workers = max(1, parallel) if target.parallel_runs else 1
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
       return dict(zip([r.name for r in todo], pool.map(one, todo)))
   finally:

@@ -1,9 +1,12 @@
 """Where a job runs: this machine, a Cloud TPU VM slice, a SLURM cluster or Kubernetes.
 
-Every target is a frozen dataclass of its settings with the same three methods:
+Every target is a frozen dataclass of its settings that implements :class:`base.Target`:
 ``validate(job)`` (a missing or bad setting -> LaunchError, before anything starts),
 ``describe(job) -> str`` (exactly what would run: commands, script or manifest; ``--dry_run``
-prints it) and ``run(job) -> int`` (the exit status).
+prints it), ``run(job, out, stop) -> int`` (the exit status), and what the launcher, sweeps and
+GLUE suites ask of it (its pre-flight, its processes, where launch.json can be written, whether
+sweep runs go in parallel and results can be collected at once). A new target is one file
+with such a class plus its line in ``TARGETS``.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..job import LaunchError
+from .base import Target
 from .kubernetes import KubernetesTarget
 from .local import LocalTarget
 from .slurm import SlurmTarget
 from .tpu import TpuTarget
 
-TARGETS = {
+TARGETS: dict[str, type[Target]] = {
   "local": LocalTarget,
   "tpu": TpuTarget,
   "slurm": SlurmTarget,
@@ -60,7 +64,7 @@ def setting_help(name: str) -> dict[str, str]:
   return helps
 
 
-def make_target(name: str, settings: Mapping[str, Any] | None = None):
+def make_target(name: str, settings: Mapping[str, Any] | None = None) -> Target:
   """A target by name from its settings; a setting it does not have -> LaunchError."""
   if name not in TARGETS:
     raise LaunchError(f"unknown target {name!r}; choose one of {sorted(TARGETS)}")
@@ -73,7 +77,7 @@ def make_target(name: str, settings: Mapping[str, Any] | None = None):
   return TARGETS[name](**settings)
 
 
-def target_settings(target) -> dict[str, Any]:
+def target_settings(target: Target) -> dict[str, Any]:
   """A target's settings as a JSON-able dict (recorded in launch.json)."""
   return dataclasses.asdict(target)
 
@@ -83,6 +87,7 @@ __all__ = [
   "KubernetesTarget",
   "LocalTarget",
   "SlurmTarget",
+  "Target",
   "TpuTarget",
   "make_target",
   "setting_help",

@@ -31,6 +31,7 @@ import hashlib
 import re
 import subprocess
 import sys
+import threading
 from typing import Any, TextIO
 
 import yaml
@@ -38,6 +39,7 @@ import yaml
 from ..job import Job, LaunchError
 from ..preflight import gpu_topology_name, preflight
 from . import kubernetes_manifests
+from .base import Target
 from .kubernetes_manifests import SLICE
 
 WORKLOADS = ("auto", "jobset", "job")
@@ -70,7 +72,7 @@ def dns_name(text: str, limit: int = 40) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class KubernetesTarget:
+class KubernetesTarget(Target):
   """Settings of a Kubernetes launch; ``image`` is required.
 
   Attributes:
@@ -124,6 +126,27 @@ class KubernetesTarget:
   num_slices: int = 1
 
   name = "kubernetes"
+
+  @property
+  def processes(self) -> int:
+    return self.num_processes
+
+  def topology_name(self) -> str | None:
+    if self.accelerator_type:
+      return self.accelerator_type
+    if not self.gpu_type:
+      return None
+    return gpu_topology_name(self.gpu_type, self.num_hosts, self.gpus_per_host)
+
+  def records_here(self, job: Job) -> bool:
+    """Only a gs:// workdir: a path is one inside the pods (a volume), not here."""
+    return job.workdir.startswith("gs://")
+
+  def sweep_run(self, index: int, first: bool, parallel: int = 1) -> KubernetesTarget:
+    """A distinct job name per run where one is set (``<job_name>-<index>``); else each
+    run's name comes from its workdir."""
+    del first, parallel
+    return dataclasses.replace(self, job_name=f"{self.job_name}-{index}") if self.job_name else self
 
   def preflight(self, job: Job, config) -> dict | None:
     """Compiles the job for the TPU slices or the pods' GPUs (LaunchError when it does not
@@ -312,7 +335,10 @@ class KubernetesTarget:
       f"# kubectl apply --namespace={self.namespace} -f -"
     )
 
-  def run(self, job: Job, out: TextIO | None = None) -> int:
+  def run(self, job: Job, out: TextIO | None = None, stop: threading.Event | None = None) -> int:
+    """Applies the manifests; kubectl's exit status (``stop`` is not used: the job is the
+    cluster's once applied)."""
+    del stop
     out = out or sys.stdout
     text = self.manifest_yaml(job)
     out.write(

@@ -35,6 +35,7 @@ from typing import TextIO
 from bert_jax.interrupts import ENV_ATTEMPT, ENV_MAX_RESTARTS, restartable
 
 from ..job import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, Job, LaunchError
+from .base import Target
 
 
 def free_port() -> int:
@@ -54,7 +55,7 @@ class ProcessSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class LocalTarget:
+class LocalTarget(Target):
   """Settings of a local launch.
 
   Attributes:
@@ -79,6 +80,29 @@ class LocalTarget:
   max_restarts: int = 3
 
   name = "local"
+
+  @property
+  def processes(self) -> int:
+    return self.num_processes
+
+  @property
+  def on_this_machine(self) -> bool:
+    return True
+
+  @property
+  def results_on_return(self) -> bool:
+    """The processes run here and ``run`` waits for them; the workdir is a local path."""
+    return True
+
+  @property
+  def parallel_runs(self) -> bool:
+    return True
+
+  def sweep_run(self, index: int, first: bool, parallel: int = 1) -> LocalTarget:
+    """This target; with runs in parallel, no process echoed to the console (their lines
+    would interleave; each still has its log)."""
+    del index, first
+    return dataclasses.replace(self, echo=False) if parallel != 1 and self.echo else self
 
   def validate(self, job: Job) -> None:
     if self.num_processes < 1:

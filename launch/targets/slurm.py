@@ -47,6 +47,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 from typing import TextIO
 
 from bert_jax.interrupts import ENV_ATTEMPT, ENV_MAX_RESTARTS
@@ -60,6 +61,7 @@ from ..job import (
   LaunchError,
 )
 from ..preflight import gpu_topology_name, preflight
+from .base import Target
 
 # The end of the batch script: how the attempt ended, and whether to requeue the job. A task's
 # own status that a restart cannot fix ends the job with it (srun's is 143 whenever
@@ -121,7 +123,7 @@ def time_limit_s(time: str) -> int | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class SlurmTarget:
+class SlurmTarget(Target):
   """Settings of a SLURM launch; ``partition`` is required.
 
   Attributes:
@@ -178,6 +180,20 @@ class SlurmTarget:
   def num_processes(self) -> int:
     """The job's processes, nodes x tasks per node (recorded in launch.json)."""
     return self.nodes * self.processes_per_node
+
+  @property
+  def processes(self) -> int:
+    return self.num_processes
+
+  def topology_name(self) -> str | None:
+    if not self.gpu_type:
+      return None
+    return gpu_topology_name(self.gpu_type, self.nodes, self.gpus_per_node)
+
+  def sweep_run(self, index: int, first: bool, parallel: int = 1) -> SlurmTarget:
+    """A distinct job name per run: ``<job_name>-<index>``."""
+    del first, parallel
+    return dataclasses.replace(self, job_name=f"{self.job_name}-{index}") if self.job_name else self
 
   def preflight(self, job: Job, config) -> dict | None:
     """Compiles the job for the allocation's GPUs (LaunchError when it does not fit); None when
@@ -367,8 +383,10 @@ class SlurmTarget:
       f"sbatch --parsable {shlex.quote(self.script_path(job))}"
     )
 
-  def run(self, job: Job, out: TextIO | None = None) -> int:
-    """Writes the script, creates the log directory and submits; sbatch's exit status."""
+  def run(self, job: Job, out: TextIO | None = None, stop: threading.Event | None = None) -> int:
+    """Writes the script, creates the log directory and submits; sbatch's exit status
+    (``stop`` is not used: the job is SLURM's once submitted)."""
+    del stop
     out = out or sys.stdout
     text, path, logs = self.script(job), self.script_path(job), self.log_dir(job)
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -34,6 +34,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -49,6 +50,7 @@ from ..job import (
   git_state,
 )
 from ..preflight import preflight
+from .base import Target
 from .tpu_watch import PID_FILE, STATUS_FILE, describe_watch, watch
 
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
@@ -153,7 +155,7 @@ log "ready: $VENV (Python $version, jax $got)"
 
 
 @dataclasses.dataclass(frozen=True)
-class TpuTarget:
+class TpuTarget(Target):
   """Settings of a TPU VM launch; tpu_name, zone and project are required.
 
   Attributes:
@@ -203,6 +205,20 @@ class TpuTarget:
   watch_poll_s: float = 60.0
 
   name = "tpu"
+
+  @property
+  def processes(self) -> int:
+    """0: one process per worker of the slice, which only the workers know."""
+    return 0
+
+  def topology_name(self) -> str | None:
+    return self.accelerator_type or None
+
+  def sweep_run(self, index: int, first: bool, parallel: int = 1) -> TpuTarget:
+    """The first run ships and installs the code (and creates the slice); the others find
+    both there."""
+    del index, parallel
+    return self if first else dataclasses.replace(self, ship="none", create=False)
 
   def preflight(self, job: Job, config) -> dict | None:
     """Compiles the job for ``accelerator_type`` before anything is created (LaunchError when
@@ -428,7 +444,11 @@ class TpuTarget:
       lines += describe_watch(self)
     return "\n".join(lines)
 
-  def run(self, job: Job, out: TextIO | None = None) -> int:
+  def run(self, job: Job, out: TextIO | None = None, stop: threading.Event | None = None) -> int:
+    """Writes the files, then creates, ships, installs and starts (attached: the status of the
+    job on the workers; watched: see tpu_watch). ``stop`` is not used: Ctrl-C ends the
+    launcher, the job's fate is the workers'."""
+    del stop
     out = out or sys.stdout
     for path, text in self.files(job).items():
       with open(path, "w") as f:
