@@ -1,7 +1,7 @@
 """What the benchmarks share: the repository's root, the MiniLM test package's checkpoint,
 ``timing.Timer``, ``process.run`` (one child process), ``flags`` (argparse with absl's list and
-boolean spellings), the PyTorch / Hugging Face peers (``peers``) and the pre-training step on
-synthetic batches (``pretrain_step``)."""
+boolean spellings), the PyTorch / Hugging Face peers (``peers``), the pre-training step on
+synthetic batches (``pretrain_step``) and the GLUE benchmarks' shared set-up (``glue_setup``)."""
 
 from __future__ import annotations
 

@@ -65,10 +65,14 @@ import sys
 import tempfile
 import time
 
+import jax
 import numpy as np
 
-from benchmarks.common import SHARED_DATA, minilm_dir
+from benchmarks.common import SHARED_DATA, glue_setup, minilm_dir
 from benchmarks.common.process import ChildFailed, run
+from benchmarks.speed import finetune_steps
+from bert_jax.tasks.finetuning import runner
+from bert_jax.tasks.glue.data import SPECS
 
 _ARGS = None  # the parsed command line (children get the parent's, plus --one)
 
@@ -88,8 +92,6 @@ class CompileTimer:
   """Sums JAX's compile (or persistent-cache load) durations and counts cache hits."""
 
   def __init__(self):
-    import jax
-
     self.seconds, self.hits = 0.0, 0
     jax.monitoring.register_event_duration_secs_listener(self._duration)
     jax.monitoring.register_event_listener(self._event)
@@ -108,29 +110,8 @@ class CompileTimer:
     return self.seconds, self.hits
 
 
-def bert_jax_config(task: str, seed: int, args):
-  """The runner's config for ``task`` and ``seed`` under this benchmark's flags."""
-  from configs import glue
-
-  c = glue.get_config(task)
-  c.data_dir, c.init_checkpoint = args.glue_dir, args.init_checkpoint
-  c.max_seq_length, c.train_batch_size = args.max_seq_length, args.train_batch_size
-  c.eval_batch_size, c.learning_rate = args.eval_batch_size, args.learning_rate
-  c.num_train_epochs, c.seed, c.predict_test = args.num_train_epochs, seed, False
-  c.max_train_examples, c.max_eval_examples = args.max_train_examples, args.max_eval_examples
-  c.keep_best = False
-  c.length_buckets = args.length_buckets
-  c.optimizer.schedule = args.schedule
-  c.head_init = args.head_init
-  c.compilation_cache.dir = args.compilation_cache_dir
-  c.logging.log_every_steps = 50
-  return c
-
-
 def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
-  from bert_jax.tasks.finetuning import runner
-
-  c = bert_jax_config(task, seed, args)
+  c = glue_setup.bert_jax_config(task, seed, args)
   compile0, hits0 = timer.snapshot()
   t0 = time.time()
   with tempfile.TemporaryDirectory() as workdir:
@@ -149,69 +130,17 @@ def run_bert_jax(task: str, seed: int, args, timer: CompileTimer) -> dict:
   }
 
 
-def _hf_encode(tok, spec, path, limit, max_len, pad):
-  from bert_jax.tasks.glue.data import read_tsv  # the TSV columns only
-
-  ex, _ = read_tsv(spec, path, True)
-  ex = ex[:limit] if limit else ex
-  enc = tok(
-    [e.text_a for e in ex],
-    [e.text_b for e in ex] if spec.text_b else None,
-    truncation="longest_first",
-    max_length=max_len,
-    padding="max_length" if pad else False,
-    return_tensors="pt" if pad else None,
-  )
-  labels = np.array([e.label for e in ex], np.float32 if spec.is_regression else np.int64)
-  return enc, labels
-
-
-_HF_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def _hf_batch(enc, idx, pad_to, torch):
-  """Rows ``idx`` as tensors: already padded (``pad_to``: tensors indexed directly) or padded
-  here to the batch's longest row (``pad_to`` None; 0 is the pad value of all three)."""
-  idx = list(idx)
-  if pad_to:
-    return {k: enc[k][torch.as_tensor(idx)] for k in _HF_KEYS}
-  length = max(len(enc["input_ids"][i]) for i in idx)
-  return {
-    k: torch.tensor([list(enc[k][i]) + [0] * (length - len(enc[k][i])) for i in idx])
-    for k in _HF_KEYS
-  }
-
-
-def bert_jax_setup(task: str, seed: int, args):
-  """(config, task, model, params) as bert_jax's runner starts ``task`` for ``seed``: the new
-  head drawn from the first half of the split seed key (as ``bert_jax.train.state`` does) under
-  ``--head_init``, the encoder from ``--init_checkpoint``; params unboxed, on the host."""
-  import flax
-  import jax
-
-  from bert_jax.checkpoint import merge_pretrained_params
-  from bert_jax.formats import load_pretrained
-  from bert_jax.tasks import create_task
-
-  c = bert_jax_config(task, seed, args)
-  pre = load_pretrained(c.init_checkpoint)
-  t = create_task(c, pre.tokenizer)
-  model = t.build_model(pre.config)
-  init_rng, _ = jax.random.split(jax.random.PRNGKey(c.seed))
-  params = flax.linen.meta.unbox(
-    jax.jit(lambda rng: t.init_variables(model, rng, 1)["params"])(init_rng)
-  )
-  params, _ = merge_pretrained_params(dict(params), {"bert": pre.params["bert"]}, c.init_checkpoint)
-  return c, t, model, params
-
-
 def bert_jax_head(task: str, seed: int, args) -> dict:
   """The new head bert_jax's runner draws for ``task`` and ``seed`` (``kernel`` [hidden,
   labels], ``bias``)."""
-  return {k: np.asarray(v) for k, v in bert_jax_setup(task, seed, args)[3]["classifier"].items()}
+  return {
+    k: np.asarray(v)
+    for k, v in glue_setup.bert_jax_setup(task, seed, args)[3]["classifier"].items()
+  }
 
 
 def run_hf(task: str, seed: int, args) -> dict:
+  # The Hugging Face side's packages are optional (not bert_jax's dependencies), and heavy.
   import scipy.stats
   import sklearn.metrics
   import torch
@@ -220,8 +149,6 @@ def run_hf(task: str, seed: int, args) -> dict:
     BertTokenizerFast,
     get_linear_schedule_with_warmup,
   )
-
-  from bert_jax.tasks.glue.data import SPECS
 
   spec = SPECS[task]
   t_run = time.time()
@@ -237,10 +164,10 @@ def run_hf(task: str, seed: int, args) -> dict:
       model.classifier.bias.copy_(torch.from_numpy(head["bias"]))
   pad = not args.hf_dynamic_padding
   folder = os.path.join(args.glue_dir, spec.dir_name)
-  train, y_train = _hf_encode(
+  train, y_train = glue_setup.hf_encode(
     tok, spec, os.path.join(folder, "train.tsv"), args.max_train_examples, args.max_seq_length, pad
   )
-  dev, y_dev = _hf_encode(
+  dev, y_dev = glue_setup.hf_encode(
     tok,
     spec,
     os.path.join(folder, dict(spec.eval_files)["dev"]),
@@ -275,7 +202,9 @@ def run_hf(task: str, seed: int, args) -> dict:
     with torch.no_grad():
       for s in range(0, len(y_dev), args.eval_batch_size):
         logits = model(
-          **_hf_batch(dev, range(s, min(s + args.eval_batch_size, len(y_dev))), pad_to, torch)
+          **glue_setup.hf_batch(
+            dev, range(s, min(s + args.eval_batch_size, len(y_dev))), pad_to, torch
+          )
         ).logits
         preds.append(logits[:, 0] if spec.is_regression else logits.argmax(-1))
     model.train()
@@ -300,7 +229,9 @@ def run_hf(task: str, seed: int, args) -> dict:
     if k == 0:
       perm = gen.permutation(n)
     idx = perm[k * b : (k + 1) * b]
-    out = model(**_hf_batch(train, idx, pad_to, torch), labels=torch.as_tensor(y_train[idx]))
+    out = model(
+      **glue_setup.hf_batch(train, idx, pad_to, torch), labels=torch.as_tensor(y_train[idx])
+    )
     out.loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -356,7 +287,7 @@ def comparison(results: dict) -> str:
   standard error (Welch: sqrt(s1^2/n1 + s2^2/n2)) and Welch's two-sided t-test p-value (seeds
   as independent samples: the two sides draw different heads and orders from a seed), and
   the ratio of mean training times."""
-  import scipy.stats
+  import scipy.stats  # optional: not a bert_jax dependency
 
   lines = [
     "| task | metric | bert_jax - HF, mean | std. error | Welch p | "
@@ -382,9 +313,7 @@ def comparison(results: dict) -> str:
 
 def step_timing(args) -> None:
   """Seconds per train step at [train_batch_size, max_seq_length] on both sides."""
-  from benchmarks.speed.finetune_steps import time_steps
-
-  time_steps(args)
+  finetune_steps.time_steps(args)
 
 
 def _child(fw: str, task: str, seed: int) -> dict:
@@ -494,9 +423,7 @@ def main():
     step_timing(args)
     return
   if args.eval_timing:
-    from benchmarks.speed.finetune_steps import time_eval
-
-    time_eval(args)
+    finetune_steps.time_eval(args)
     return
   cache_tmp = None
   if not args.compilation_cache_dir:

@@ -24,21 +24,23 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
+from benchmarks.common import glue_setup
 from benchmarks.common.timing import Timer
+from bert_jax import parallel
+from bert_jax.tasks import create_task
+from bert_jax.tasks.finetuning import runner
+from bert_jax.tasks.finetuning import runner_io as io
+from bert_jax.tasks.finetuning.inputs import FinetuneInput, Predictor, make_bucketer
+from bert_jax.tasks.glue.data import SPECS, read_tsv
+from bert_jax.train import optimizers
+from bert_jax.train import state as state_lib
+from bert_jax.train import train_step as step_lib
+from configs import glue
 
 
 def _bert_jax_steps(args, n: int) -> dict:
-
-  from bert_jax import parallel
-  from bert_jax.tasks import create_task
-  from bert_jax.tasks.finetuning import runner
-  from bert_jax.tasks.finetuning import runner_io as io
-  from bert_jax.tasks.finetuning.inputs import FinetuneInput
-  from bert_jax.train import optimizers
-  from bert_jax.train import state as state_lib
-  from bert_jax.train import train_step as step_lib
-  from configs import glue
-
   c = glue.get_config(args.tasks.split(",")[0])
   c.data_dir, c.init_checkpoint = args.glue_dir, args.init_checkpoint
   c.max_seq_length, c.train_batch_size = args.max_seq_length, args.train_batch_size
@@ -72,11 +74,9 @@ def _bert_jax_steps(args, n: int) -> dict:
 
 
 def _hf_steps(args, n: int) -> dict:
-  import numpy as np
+  # The PyTorch side: optional packages (not bert_jax's dependencies), and heavy.
   import torch
   from transformers import BertForSequenceClassification, BertTokenizerFast
-
-  from bert_jax.tasks.glue.data import SPECS, read_tsv
 
   spec = SPECS[args.tasks.split(",")[0]]
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
@@ -121,11 +121,7 @@ def _hf_steps(args, n: int) -> dict:
 
 
 def _bert_jax_eval(args, task_name: str, n: int) -> dict:
-  from benchmarks.quality.finetune_glue import bert_jax_setup
-  from bert_jax import parallel
-  from bert_jax.tasks.finetuning.inputs import Predictor, make_bucketer
-
-  c, task, model, params = bert_jax_setup(task_name, 0, args)
+  c, task, model, params = glue_setup.bert_jax_setup(task_name, 0, args)
   dev = task.load_split("dev")
   mesh = parallel.create_mesh(c.mesh)
   rules = parallel.normalize_rules(c.logical_axis_rules)
@@ -141,11 +137,9 @@ def _bert_jax_eval(args, task_name: str, n: int) -> dict:
 
 
 def _hf_eval(args, task_name: str, n: int) -> dict:
+  # The PyTorch side: optional packages (not bert_jax's dependencies), and heavy.
   import torch
   from transformers import BertForSequenceClassification, BertTokenizerFast
-
-  from benchmarks.quality.finetune_glue import _hf_batch, _hf_encode
-  from bert_jax.tasks.glue.data import SPECS
 
   spec = SPECS[task_name]
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
@@ -154,13 +148,15 @@ def _hf_eval(args, task_name: str, n: int) -> dict:
   ).eval()
   path = f"{args.glue_dir}/{spec.dir_name}/{dict(spec.eval_files)['dev']}"
   pad = not args.hf_dynamic_padding
-  dev, y = _hf_encode(tok, spec, path, 0, args.max_seq_length, pad)
+  dev, y = glue_setup.hf_encode(tok, spec, path, 0, args.max_seq_length, pad)
   pad_to = args.max_seq_length if pad else None
 
   def one_pass():
     with torch.no_grad():
       for s in range(0, len(y), args.eval_batch_size):
-        model(**_hf_batch(dev, range(s, min(s + args.eval_batch_size, len(y))), pad_to, torch))
+        model(
+          **glue_setup.hf_batch(dev, range(s, min(s + args.eval_batch_size, len(y))), pad_to, torch)
+        )
 
   t = Timer(calls=n).time(lambda i: one_pass())
   return {
