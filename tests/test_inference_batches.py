@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.tasks.finetuning.length_buckets import parse_buckets
+from bert_jax.data.length_buckets import parse_buckets
 from bert_jax.tasks.inference.batches import InferenceBatches, data_parallel_mesh, pad_ragged
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from float_tolerance import assert_model_close
 
-from bert_jax.tasks.finetuning.length_buckets import LengthBucketer, longest_row, parse_buckets
+from bert_jax.data.length_buckets import LengthBucketer, longest_row, parse_buckets
 
 
 @pytest.mark.parametrize(

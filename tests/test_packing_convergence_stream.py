@@ -80,13 +80,13 @@ def _packed_instances(batch, mask_id):
     positions, labels = batch["masked_lm_positions"][r][w], batch["masked_lm_ids"][r][w]
     (masks,) = np.nonzero(ids == mask_id)
     assert set(masks.tolist()) <= set(positions.tolist()), "a [MASK] without a prediction"
-    assert np.all(batch["next_sentence_weights"][r, seq.max() :] == 0)
+    assert np.all(batch["sequence_weights"][r, seq.max() :] == 0)
     for s in range(1, int(seq.max()) + 1):
       (where,) = np.nonzero(seq == s)
       start, n = int(where[0]), len(where)
       assert np.array_equal(where, np.arange(start, start + n))
       assert np.array_equal(batch["position_ids"][r, where], np.arange(n))
-      assert batch["cls_positions"][r, s - 1] == start and batch["next_sentence_weights"][r, s - 1]
+      assert batch["cls_positions"][r, s - 1] == start and batch["sequence_weights"][r, s - 1]
       mine = (positions >= start) & (positions < start + n)
       out.append(
         _instance(

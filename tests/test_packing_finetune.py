@@ -11,16 +11,11 @@ import pytest
 from float_tolerance import assert_gradients_close, assert_sum_close, encoder_terms
 
 from bert_jax import parallel
+from bert_jax.data.packing import Packer, place_sequences
 from bert_jax.model import BertConfig
 from bert_jax.tasks import create_task
 from bert_jax.tasks.finetuning import runner_io as io
-from bert_jax.tasks.finetuning.inputs import (
-  FinetuneInput,
-  Packer,
-  Predictor,
-  packed_rows,
-  place_sequences,
-)
+from bert_jax.tasks.finetuning.inputs import FinetuneInput, Predictor, packed_rows
 from bert_jax.tasks.finetuning.runner import build_finetune_job, make_loss_fn, make_packer
 from bert_jax.tokenize import load_tokenizer
 from configs import glue, ner, squad, swag

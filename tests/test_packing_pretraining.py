@@ -98,7 +98,7 @@ def unpack_row(batch, r):
     assert np.array_equal(where, np.arange(start, start + n))  # contiguous
     assert np.array_equal(batch["position_ids"][r, where], np.arange(n))
     assert batch["cls_positions"][r, s - 1] == start
-    assert batch["next_sentence_weights"][r, s - 1] == 1.0
+    assert batch["sequence_weights"][r, s - 1] == 1.0
     mine = weights & (positions >= start) & (positions < start + n)
     out.append(
       dict(
@@ -110,7 +110,7 @@ def unpack_row(batch, r):
       )
     )
   s = seq.max()
-  assert np.all(batch["next_sentence_weights"][r, s:] == 0)
+  assert np.all(batch["sequence_weights"][r, s:] == 0)
   assert np.array_equal(batch["input_mask"][r], (seq > 0).astype(np.int32))
   assert int(weights.sum()) == sum(len(x["positions"]) for x in out)
   return out

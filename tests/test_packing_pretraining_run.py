@@ -194,10 +194,7 @@ def test_abstract_packed_job_has_the_packed_batch_shapes():
   assert p1["sequence_ids"].shape == (b1, 128) and p1["position_ids"].shape == (b1, 128)
   # ceil(0.15 x 128) + 4 = 24 prediction slots for 4 sequences; at 512 with 8: 77 + 8 = 85.
   assert p1["masked_lm_positions"].shape == (b1, 24) and p1["cls_positions"].shape == (b1, 4)
-  assert p2["masked_lm_positions"].shape == (b2, 85) and p2["next_sentence_weights"].shape == (
-    b2,
-    8,
-  )
+  assert p2["masked_lm_positions"].shape == (b2, 85) and p2["sequence_weights"].shape == (b2, 8)
   # Held-out batches stay one sequence per row.
   assert "sequence_ids" not in job.program.eval_batch_spec
 

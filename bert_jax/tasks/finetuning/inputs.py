@@ -22,11 +22,12 @@ size (``split_batch_size``; logged once per split), not one padded to ``eval_bat
 pass logs its progress (batches done, rate, ETA) at least every 30 s while it runs
 (``bert_jax.train.progress.Progress``).
 
-Packing (``config.packing.enabled``; GLUE and NER). A ``Packer`` puts several rows, each its own
-``[CLS] ... [SEP]`` sequence, into one row of ``max_seq_length``: best-fit decreasing
-(``place_sequences``), at most ``config.packing.max_sequences_per_row`` a row, with restarting
-``position_ids``, ``sequence_ids`` that keep attention inside each sequence, ``cls_positions``
-and per-slot ``sequence_weights`` (the layout: ``Packer``). A training step packs exactly the
+Packing (``config.packing.enabled``; GLUE and NER). A ``Packer`` (``bert_jax.data.packing``:
+the packed-row layout every task shares and its best-fit packer; ``Packer.for_task`` here)
+puts several rows, each its own ``[CLS] ... [SEP]`` sequence, into one row of
+``max_seq_length``: best-fit decreasing, at most ``config.packing.max_sequences_per_row`` a
+row, with restarting ``position_ids``, ``sequence_ids`` that keep attention inside each
+sequence, ``cls_positions`` and per-slot ``sequence_weights``. A training step packs exactly the
 rows it would feed unpacked (the same permutation; with gradient accumulation, each
 micro-batch's rows on their own), so the loss is the unpacked one over the same rows; the
 packed row count is rounded by ``packed_rows`` (at most 8 counts a run, so few compiled steps).
@@ -37,9 +38,7 @@ it sees unpacked. Length buckets are not used for packed batches.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -47,8 +46,10 @@ import numpy as np
 from absl import logging
 
 from bert_jax import parallel
+from bert_jax.data import packing
+from bert_jax.data.length_buckets import MASK_KEY, LengthBucketer, parse_buckets
+from bert_jax.data.packing import SEQUENCE_WEIGHTS  # noqa: F401  (tasks read the name from here)
 from bert_jax.tasks.base import SplitData, Task
-from bert_jax.tasks.finetuning.length_buckets import MASK_KEY, LengthBucketer, parse_buckets
 from bert_jax.tasks.inference.batches import InferenceBatches
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 from bert_jax.train.train_step import jit_eval_step
@@ -64,70 +65,9 @@ def make_bucketer(task: Task, config: Any) -> LengthBucketer:
 
 
 # --- packing -----------------------------------------------------------------------------------
-# The arrays a packed batch adds: the model's packing inputs and the weight of each sequence slot.
-PACKED_MODEL_KEYS = ("position_ids", "sequence_ids", "cls_positions")
-SEQUENCE_WEIGHTS = "sequence_weights"
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-  """Where each packed sequence goes: its row, slot (0..S-1) and first position in that row."""
-
-  row_N: np.ndarray
-  slot_N: np.ndarray
-  offset_N: np.ndarray
-  length_N: np.ndarray
-  num_rows: int
-
-
-def place_sequences(length_N: np.ndarray, row_length: int, max_sequences: int) -> Placement:
-  """Best-fit decreasing: the longest sequence first (ties in input order), each into the row
-  with the least room that still holds it and has a free slot, else a new row. Deterministic:
-  the same lengths in the same order always give the same placement."""
-  length_N = np.asarray(length_N, np.int64)
-  n = length_N.size
-  if n and (length_N.min() < 1 or length_N.max() > row_length):
-    raise ValueError(
-      f"a sequence of {int(length_N.max() if length_N.max() > row_length else length_N.min())}"
-      f" tokens cannot be packed into rows of config.max_seq_length={row_length}"
-    )
-  row_N, slot_N, offset_N = (np.zeros(n, np.int64) for _ in range(3))
-  # by_room[c]: rows with exactly c positions left and a free slot (last opened on top).
-  by_room: list[list[int]] = [[] for _ in range(row_length + 1)]
-  used_R: list[int] = []  # positions used per row
-  count_R: list[int] = []  # sequences per row
-  for i in np.argsort(-length_N, kind="stable"):
-    need = int(length_N[i])
-    room = next((c for c in range(need, row_length + 1) if by_room[c]), None)
-    if room is None:
-      r = len(used_R)
-      used_R.append(0), count_R.append(0)
-    else:
-      r = by_room[room].pop()
-    row_N[i], slot_N[i], offset_N[i] = r, count_R[r], used_R[r]
-    used_R[r] += need
-    count_R[r] += 1
-    if count_R[r] < max_sequences and used_R[r] < row_length:
-      by_room[row_length - used_R[r]].append(r)
-  return Placement(row_N, slot_N, offset_N, length_N, len(used_R))
-
-
-@dataclasses.dataclass(frozen=True)
-class Packer:
-  """Packs rows of a split, each one sequence ``[CLS] ... [SEP]`` padded to ``row_length``,
-  several to a row (``config.packing.enabled``).
-
-  A packed batch of R rows holds: ``input_mask`` (1 on every packed token), the arrays of
-  ``token_keys`` (input ids, token types, NER's per-token labels and weights) moved with their
-  tokens, ``position_ids`` restarting at 0 in each sequence, ``sequence_ids`` (0 padding, 1..S
-  the sequence's slot + 1), ``cls_positions`` [R, S] (where each sequence's [CLS] is; 0 for an
-  empty slot), ``sequence_weights`` [R, S] (1 for a sequence, 0 for an empty slot), and every
-  other array of the split (per sequence: GLUE's ``label``) as [R, S, ...], 0 in empty slots.
-  """
-
-  row_length: int
-  max_sequences: int
-  token_keys: tuple[str, ...]
+class Packer(packing.Packer):
+  """``bert_jax.data.packing.Packer`` (best fit, the one packed-row layout), made from a task's
+  declared axes and the run's config by ``for_task``."""
 
   @classmethod
   def for_task(cls, task: Task, config: Any) -> Packer:
@@ -146,83 +86,6 @@ class Packer:
         f"config.packing.enabled=True: task {task.name!r} has length axes {bad}, not 1"
       )
     return cls(int(config.max_seq_length), s, keys)
-
-  def lengths(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """Each row's sequence length (its ``input_mask`` is 1 on a prefix)."""
-    return arrays[MASK_KEY].sum(axis=1).astype(np.int64)
-
-  def place(self, length_N: np.ndarray) -> Placement:
-    return place_sequences(length_N, self.row_length, self.max_sequences)
-
-  def pack(
-    self, arrays: dict[str, np.ndarray], idx: np.ndarray, placement: Placement, num_rows: int
-  ) -> dict[str, np.ndarray]:
-    """Rows ``idx`` of ``arrays`` (placed by ``placement``, in idx's order) as ``num_rows``
-    packed rows (rows past ``placement.num_rows`` stay empty)."""
-    R, L, S = num_rows, self.row_length, self.max_sequences
-    if placement.num_rows > R:
-      raise ValueError(f"{placement.num_rows} packed rows do not fit a batch of {R}")
-    out = {MASK_KEY: np.zeros((R, L), np.int32)}
-    for k in self.token_keys:
-      out[k] = np.zeros((R, L), arrays[k].dtype)
-    out["position_ids"] = np.zeros((R, L), np.int32)
-    out["sequence_ids"] = np.zeros((R, L), np.int32)
-    out["cls_positions"] = np.zeros((R, S), np.int32)
-    out[SEQUENCE_WEIGHTS] = np.zeros((R, S), np.float32)
-    per_sequence = [k for k in arrays if k != MASK_KEY and k not in self.token_keys]
-    for k in per_sequence:
-      out[k] = np.zeros((R, S) + arrays[k].shape[1:], arrays[k].dtype)
-    r_N, s_N, o_N, n_N = placement.row_N, placement.slot_N, placement.offset_N, placement.length_N
-    for j, i in enumerate(idx):
-      r, s, o, n = int(r_N[j]), int(s_N[j]), int(o_N[j]), int(n_N[j])
-      for k in self.token_keys:
-        out[k][r, o : o + n] = arrays[k][i, :n]
-      out[MASK_KEY][r, o : o + n] = 1
-      out["position_ids"][r, o : o + n] = np.arange(n)
-      out["sequence_ids"][r, o : o + n] = s + 1
-      out["cls_positions"][r, s] = o
-      out[SEQUENCE_WEIGHTS][r, s] = 1.0
-    if len(idx):
-      rows, slots = r_N[: len(idx)], s_N[: len(idx)]
-      for k in per_sequence:
-        out[k][rows, slots] = arrays[k][idx]
-    return out
-
-  def unpack(
-    self, outputs: dict[str, np.ndarray], placement: Placement, token_outputs: Mapping[str, int]
-  ) -> dict[str, np.ndarray]:
-    """Per-sequence outputs (in the placed order) from packed ones: the keys of
-    ``token_outputs`` (a length axis 1, e.g. NER's label ids) are cut from each sequence's
-    positions back to [N, row_length] (padded like ``LengthBucketer.pad``); the rest are
-    [R, S, ...] and taken at each sequence's slot."""
-    result = {}
-    r_N, s_N, o_N, n_N = placement.row_N, placement.slot_N, placement.offset_N, placement.length_N
-    for key, x in outputs.items():
-      if key in token_outputs:
-        fill = np.finfo(x.dtype).min if np.issubdtype(x.dtype, np.floating) else 0
-        y = np.full((len(r_N), self.row_length) + x.shape[2:], fill, x.dtype)
-        for j in range(len(r_N)):
-          r, o, n = int(r_N[j]), int(o_N[j]), int(n_N[j])
-          y[j, :n] = x[r, o : o + n]
-        result[key] = y
-      else:
-        result[key] = x[r_N, s_N]
-    return result
-
-  def batch_spec(self, spec: Mapping[str, jax.ShapeDtypeStruct]) -> dict:
-    """A packed batch's shapes from the unpacked ``spec`` of the same number of rows."""
-    out = {}
-    for k, v in spec.items():
-      if k == MASK_KEY or k in self.token_keys:
-        out[k] = v
-      else:  # one per sequence slot
-        out[k] = jax.ShapeDtypeStruct((v.shape[0], self.max_sequences) + v.shape[1:], v.dtype)
-    b, L, S = spec[MASK_KEY].shape[0], spec[MASK_KEY].shape[1], self.max_sequences
-    out["position_ids"] = jax.ShapeDtypeStruct((b, L), np.int32)
-    out["sequence_ids"] = jax.ShapeDtypeStruct((b, L), np.int32)
-    out["cls_positions"] = jax.ShapeDtypeStruct((b, S), np.int32)
-    out[SEQUENCE_WEIGHTS] = jax.ShapeDtypeStruct((b, S), np.float32)
-    return out
 
 
 def packed_rows(needed: int, cap: int, granule: int) -> int:

@@ -8,11 +8,11 @@
 
 The rows are visited shortest first (a stable sort on ``lengths``) in consecutive batches of
 ``batch_size``; a batch's sequence arrays are cut to the smallest bucket that holds its longest
-row (``buckets`` come from ``length_buckets.parse_buckets``, the fine-tuning config's parser);
-the last batch is padded to ``batch_size`` with copies of its first row, whose outputs are
-dropped. ``make(index, length)`` builds a batch: a dict of arrays with ``len(index)`` rows, its
-sequence arrays ``length`` long. So a run compiles ``fn`` once per bucket it uses, whatever the
-rows. Each batch is dispatched before the previous one's outputs are fetched, so the device
+row (``buckets`` come from ``bert_jax.data.length_buckets.parse_buckets``, the parser of
+fine-tuning's ``config.length_buckets``); the last batch is padded to ``batch_size`` with
+copies of its first row, whose outputs are dropped. ``make(index, length)`` builds a batch: a
+dict of arrays with ``len(index)`` rows, its sequence arrays ``length`` long. So a run compiles
+``fn`` once per bucket it uses, whatever the rows. Each batch is dispatched before the previous one's outputs are fetched, so the device
 does not wait on the host.
 
 The mesh is built by ``bert_jax.parallel.create_mesh`` (``data`` = every

@@ -45,10 +45,10 @@ import numpy as np
 
 from bert_jax.checkpoint import atomic_write
 from bert_jax.checkpoint.outputs import check_outputs, check_parent
+from bert_jax.data.length_buckets import parse_buckets
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
-from bert_jax.tasks.finetuning.length_buckets import parse_buckets
 from bert_jax.tasks.inference.batches import InferenceBatches, pad_ragged
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 

@@ -59,9 +59,9 @@ import numpy as np
 
 from bert_jax.checkpoint import atomic_write, write_json
 from bert_jax.checkpoint.outputs import check_outputs, check_parent
+from bert_jax.data.length_buckets import parse_buckets
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertForPreTraining
-from bert_jax.tasks.finetuning.length_buckets import parse_buckets
 from bert_jax.tasks.inference.batches import InferenceBatches
 from bert_jax.tokenize import iter_text_lines
 from bert_jax.train.progress import INTERVAL_SEC, Progress

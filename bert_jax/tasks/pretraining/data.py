@@ -27,6 +27,13 @@ import jax
 import numpy as np
 from absl import logging
 
+from bert_jax.data.packing import (
+  CLS_POSITIONS,
+  POSITION_IDS,
+  SEQUENCE_IDS,
+  SEQUENCE_WEIGHTS,
+  PackedPretrainInput,
+)
 from bert_jax.tasks.pretraining.synthetic_input import SyntheticPretrainInput
 
 
@@ -360,11 +367,11 @@ class TokenShare:
     self.rows += mask.shape[0]
     self.real += int(np.count_nonzero(mask))
     self.slots += mask.size
-    if "next_sentence_weights" in batch:
-      self.sequences += int(np.count_nonzero(batch["next_sentence_weights"]))
-    elif "sequence_ids" in batch:
-      self.sequences += int(np.count_nonzero(np.diff(batch["sequence_ids"], axis=1) > 0))
-      self.sequences += int(np.count_nonzero(batch["sequence_ids"][:, 0]))
+    if SEQUENCE_WEIGHTS in batch:
+      self.sequences += int(np.count_nonzero(batch[SEQUENCE_WEIGHTS]))
+    elif SEQUENCE_IDS in batch:
+      self.sequences += int(np.count_nonzero(np.diff(batch[SEQUENCE_IDS], axis=1) > 0))
+      self.sequences += int(np.count_nonzero(batch[SEQUENCE_IDS][:, 0]))
     else:
       self.sequences += int(np.count_nonzero(mask[:, 0]))
 
@@ -435,8 +442,6 @@ def input_factory(
       )
       log_input(inp)
     if phase.packed:
-      from bert_jax.data.packing import PackedPretrainInput  # noqa: PLC0415
-
       inp = PackedPretrainInput(
         inp,
         host_batch,
@@ -459,17 +464,17 @@ def input_factory(
 
 def batch_keys(objective: str, packed: bool = False) -> tuple[str, ...]:
   """The batch features ``objective`` reads (packed rows: with position_ids and sequence_ids,
-  and for mlm_nsp cls_positions and next_sentence_weights)."""
+  and for mlm_nsp cls_positions and sequence_weights: ``bert_jax.data.packing``'s layout)."""
   keys = ("input_ids", "input_mask", "segment_ids")
   if packed:
-    keys += ("position_ids", "sequence_ids")
+    keys += (POSITION_IDS, SEQUENCE_IDS)
   if objective == "ltr":
     return keys
   keys += ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
   if objective != "mlm_nsp":
     return keys
   keys += ("next_sentence_labels",)
-  return keys + ("cls_positions", "next_sentence_weights") if packed else keys
+  return keys + (CLS_POSITIONS, SEQUENCE_WEIGHTS) if packed else keys
 
 
 class KeyFilter:

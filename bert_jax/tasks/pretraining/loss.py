@@ -18,7 +18,7 @@ Packed rows (``bert_jax.data.packing``: ``sequence_ids`` in the batch) give the 
 the unpacked rows of the same sequences: the model sees ``position_ids``, ``sequence_ids`` (each
 sequence attends only to itself; causally within itself for ltr) and ``cls_positions`` (the NSP
 head at each sequence's [CLS], BxSx2); MLM is the same weighted mean over the masked tokens; NSP
-is the mean over the real sequences (``next_sentence_weights``); ltr predicts token i + 1 only
+is the mean over the real sequences (``sequence_weights``); ltr predicts token i + 1 only
 where it is of the same sequence as token i.
 
 Eval sums and summaries report loss, accuracy and perplexity (exp of the mean loss, the paper's
@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax.data.packing import SEQUENCE_WEIGHTS
 from bert_jax.model import BertForPreTraining
 
 OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
@@ -118,10 +119,10 @@ def _per_example_terms(out, batch, objective: str):
     targets_BxL, w_BxL = next_token_targets(batch)
     return xent_terms(out["mlm_logits"], targets_BxL, w_BxL, "lm")
   terms = xent_terms(out["mlm_logits"], batch["masked_lm_ids"], batch["masked_lm_weights"], "mlm")
-  if objective == "mlm_nsp" and "next_sentence_weights" in batch:  # packed: BxS sequences
+  if objective == "mlm_nsp" and SEQUENCE_WEIGHTS in batch:  # packed: BxS sequences
     nsp_logits_BxSx2 = out["nsp_logits"].astype(jnp.float32)
     labels_BxS = batch["next_sentence_labels"]
-    w_BxS = batch["next_sentence_weights"].astype(jnp.float32)
+    w_BxS = batch[SEQUENCE_WEIGHTS].astype(jnp.float32)
     nsp_xent_BxS = optax.softmax_cross_entropy_with_integer_labels(nsp_logits_BxSx2, labels_BxS)
     nsp_correct_BxS = (jnp.argmax(nsp_logits_BxSx2, -1) == labels_BxS).astype(jnp.float32)
     terms.update(

@@ -32,10 +32,10 @@ import numpy as np
 import optax
 from absl import logging
 
+from bert_jax.data.length_buckets import parse_buckets
 from bert_jax.model import BertConfig, BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
 from bert_jax.tasks.base import INPUT_KEYS
-from bert_jax.tasks.finetuning.length_buckets import parse_buckets
 from bert_jax.tasks.inference.batches import InferenceBatches
 from bert_jax.tasks.privacy import metrics as pm
 from bert_jax.train import progress as progress_lib
