@@ -30,6 +30,7 @@ from launch import glue_report
 from launch.glue import Suite, predict_tests, run_glue
 from launch.job import LaunchError
 from launch.targets import make_target
+from launch.targets.base import Target
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SIX = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "rte": "RTE"}
@@ -501,9 +502,13 @@ def test_remote_test_predictions_are_submitted_once(tmp_path):
   a task with runs missing predicts nothing yet (its median run may change)."""
 
   @dataclasses.dataclass
-  class Remote:
-    name: str = "slurm"
+  class Remote(Target):
+    """Submits (records) the job and returns: its results are not here yet."""
+
     submitted: tuple = ()
+
+    name = "slurm"
+    processes = 1
 
     def validate(self, job):
       pass
@@ -511,7 +516,7 @@ def test_remote_test_predictions_are_submitted_once(tmp_path):
     def describe(self, job):
       return job.shell_command()
 
-    def run(self, job, out):
+    def run(self, job, out=None, stop=None):
       self.submitted += (job.workdir,)
       return 0
 
