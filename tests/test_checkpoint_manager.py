@@ -29,6 +29,7 @@ from bert_jax.checkpoint import (
   restore_or_initialize,
   write_json,
 )
+from bert_jax.checkpoint import manager as manager_lib
 from bert_jax.model import BertConfig, BertForPreTraining, BertForSequenceClassification
 from bert_jax.train import optimizers
 from bert_jax.train.state import abstract_train_state, init_train_state, state_with_params
@@ -265,6 +266,32 @@ def test_failed_async_save_is_raised_by_the_next_check_and_leaves_nothing(tmp_pa
   manager.save(6, state, input_state={"position": 6}, meta={})
   manager.wait()
   assert manager.all_steps() == [6]
+  manager.close()
+
+
+def test_orbax_writer_threads_are_found_by_their_module(tmp_path, monkeypatch):
+  # A failed save's other writes are joined by the module of Orbax's writer thread class
+  # (manager._ORBAX_WRITER_MODULE, a private Orbax module): this fails when a release moves it.
+  _, _, _, _, make = _setup()
+  release = threading.Event()
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", _failing_json_save(release))
+  manager = CheckpointManager(str(tmp_path), keep=2, async_save=True)
+  manager.save(4, make(), input_state={}, meta={})
+  writers = lambda: [
+    t
+    for t in threading.enumerate()
+    if type(t).__module__.startswith(manager_lib._ORBAX_WRITER_MODULE)
+  ]
+  assert writers(), (
+    f"no thread of {manager_lib._ORBAX_WRITER_MODULE} during an async save: Orbax moved its "
+    "writer threads; update _ORBAX_WRITER_MODULE in bert_jax/checkpoint/manager.py. Threads: "
+    f"{[(t.name, type(t).__module__) for t in threading.enumerate()]}"
+  )
+  release.set()
+  with pytest.raises(CheckpointSaveError, match=r"step 4 .*No space left on device"):
+    manager.wait()
+  assert writers() == []  # all joined before the temporary directory was removed
+  assert os.listdir(tmp_path / "checkpoints") == []
   manager.close()
 
 

@@ -57,6 +57,12 @@ def _flat(tree: Any) -> dict[str, Any]:
   return {_path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+# The module of the thread class that runs each of an Orbax save's writes (its commit futures;
+# orbax-checkpoint 0.12.8: ``orbax.checkpoint._src.futures.future._SignalingThread``). A private
+# module, read here only: Orbax has no public way to wait for the writes still running after one
+# failed (``wait_until_finished`` returns at the first error), and the other threads a save starts
+# (its asyncio and metadata thread pools) live on, so "the threads the save started" cannot be
+# joined instead. tests/test_checkpoint_manager.py fails when an Orbax release moves this class.
 _ORBAX_WRITER_MODULE = "orbax.checkpoint._src.futures"
 _ORBAX_SOURCE = os.path.join("orbax", "checkpoint")
 _WRITER_TIMEOUT_SECS = 600.0
@@ -269,7 +275,7 @@ class CheckpointManager:
     """Removes what a failed save of ``step`` left: Orbax's temporary directory.
 
     Orbax reports the first failed write while the save's other writes may still be running
-    in their own threads (its commit futures, ``orbax.checkpoint._src.futures``); they are
+    in their own threads (its commit futures, found by ``_ORBAX_WRITER_MODULE``); they are
     waited for first, or they would write into the directory again after it was removed.
     """
     for t in threading.enumerate():
