@@ -140,7 +140,7 @@ def test_auto_mode_by_path():
 
 def test_only_process_zero_locks(tmp_path):
   with WorkdirLock(tmp_path, process_index=1) as lock:
-    assert not lock.active
+    assert lock.info == {}  # claimed nothing
     assert not (tmp_path / LOCK_FILE).exists()
     lock.check()  # a no-op
     with WorkdirLock(tmp_path, process_index=0):  # process 0 of this workdir is free

@@ -110,11 +110,6 @@ class WorkdirLock:
   def __exit__(self, *exc) -> None:
     self.release()
 
-  @property
-  def active(self) -> bool:
-    """True while this process holds (process 0) the lock."""
-    return self._active
-
   def acquire(self) -> None:
     index = jax.process_index() if self._process_index is None else self._process_index
     if index != 0:
