@@ -35,6 +35,7 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   config.causal_checkpoint = "error"
   config.do_lower_case = ml_collections.config_dict.placeholder(bool)  # None: the tokenizer's
   config.dtype = "float32"  # compute dtype; "bfloat16" for mixed precision
+  config.remat = False  # rematerialise each layer in the backward pass
   config.hidden_dropout_prob = 0.1
   config.attention_probs_dropout_prob = 0.1
   # The new head's kernel: "normal" N(0, initializer_range^2) as Hugging Face initialises it, or

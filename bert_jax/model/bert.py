@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from bert_jax.model.config import BertConfig
 from bert_jax.model.kernels import matmul
-from bert_jax.model.kernels.attention import AttentionMask, fused_attention
+from bert_jax.model.kernels.attention import AttentionMask, fused_attention, kernel_traits
 from bert_jax.model.kernels.dropout import Dropout
 from bert_jax.model.kernels.layer_norm import layer_norm as layer_norm_kernel
 from bert_jax.model.kernels.softmax import masked_softmax_as
@@ -196,7 +196,7 @@ class SelfAttention(nn.Module):
     k_BxLxHxK = qkv(name="key")(x_BxLxD)
     v_BxLxHxK = qkv(name="value")(x_BxLxD)
     q_BxQxHxK = nn.with_logical_constraint(q_BxQxHxK, ("batch", "length", "heads", "kv"))
-    if c.attention_kernel == "reference":
+    if not kernel_traits(c.attention_kernel).fused:
       ctx_BxQxHxK = self.reference(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask, deterministic)
     else:
       ctx_BxQxHxK = fused_attention(c.attention_kernel, q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask)
@@ -338,7 +338,7 @@ class BertEncoder(nn.Module):
       positions_BxCpP = jnp.concatenate(
         [cls_BxC.astype(jnp.int32), output_positions_BxP.astype(jnp.int32)], 1
       )
-      if c.attention_kernel == "splash":  # whole rows as queries
+      if kernel_traits(c.attention_kernel).whole_row_queries:
         x_BxLxD = self.layers[-1](x_BxLxD, mask, deterministic)
         x_BxCpPxD = gather_positions(x_BxLxD, positions_BxCpP)
       else:

@@ -4,12 +4,13 @@
   flops = fused_attention_flops(dims, batch=256, seq_len=512, train=True, remat=False)
 
 The kernel is ``config.attention_kernel`` resolved as a run on the topology's chips resolves it
-(``bert_jax.model.kernels.attention.resolve_attention_kernel``, platform "tpu" or "gpu"), with the
+(``bert_jax.model.run_settings.run_bert_config``, platform "tpu" or "gpu"), with the
 model's attention dropout: ``config.attention_probs_dropout_prob`` where the run config has the
 key, else the ``bert_config_file``'s value, else BertConfig's default (0.1, the paper's). A fused
 kernel with dropout > 0 is the run's one-line error, before anything compiles.
 
-A fused kernel that is a custom call (Pallas splash on TPUs, cuDNN's fused attention on GPUs) is
+A fused kernel that is a custom call (Pallas splash on TPUs, cuDNN's fused attention on GPUs: the
+kernel table's ``custom_calls``, ``bert_jax.model.kernels.attention.ATTENTION_KERNELS``) is
 opaque to XLA's cost analysis: the compiler reports almost no FLOPs for it, and an estimate from
 its numbers alone would be too fast. Its FLOPs are then counted from the model here, per layer
 and sequence as bert_jax/train/flops.py counts attention (the scores ``q k^T`` and the weighted
@@ -28,14 +29,12 @@ from typing import Any
 
 import jax
 
+from bert_jax.model.config import BertConfig
+from bert_jax.model.kernels.attention import ATTENTION_KERNELS
+from bert_jax.model.run_settings import run_bert_config, run_lengths
 from bert_jax.parallel.topology import Topology
 
 FUSED_BACKWARD_FACTOR = 2.5  # the fused kernels' backward FLOPs over their forward's
-# The custom calls each fused kernel compiles to, per platform (regex over the compiled HLO).
-_CUSTOM_CALLS = {
-  ("splash", "tpu"): r'custom_call_target="tpu_custom_call"',
-  ("dot_product", "gpu"): r'custom_call_target="__cudnn\$fmha',
-}
 
 
 def platform(topo: Topology) -> str:
@@ -46,8 +45,6 @@ def attention_dropout(config) -> float:
   """The attention dropout of the model ``config`` runs (see the module docstring)."""
   if "attention_probs_dropout_prob" in config:
     return float(config.attention_probs_dropout_prob)
-  from bert_jax.model import BertConfig  # noqa: PLC0415
-
   default = BertConfig.__dataclass_fields__["attention_probs_dropout_prob"].default
   path = config.get("bert_config_file", "") if hasattr(config, "get") else ""
   if path:
@@ -58,38 +55,16 @@ def attention_dropout(config) -> float:
 
 def sequence_lengths(config) -> list[int]:
   """The sequence lengths a run of ``config`` trains at (phase 2's too where it has one)."""
-  return [length for length, _ in _length_keys(config)]
-
-
-def _length_keys(config) -> list[tuple[int, str]]:
-  """(length, config key) of each phase a run of ``config`` trains."""
-  lengths = [(int(config.max_seq_length), "config.max_seq_length")]
-  phase2 = config.get("phase2") if hasattr(config, "get") else None
-  if phase2 is not None and phase2.get("fraction", 0) > 0:
-    lengths.append((int(phase2.max_seq_length), "config.phase2.max_seq_length"))
-  return lengths
+  return [length for length, _ in run_lengths(config)]
 
 
 def kernel_for(config, topo: Topology) -> str:
-  """The attention kernel a run of ``config`` on ``topo``'s chips uses (``config.attention_kernel``
-  resolved at each phase's length as the pre-training job does: "auto" takes the other fused
-  kernel where splash cannot take every length); the run's one-line ValueError where it would
-  refuse the combination."""
-  from bert_jax.model.kernels.attention import resolve_attention_kernel  # noqa: PLC0415
-
-  kernels = {
-    resolve_attention_kernel(
-      str(config.get("attention_kernel", "reference")),
-      attention_dropout=attention_dropout(config),
-      platform=platform(topo),
-      max_seq_length=length,
-      length_key=key,
-    )
-    for length, key in _length_keys(config)
-  }
-  if len(kernels) > 1:
-    kernels.discard("splash")
-  return kernels.pop()
+  """The attention kernel a run of ``config`` on ``topo``'s chips uses: the run's own choice
+  (``bert_jax.model.run_settings.run_bert_config``, at each phase's length, with the model's
+  attention dropout, ``attention_dropout``); the run's one-line ValueError where it would refuse
+  the combination."""
+  base = BertConfig(attention_probs_dropout_prob=attention_dropout(config))
+  return run_bert_config(base, config, platform=platform(topo)).attention_kernel
 
 
 def fused_choices(config, topo: Topology) -> list[str]:
@@ -132,7 +107,7 @@ def fused_attention_flops(
 def fused_calls(hlo_text: str, kernel: str, on: str) -> int:
   """How many custom calls of ``kernel`` (on platform ``on``) the compiled module makes; 0 for
   a kernel XLA computes itself (the reference path, dot_product on a TPU)."""
-  pattern = _CUSTOM_CALLS.get((kernel, on))
+  pattern = ATTENTION_KERNELS[kernel].custom_calls.get(on) if kernel in ATTENTION_KERNELS else None
   return len(re.findall(pattern, hlo_text)) if pattern else 0
 
 
@@ -150,7 +125,8 @@ def describe(kernel: str, flops_per_chip: float) -> str:
 
 
 def is_fused(kernel: str) -> bool:
-  return kernel in ("dot_product", "splash")
+  """Whether ``kernel`` is a fused kernel (the kernel table's ``fused``)."""
+  return kernel in ATTENTION_KERNELS and ATTENTION_KERNELS[kernel].fused
 
 
 __all__ = [

@@ -19,7 +19,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-_Rule = tuple[str, Callable[[Any], bool], str]
+# (dotted key, its check, what its values must be: words, or a function giving them)
+_Rule = tuple[str, Callable[[Any], bool], "str | Callable[[], str]"]
 
 
 def _finite(x) -> bool:
@@ -27,9 +28,16 @@ def _finite(x) -> bool:
 
 
 def _attention_kernels() -> tuple[str, ...]:
+  """The values of ``attention_kernel``: the kernel table's, and ``auto``."""
   from bert_jax.model.kernels.attention import CHOICES  # noqa: PLC0415 (the checks stay light)
 
   return CHOICES
+
+
+def _one_of_kernels() -> str:
+  """The rule's words for ``attention_kernel``, e.g. "auto, reference, dot_product or splash"."""
+  *most, last = _attention_kernels()
+  return f"{', '.join(most)} or {last}"
 
 
 _RULES: tuple[_Rule, ...] = (
@@ -49,7 +57,7 @@ _RULES: tuple[_Rule, ...] = (
   (
     "attention_kernel",
     lambda v: v in _attention_kernels(),
-    "auto, reference, dot_product or splash",
+    _one_of_kernels,
   ),
   ("phase2.fraction", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
   ("phase2.train_batch_size", lambda v: v > 0, "positive"),
@@ -82,7 +90,8 @@ def check_run_config(config, mesh=None, *, processes: int | None = None) -> None
   for key, ok, what in _RULES:
     present, value = _lookup(config, key)
     if present and not ok(value):
-      problems.append(f"config.{key}={value!r} (must be {what})")
+      words = what() if callable(what) else what
+      problems.append(f"config.{key}={value!r} (must be {words})")
   present, warmup = _lookup(config, "num_warmup_steps")
   if present:
     # Fine-tuning configs (which have warmup_proportion) use -1 for "from the proportion".

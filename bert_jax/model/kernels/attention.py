@@ -9,14 +9,19 @@
 
 Every kernel computes ``softmax(q k^T / sqrt(K) + mask) v`` under the same :class:`AttentionMask`
 (padding, left-to-right, packed sequences); the reference path builds the dense boolean mask,
-the fused kernels take what they accept (a mask, segment ids). The run configs' key
-``config.attention_kernel`` adds ``auto``, resolved per platform by
+the fused kernels take what they accept (a mask, segment ids). What the rest of bert_jax knows
+of a kernel (fused or not, its platforms, its length block, whether it narrows queries, the
+custom call it compiles to, when ``auto`` picks it) is its :class:`KernelTraits` entry in
+:data:`ATTENTION_KERNELS`; ``KERNELS``, ``FUSED`` and ``CHOICES`` are read from that table. The
+run configs' key ``config.attention_kernel`` adds ``auto``, resolved per platform by
 :func:`resolve_attention_kernel`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -27,18 +32,61 @@ from flax import struct
 from jax import lax
 
 Array = jax.Array
+AUTO = "auto"  # the run configs' choice of a kernel per platform (resolve_attention_kernel)
 
-KERNELS = ("reference", "dot_product", "splash")
-FUSED = ("dot_product", "splash")
-CHOICES = ("auto",) + KERNELS
-SPLASH_BLOCK = 128
+
+@dataclasses.dataclass(frozen=True)
+class KernelTraits:
+  """What bert_jax knows of an attention kernel, in one entry of :data:`ATTENTION_KERNELS`.
+
+  Everything that asks about a kernel reads its entry: the model's check and dispatch, the
+  ``auto`` choice, the run config's rule, the planner's custom-call count (and so which kernels
+  are fused). Adding a kernel is adding an entry.
+
+  Attributes:
+    name: the value of ``attention_kernel``.
+    fused: one fused kernel computes the attention (no attention dropout); False for the
+      reference path, which the encoder computes itself.
+    compute: ``(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask) -> BxQxHxK`` of a fused kernel.
+    platforms: the platforms it runs on ("cpu", "gpu", "tpu"); () = every platform.
+    length_multiple: the sequence length must be a multiple of this (its block).
+    whole_row_queries: it takes every position of a row as a query (the encoder does not
+      narrow the last layer's queries to the positions read).
+    custom_calls: platform -> a regex over compiled HLO matching the custom call it compiles
+      to there, which XLA's cost analysis counts no FLOPs in (the planner adds them).
+    auto_on: the platforms where ``auto`` may choose it; None = every platform.
+    auto_rank: among the kernels ``auto`` may choose, it takes the runnable one of lowest rank.
+    auto_why: the reason ``auto`` logs for choosing it, formatted with ``platform`` (upper
+      case), ``length_key``, ``length`` and ``multiple``.
+  """
+
+  name: str
+  fused: bool
+  compute: Callable[..., Array] | None = None
+  platforms: tuple[str, ...] = ()
+  length_multiple: int = 1
+  whole_row_queries: bool = False
+  custom_calls: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  auto_on: tuple[str, ...] | None = ()
+  auto_rank: int = 0
+  auto_why: str = ""
+
+  def runs_on(self, platform: str) -> bool:
+    return not self.platforms or platform in self.platforms
+
+
+def kernel_traits(name: str) -> KernelTraits:
+  """The table's entry of ``name``; ValueError for a kernel it does not hold."""
+  if name not in ATTENTION_KERNELS:
+    raise ValueError(f"attention_kernel={name!r} is not one of {KERNELS}")
+  return ATTENTION_KERNELS[name]
 
 
 def check_kernel(name: str, attention_dropout: float, key: str = "attention_kernel") -> None:
   """ValueError for an unknown kernel, or a fused one asked to drop attention probabilities."""
   if name not in KERNELS:
     raise ValueError(f"{key}={name!r} is not one of {KERNELS}")
-  if name in FUSED and float(attention_dropout) > 0:
+  if ATTENTION_KERNELS[name].fused and float(attention_dropout) > 0:
     raise ValueError(
       f"{key}={name!r} has no attention dropout but attention_probs_dropout_prob is "
       f"{attention_dropout}: set it to 0, or use the 'reference' kernel"
@@ -63,57 +111,68 @@ def resolve_attention_kernel(
 ) -> str:
   """The kernel a run uses for ``config.attention_kernel``; one-line errors name the keys.
 
-  ``auto``: the reference path while attention dropout is on, else splash on a TPU (lengths a
-  multiple of 128), cuDNN's through ``dot_product`` on a GPU, and the reference path on a CPU
-  (where it is the tuned form); the choice and why is logged, once per process.
+  ``auto``: the kernel of lowest ``auto_rank`` among those the table lets ``auto`` choose on
+  ``platform`` that can run (no fused kernel while attention dropout is on; the length a
+  multiple of the kernel's block): splash on a TPU (lengths a multiple of 128), cuDNN's through
+  ``dot_product`` on a GPU and a TPU's other lengths, and the reference path on a CPU (where it
+  is the tuned form) or with attention dropout; the choice and why is logged, once per process.
   """
   if requested not in CHOICES:
     raise ValueError(f"config.attention_kernel={requested!r} is not one of {CHOICES}")
   dropout = float(attention_dropout)
-  if requested == "auto":
+  if requested == AUTO:
     kernel, why = _auto_kernel(dropout, platform, max_seq_length, length_key)
     logging.info("config.attention_kernel='auto' resolved to %r: %s", kernel, why)
     return kernel
-  if requested in FUSED and dropout > 0:
+  traits = ATTENTION_KERNELS[requested]
+  if traits.fused and dropout > 0:
     raise ValueError(
       f"config.attention_kernel={requested!r} has no attention dropout but "
       f"config.attention_probs_dropout_prob={dropout:g}: set it to 0, or use 'reference' "
       "(or 'auto', which falls back to it)"
     )
-  if requested == "splash":
-    if platform != "tpu":
-      raise ValueError(
-        f"config.attention_kernel='splash' runs on TPUs only; these devices are {platform!r} "
-        "(use 'dot_product' or 'auto')"
-      )
-    if max_seq_length % SPLASH_BLOCK:
-      raise ValueError(
-        f"config.attention_kernel='splash' needs {length_key} a multiple of "
-        f"{SPLASH_BLOCK}, got {max_seq_length}"
-      )
+  if not traits.runs_on(platform):
+    where = " and ".join(f"{p.upper()}s" for p in traits.platforms)
+    others = [t.name for t in ATTENTION_KERNELS.values() if t.fused and t.runs_on(platform)]
+    instead = " or ".join(repr(n) for n in others + [AUTO])
+    raise ValueError(
+      f"config.attention_kernel={requested!r} runs on {where} only; these devices are "
+      f"{platform!r} (use {instead})"
+    )
+  if max_seq_length % traits.length_multiple:
+    raise ValueError(
+      f"config.attention_kernel={requested!r} needs {length_key} a multiple of "
+      f"{traits.length_multiple}, got {max_seq_length}"
+    )
   return requested
 
 
 def _auto_kernel(dropout: float, platform: str, length: int, length_key: str) -> tuple[str, str]:
   """``auto``'s kernel and why (the platform, the attention dropout, the length)."""
+  candidates = sorted(
+    (t for t in ATTENTION_KERNELS.values() if t.auto_on is None or platform in t.auto_on),
+    key=lambda t: t.auto_rank,
+  )
   if dropout > 0:
-    return "reference", (
+    chosen = next(t for t in candidates if not t.fused)
+    return chosen.name, (
       f"attention dropout (config.attention_probs_dropout_prob={dropout:g}) needs it; set it "
       "to 0 for a fused kernel"
     )
-  if platform == "tpu" and length % SPLASH_BLOCK == 0:
-    return (
-      "splash",
-      f"TPU, no attention dropout, {length_key}={length} a multiple of {SPLASH_BLOCK}",
+  too_long = [t for t in candidates if length % t.length_multiple]
+  chosen = next(t for t in candidates if not length % t.length_multiple)
+  passed = [t for t in too_long if t.auto_rank < chosen.auto_rank]
+  if passed:
+    return chosen.name, (
+      f"{platform.upper()}, no attention dropout, but {length_key}={length} is not a multiple "
+      f"of {passed[0].length_multiple} ({passed[0].name}'s block)"
     )
-  if platform == "tpu":
-    return "dot_product", (
-      f"TPU, no attention dropout, but {length_key}={length} is not a multiple of "
-      f"{SPLASH_BLOCK} (splash's block)"
-    )
-  if platform == "gpu":
-    return "dot_product", "GPU (cuDNN's fused kernel), no attention dropout"
-  return "reference", f"{platform.upper()} devices: the reference path is the tuned form there"
+  return chosen.name, chosen.auto_why.format(
+    platform=platform.upper(),
+    length_key=length_key,
+    length=length,
+    multiple=chosen.length_multiple,
+  )
 
 
 @struct.dataclass
@@ -167,11 +226,10 @@ def fused_attention(
   kernel: str, q_BxQxHxK: Array, k_BxLxHxK: Array, v_BxLxHxK: Array, mask: AttentionMask
 ) -> Array:
   """``softmax(q k^T / sqrt(K) under mask) v`` by a fused kernel: BxQxHxK in q's dtype."""
-  if kernel == "dot_product":
-    return _dot_product(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask)
-  if kernel == "splash":
-    return _splash(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask)
-  raise ValueError(f"attention_kernel={kernel!r} is not one of {FUSED}")
+  traits = ATTENTION_KERNELS.get(kernel)
+  if traits is None or traits.compute is None:
+    raise ValueError(f"attention_kernel={kernel!r} is not one of {FUSED}")
+  return traits.compute(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask)
 
 
 def _dot_product(q_BxQxHxK, k_BxLxHxK, v_BxLxHxK, mask) -> Array:
@@ -279,3 +337,43 @@ def _splash_local(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, ids_BxL, *, causal: bool):
 
   operands = (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, ids_BxL)
   return lax.platform_dependent(*operands, cpu=run(True), tpu=run(False))
+
+
+SPLASH_BLOCK = 128
+
+ATTENTION_KERNELS: dict[str, KernelTraits] = {
+  t.name: t
+  for t in (
+    KernelTraits(
+      name="reference",
+      fused=False,
+      auto_on=None,
+      auto_rank=2,
+      auto_why="{platform} devices: the reference path is the tuned form there",
+    ),
+    KernelTraits(
+      name="dot_product",
+      fused=True,
+      compute=_dot_product,
+      custom_calls={"gpu": r'custom_call_target="__cudnn\$fmha'},
+      auto_on=("gpu", "tpu"),
+      auto_rank=1,
+      auto_why="GPU (cuDNN's fused kernel), no attention dropout",
+    ),
+    KernelTraits(
+      name="splash",
+      fused=True,
+      compute=_splash,
+      platforms=("tpu",),
+      length_multiple=SPLASH_BLOCK,
+      whole_row_queries=True,
+      custom_calls={"tpu": r'custom_call_target="tpu_custom_call"'},
+      auto_on=("tpu",),
+      auto_rank=0,
+      auto_why="{platform}, no attention dropout, {length_key}={length} a multiple of {multiple}",
+    ),
+  )
+}
+KERNELS = tuple(ATTENTION_KERNELS)
+FUSED = tuple(name for name, t in ATTENTION_KERNELS.items() if t.fused)
+CHOICES = (AUTO,) + KERNELS

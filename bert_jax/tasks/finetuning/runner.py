@@ -19,8 +19,8 @@ train and eval batch is cut to the shortest bucket holding its longest row
 (``bert_jax.tasks.finetuning.length_buckets``). With ``config.packing.enabled`` (GLUE, NER) each step's rows are
 packed several to a row instead, and dev/test splits are packed and their predictions unpacked
 (``bert_jax.tasks.finetuning.inputs.Packer``); the loss and metrics are the unpacked ones.
-``config.attention_kernel`` is resolved for the mesh's platform where the encoder's config is
-made (``runner_io.with_attention_kernel``).
+The encoder's config is the run's (``config.attention_kernel`` resolved for the mesh's platform)
+by ``runner_io.run_model_config``, i.e. ``bert_jax.model.run_settings.run_bert_config``.
 
 Every ``eval_every_steps`` (0: each epoch) and at the end, the dev split(s) are evaluated; the
 state whose primary metric on the first dev split is best is kept in ``best/`` (itself a
@@ -51,6 +51,7 @@ from bert_jax import parallel
 from bert_jax.checkpoint import write_json
 from bert_jax.checkpoint.lock import WorkdirLock
 from bert_jax.model import BertConfig
+from bert_jax.model.run_settings import NUMERICS_KEYS
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
 from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.finetuning import runner_io as io
@@ -142,13 +143,8 @@ def _flops_per_row(task: Task, bert_config: BertConfig) -> float:
 
 def _abstract_bert_config(config, mesh=None) -> BertConfig:
   """The encoder an abstract job compiles: ``config.model_preset`` at BERT's 30,522 pieces,
-  with the attention kernel ``config.attention_kernel`` resolves to on ``mesh``."""
-  bert = BertConfig.from_preset(config.model_preset).replace(
-    dtype=config.dtype,
-    hidden_dropout_prob=float(config.hidden_dropout_prob),
-    attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),
-  )
-  return io.with_attention_kernel(bert, config, mesh)
+  made the run's (numerics, dropout rates, the kernel resolved on ``mesh``)."""
+  return io.run_model_config(BertConfig.from_preset(config.model_preset), config, mesh)
 
 
 def make_packer(task: Task, config) -> Packer | None:
@@ -469,9 +465,8 @@ def _evaluate(workdir: str, split: str, output_dir: str, overrides) -> dict[str,
   if not has_checkpoint(source):
     raise FileNotFoundError(f"{workdir}: no checkpoint to evaluate (checkpoints/ is empty)")
   mesh = parallel.create_mesh(config.mesh)
-  bert_config = io.with_attention_kernel(
-    io.read_model_config(workdir).replace(dtype=config.dtype), config, mesh
-  )
+  # The workdir's model as trained (its dropout rates, its attention), the run's numerics.
+  bert_config = io.run_model_config(io.read_model_config(workdir), config, mesh, keys=NUMERICS_KEYS)
   task = create_task(config, load_tokenizer(workdir))
   names = {"dev": task.eval_splits, "test": task.test_splits}.get(split, (split,))
   if not names:

@@ -7,9 +7,9 @@ Where the encoder and tokenizer come from, in order:
      via ``bert_jax.formats.load_pretrained``): its BertConfig and tokenizer;
   3. from scratch: ``BertConfig.from_preset(config.model_preset)`` sized to the tokenizer.
 ``config.vocab_file`` (with ``do_lower_case``) replaces the tokenizer in cases 2 and 3. The run
-config's numerics (``dtype``, dropout rates, ``attention_kernel`` resolved for the mesh's
-platform by ``bert_jax.model.kernels.attention.resolve_attention_kernel``) are applied on top
-of the architecture.
+config's model settings (``dtype``, ``remat``, dropout rates, ``attention_kernel`` resolved for
+the mesh's platform) are applied on top of the architecture by the one factory every run's
+encoder comes from, ``bert_jax.model.run_settings.run_bert_config``.
 
 A workdir (common.md): config.json, model_config.json, vocab.txt / sentencepiece.model +
 tokenizer_config.json, head.json, checkpoints/ (latest, for resume), best/ (a bert_jax workdir
@@ -30,7 +30,8 @@ import ml_collections
 from bert_jax.checkpoint import read_json, write_json
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
-from bert_jax.model.kernels.attention import platform_of, resolve_attention_kernel
+from bert_jax.model.kernels.attention import platform_of
+from bert_jax.model.run_settings import TRAINING_KEYS, run_bert_config
 from bert_jax.tasks.finetuning.best_checkpoint import has_checkpoint
 from bert_jax.tasks.registry import GLUE_TASKS
 from bert_jax.tokenize import load_tokenizer
@@ -41,6 +42,7 @@ _ADDED_KEYS = {
   "length_buckets": "",
   "packing": {"enabled": False, "max_sequences_per_row": 16},
   "attention_kernel": "reference",
+  "remat": False,
   "compilation_cache": {"dir": "", "min_compile_time_secs": 1.0, "max_size_bytes": -1},
 }
 # Keys GLUE configs gained after workdirs were written (their defaults: configs/glue.py).
@@ -98,17 +100,22 @@ def _causal_attention(config: ml_collections.ConfigDict, is_decoder: bool) -> bo
   return is_decoder and choice == "causal"
 
 
+def run_model_config(
+  bert_config: BertConfig, config, mesh=None, *, is_decoder=None, keys=TRAINING_KEYS
+) -> BertConfig:
+  """``bert_config`` made the run's by ``bert_jax.model.run_settings.run_bert_config``: the run
+  config's ``keys`` (numerics, dropout rates), ``is_decoder`` (None: the model's) and the kernel
+  ``config.attention_kernel`` resolves to on ``mesh``'s platform (jax's default devices without
+  a mesh); one-line ValueError naming the key."""
+  return run_bert_config(
+    bert_config, config, platform=platform_of(mesh), is_decoder=is_decoder, keys=keys
+  )
+
+
 def with_attention_kernel(bert_config: BertConfig, config, mesh=None) -> BertConfig:
   """``bert_config`` with the kernel ``config.attention_kernel`` resolves to on ``mesh``'s
-  platform (jax's default devices without a mesh); one-line ValueError naming the key."""
-  requested = config.get("attention_kernel", "reference")
-  kernel = resolve_attention_kernel(
-    requested,
-    attention_dropout=bert_config.attention_probs_dropout_prob,
-    platform=platform_of(mesh),
-    max_seq_length=int(config.max_seq_length),
-  )
-  return bert_config.replace(attention_kernel=kernel)
+  platform and nothing else of the run config's."""
+  return run_model_config(bert_config, config, mesh, keys=())
 
 
 def resolve_model(config: ml_collections.ConfigDict, workdir: str, mesh=None) -> ModelSetup:
@@ -144,13 +151,7 @@ def resolve_model(config: ml_collections.ConfigDict, workdir: str, mesh=None) ->
       )
     setup = ModelSetup(bert_config, tokenizer, pretrained)
   causal = _causal_attention(config, setup.bert_config.is_decoder)
-  setup.bert_config = setup.bert_config.replace(
-    is_decoder=causal,
-    dtype=config.dtype,
-    hidden_dropout_prob=float(config.hidden_dropout_prob),
-    attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),
-  )
-  setup.bert_config = with_attention_kernel(setup.bert_config, config, mesh)
+  setup.bert_config = run_model_config(setup.bert_config, config, mesh, is_decoder=causal)
   return setup
 
 

@@ -32,7 +32,8 @@ from bert_jax import parallel
 from bert_jax.checkpoint import read_json, write_json
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig, BertForPreTraining
-from bert_jax.model.kernels.attention import platform_of, resolve_attention_kernel
+from bert_jax.model.kernels.attention import platform_of
+from bert_jax.model.run_settings import run_attention_kernel, run_bert_config, run_lengths
 from bert_jax.tasks.pretraining.data import (
   DataSources,
   TokenShare,
@@ -120,9 +121,10 @@ def learning_rate_schedule(config, boundary: int | None = None):
 
 
 def bert_config_from(config, vocab_size: int, mesh=None) -> BertConfig:
-  """The run's encoder: the preset (or bert_config_file) with the config's dtype, remat,
-  dropout rates and attention kernel (``config.attention_kernel`` resolved for the platform
-  of ``mesh``, or of the default devices without one)."""
+  """The run's encoder: the preset (or bert_config_file) made the run's by
+  ``bert_jax.model.run_settings.run_bert_config`` (dtype, remat, dropout rates, the attention
+  kernel resolved for the platform of ``mesh``, or of the default devices without one, at every
+  phase's length), left-to-right for the ``ltr`` objective."""
   if config.bert_config_file:
     bert = BertConfig.from_dict(read_json(config.bert_config_file), source=config.bert_config_file)
     if bert.vocab_size != vocab_size:
@@ -138,46 +140,26 @@ def bert_config_from(config, vocab_size: int, mesh=None) -> BertConfig:
       f"config.objective={config.objective!r} needs bidirectional attention; set "
       "config.objective='ltr' or use a bidirectional model config"
     )
-  bert = bert.replace(
-    dtype=config.dtype,
-    remat=config.remat,
-    is_decoder=config.objective == "ltr",
-    hidden_dropout_prob=float(config.hidden_dropout_prob),
-    attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),
-  )
-  lengths = [config.max_seq_length] + (
-    [config.phase2.max_seq_length] if config.phase2.fraction > 0 else []
-  )
-  longest = max(lengths)
+  longest = max(length for length, _ in run_lengths(config))
   if longest > bert.max_position_embeddings:
     raise ValueError(
       f"config.max_seq_length/phase2.max_seq_length {longest} exceeds the "
       f"model's max_position_embeddings {bert.max_position_embeddings}"
     )
-  return bert.replace(attention_kernel=attention_kernel(config, mesh))
+  return run_bert_config(
+    bert, config, platform=platform_of(mesh), is_decoder=config.objective == "ltr"
+  )
 
 
 def attention_kernel(config, mesh) -> str:
-  """``config.attention_kernel`` resolved for ``mesh``'s platform and every phase's length (a
-  one-line ValueError naming the keys where it cannot run)."""
-  lengths = [(config.max_seq_length, "config.max_seq_length")] + (
-    [(config.phase2.max_seq_length, "config.phase2.max_seq_length")]
-    if config.phase2.fraction > 0
-    else []
+  """The kernel ``bert_config_from`` gives the run on ``mesh`` (``config.attention_kernel``
+  resolved for its platform at every phase's length), without a model: a one-line ValueError
+  naming the keys where it cannot run."""
+  return run_attention_kernel(
+    config,
+    platform=platform_of(mesh),
+    attention_dropout=float(config.attention_probs_dropout_prob),
   )
-  kernels = {
-    resolve_attention_kernel(
-      config.attention_kernel,
-      attention_dropout=float(config.attention_probs_dropout_prob),
-      platform=platform_of(mesh),
-      max_seq_length=length,
-      length_key=key,
-    )
-    for length, key in lengths
-  }
-  if len(kernels) > 1:  # "auto" on a TPU with a phase length splash cannot take
-    kernels.discard("splash")
-  return kernels.pop()
 
 
 def _check_workdir_model(workdir: str, bert: BertConfig) -> None:
