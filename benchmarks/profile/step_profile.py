@@ -8,7 +8,7 @@ profiler for an eager one, both grouped into the same few kinds of work.
 XLA:CPU emits one profiler event per executed thunk (the compiled HLO's top-level instruction:
 a fusion, a copy, a custom call) when the process starts with
 ``XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true``; ``jax.profiler`` records them and
-``ProfileData`` reads them back. Each instruction is put in a kind by what its fused computation
+``jax.profiler.ProfileData`` reads them back. Each instruction is put in a kind by what its fused computation
 contains (a dot: matmul, with whatever elementwise work is fused into it; random bits, known by
 its source ops since XLA:CPU expands the generator into integer arithmetic; a gather / scatter;
 a reduce; copies; else elementwise) and named by the source ops in its metadata.
@@ -25,6 +25,8 @@ import glob
 import re
 import tempfile
 import time
+
+import jax
 
 TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 KINDS = ("matmul", "reduce", "elementwise", "random bits", "gather / scatter", "copy", "other")
@@ -124,9 +126,6 @@ def _short(names: list[str]) -> str:
 
 
 def jax_profile(run, batches, steps: int, compiled_text: str, top: int = 10) -> Profile:
-  import jax
-  from jax._src.lib import _profile_data  # jax.profiler's own reader of its traces
-
   kinds = classify_instructions(compiled_text)
   jax.block_until_ready(run(batches[0]))  # compiled and warm
   with tempfile.TemporaryDirectory() as logdir:
@@ -138,7 +137,7 @@ def jax_profile(run, batches, steps: int, compiled_text: str, top: int = 10) -> 
     wall = (time.perf_counter() - t) / steps
     jax.profiler.stop_trace()
     (path,) = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
-    data = _profile_data.ProfileData.from_file(path)
+    data = jax.profiler.ProfileData.from_file(path)
   per_op: collections.Counter = collections.Counter()
   for plane in data.planes:
     for line in plane.lines:
@@ -160,7 +159,7 @@ _TORCH_KINDS = (
 
 
 def torch_profile(run, batches, steps: int, top: int = 10) -> Profile:
-  import torch
+  import torch  # optional (not a bert_jax dependency), and heavy
 
   run(batches[0])  # warm
   with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
