@@ -40,11 +40,13 @@ def budget_per_recipe(section_s: float, quick: bool) -> float:
 def command(workdir: str, out: str, recipe_s: float, quick: bool, train: bool = True) -> list[str]:
   """The benchmark's command: mini in bfloat16 (tiny in float32 for a CPU smoke run), the
   built-in corpus, four evaluations per recipe, no GLUE stage."""
-  size, dtype, documents = ("tiny", "float32", 200) if quick else ("mini", "bfloat16", 0)
+  size, dtype, documents, eval_batch = (
+    ("tiny", "float32", 400, 16) if quick else ("mini", "bfloat16", 0, 64)
+  )
   return [
     sys.executable, "-m", "benchmarks.quality.time_to_quality",
     f"--workdir={workdir}", f"--out={out}", f"--size={size}", f"--dtype={dtype}",
-    "--corpora=cpython", f"--max_documents={documents}",
+    "--corpora=cpython", f"--max_documents={documents}", f"--eval_batch_size={eval_batch}",
     f"--budget_minutes={recipe_s / 60.0:.4f}", f"--eval_every_seconds={recipe_s / 4.0:.2f}",
     "--warmup_steps=100", "--probe_steps=10", f"--recipes={','.join(RECIPES)}", "--noglue",
     *([] if train else ["--notrain"]),
@@ -64,7 +66,7 @@ def section(section_s: float, quick: bool) -> dict:
     try:
       run(command(workdir, out, recipe_s, quick), cwd=REPO, timeout_s=section_s)
     except (ChildFailed, subprocess.SubprocessError, OSError) as e:
-      result["note"] = f"stopped: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+      result["note"] = f"stopped: {type(e).__name__}: {str(e).splitlines()[-1][-300:]}"
       try:  # what finished before the box or the failure
         run(command(workdir, out, recipe_s, quick, train=False), cwd=REPO, timeout_s=120)
       except (ChildFailed, subprocess.SubprocessError, OSError):

@@ -10,7 +10,8 @@ wall-clock limit key: the run is stopped with SIGTERM, on which the trainer save
    progress line of an evaluation step to its ``eval at step`` line is evaluation and
    checkpoint time, left out of the training clock; the clock starts at the child's launch
    (interpreter, imports, data, compilation counted: a user pays them). When the clock reaches
-   the budget the child gets SIGTERM;
+   the budget the child gets SIGTERM (not before its first progress line: a budget shorter than
+   the start-up trains up to the first evaluation, and the clock says so);
 3. a last short child (``num_train_steps`` = the step reached; the schedule is constant after
    warmup, so that changes nothing) evaluates that step, completing the run.
 
@@ -171,10 +172,12 @@ def run_bert_jax(recipe: str, run_dir: str, data, args, log) -> dict:
   carried = st["checkpoints"].get(str(resumed), 0.0) if resumed else 0.0
   st["evals"] = [e for e in st["evals"] if e["step"] <= resumed]
   clock = _Clock(carried)
-  stopped = threading.Event()
+  stopped, training = threading.Event(), threading.Event()
 
   def on_line(line: str, proc) -> None:
     now = time.time()
+    if _PROGRESS_LINE.search(line) or _EVAL_LINE.search(line):
+      training.set()
     m = _PROGRESS_LINE.search(line)
     if m and int(m.group(1)) % every == 0 and "eval at" not in line:
       clock.pause(now)  # the checkpoint and evaluation of this step follow
@@ -194,8 +197,10 @@ def run_bert_jax(recipe: str, run_dir: str, data, args, log) -> dict:
       _write_json(state_path, st)
 
   def watch(proc_holder: list) -> None:
+    # The stop signal waits for the trainer's first progress line: before it, the trainer's
+    # handler (save, then exit 143) may not be installed yet, and there is nothing to save.
     while not stopped.wait(0.5):
-      if clock.seconds() >= budget and proc_holder:
+      if clock.seconds() >= budget and proc_holder and training.is_set():
         proc_holder[0].send_signal(signal.SIGTERM)
         return
 
