@@ -323,7 +323,7 @@ def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 def _read_torch(path: pathlib.Path) -> dict[str, np.ndarray]:
   try:
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 (optional, heavy: only for a .bin checkpoint)
   except ImportError as e:
     raise CheckpointError(
       f"{path}: reading a pytorch_model.bin needs torch installed; or "

@@ -114,7 +114,7 @@ def export_saved_model(
   non-empty ``out_dir`` is refused unless ``overwrite`` and then replaced as a whole.
   """
   import tensorflow as tf  # noqa: PLC0415 (heavy; only here)
-  from jax.experimental import jax2tf  # noqa: PLC0415
+  from jax.experimental import jax2tf  # noqa: PLC0415 (imports TensorFlow)
 
   ensure_replaceable(out_dir, overwrite)  # before the (slow) conversion; replace_dir checks again
   params = jax.tree_util.tree_map(np.asarray, dict(params))

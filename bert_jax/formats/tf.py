@@ -47,7 +47,7 @@ def find_checkpoint(path: pathlib.Path) -> str | None:
   """The checkpoint prefix of a directory or prefix path, or None if there is none."""
   if path.is_dir():
     try:
-      import tensorflow as tf  # noqa: PLC0415
+      import tensorflow as tf  # noqa: PLC0415 (heavy; optional here: no TF, no TF checkpoint)
     except ImportError:
       return None
     latest = tf.train.latest_checkpoint(str(path))
@@ -76,7 +76,7 @@ def read_tf_checkpoint(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, st
 
   Returns ``(tensors, original)``; ``original[hf_name]`` is the variable's name in the checkpoint.
   """
-  import tensorflow as tf  # noqa: PLC0415
+  import tensorflow as tf  # noqa: PLC0415 (heavy; only to read a TF checkpoint)
 
   try:
     reader = tf.train.load_checkpoint(prefix)

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 from absl import logging
+from jax.experimental.compilation_cache import compilation_cache
 
 
 def enable_compilation_cache(cfg: Mapping[str, Any]) -> str | None:
@@ -50,8 +51,6 @@ def enable_compilation_cache(cfg: Mapping[str, Any]) -> str | None:
   )
   jax.config.update("jax_compilation_cache_max_size", int(cfg["max_size_bytes"]))
   if jax.config.jax_compilation_cache_dir != path:
-    from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415
-
     compilation_cache.set_cache_dir(path)
     compilation_cache.reset_cache()  # re-initialised at the next compilation, at `path`
     logging.info(

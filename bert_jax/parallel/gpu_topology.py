@@ -32,6 +32,8 @@ import os
 import re
 from typing import Any
 
+from jax.experimental import topologies
+
 from bert_jax.parallel.topology_base import ChipSpec, GiB, Topology, TopologyError
 
 _GB = 1e9
@@ -207,8 +209,6 @@ def gpu_topology_devices(topo: Topology) -> list[Any]:
   # them without it: the error below then says so.)
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
   try:
-    from jax.experimental import topologies  # noqa: PLC0415 (loads the plugin: only when asked)
-
     desc = topologies.get_topology_desc(
       platform="cuda", target_config=target_config(spec), topology=f"{hosts}x1x{per_host}"
     )

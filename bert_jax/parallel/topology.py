@@ -30,6 +30,8 @@ import os
 import re
 from typing import Any
 
+from jax.experimental import topologies
+
 from bert_jax.parallel import gpu_topology
 from bert_jax.parallel.topology_base import ChipSpec, GiB, Topology, TopologyError
 
@@ -145,8 +147,6 @@ def topology_devices(topo: Topology) -> list[Any]:
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", topo.accelerator_type)
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   try:
-    from jax.experimental import topologies  # noqa: PLC0415 (starts libtpu: only when asked)
-
     desc = topologies.get_topology_desc(
       topology_name=topo.libtpu_name,
       platform="tpu",

@@ -22,14 +22,16 @@ import sys
 
 
 def _compile_cached(config, topo, phase, cache_dir):
-  from bert_jax.plan.planner import compile_cached  # noqa: PLC0415 (planner imports isolation)
+  # The compiler's modules (JAX, the model) load here, after main() made SIGINT end this
+  # process at once: a Ctrl-C during a child's start then ends it without a traceback.
+  from bert_jax.plan.planner import compile_cached  # noqa: PLC0415 (after SIGINT's default)
 
   return compile_cached(config, topo, phase, cache_dir)
 
 
 def _compile_for_topology(config, topo, kwargs):
-  from bert_jax.plan.compiler import compile_for_topology  # noqa: PLC0415
-  from bert_jax.plan.isolation import STATUS_ENV  # noqa: PLC0415
+  from bert_jax.plan.compiler import compile_for_topology  # noqa: PLC0415 (after SIGINT's default)
+  from bert_jax.plan.isolation import STATUS_ENV  # noqa: PLC0415 (after SIGINT's default)
 
   status = os.environ.get(STATUS_ENV)
   if status:

@@ -55,6 +55,7 @@ from absl import logging
 from bert_jax.parallel.topology import Topology, topology_devices
 from bert_jax.plan import attention, isolation
 from bert_jax.plan.compiler import compile_for_topology
+from bert_jax.tasks.jobs import build_job
 from bert_jax.train import progress as progress_lib
 from bert_jax.train.run_config import check_batch_layout, check_run_config
 
@@ -224,8 +225,6 @@ def default_workers(num_meshes: int) -> int:
 def plan_phases(config, topo: Topology | None = None) -> int:
   """How many train phases a run of ``config`` has (pre-training with a seq-512 phase: 2); the
   task's checks of ``config``, its attention kernel resolved for ``topo``'s chips."""
-  from bert_jax.tasks.jobs import build_job  # noqa: PLC0415
-
   mesh = None
   if topo is not None and attention.kernel_for(config, topo) != "reference":
     devices = np.asarray(topology_devices(topo)).reshape(-1, 1, 1)  # only their platform counts

@@ -80,7 +80,7 @@ def import_tf_text():
   """(tensorflow, tensorflow_text), or FastUnavailable saying what is missing."""
   try:
     import tensorflow as tf  # noqa: PLC0415 (heavy; only when a fast tokenizer is built)
-    import tensorflow_text  # noqa: PLC0415
+    import tensorflow_text  # noqa: PLC0415 (heavy: imports TensorFlow)
   except ImportError as e:
     raise FastUnavailable(
       f"{TF_TEXT_PACKAGE} is not importable ({e}); install the release matching the installed "

@@ -40,6 +40,8 @@ from collections.abc import Sequence
 import numpy as np
 from absl import logging
 
+from bert_jax.tasks.ner.data import read_conll
+
 KINDS = ("cola_source", "stsb_genre", "conll_per")
 _COLUMNS = {"cola_source": "source", "stsb_genre": "genre"}  # attributes read from a column
 # Spellings of one value that differ between splits of the official files: STS-B's train.tsv
@@ -84,8 +86,6 @@ def conll_person_names(path: str) -> collections.Counter:
   """Gold PER entities of a CoNLL-2003 file (BIO or IO tags), counted: "Bill Clinton" -> n.
   The file is read strictly (``ner_data.read_conll``): a line without a valid tag, a file that
   is not UTF-8 text or holds no sentence is an error naming the file and line."""
-  from bert_jax.tasks.ner.data import read_conll  # noqa: PLC0415 (only conll_per needs it)
-
   counts: collections.Counter = collections.Counter()
   for sentence in read_conll(path, advice=_STRICT_ADVICE):
     counts.update(person_spans(sentence.words, sentence.tags))

@@ -73,8 +73,11 @@ from absl import logging
 
 from bert_jax.checkpoint import read_json, write_json
 from bert_jax.checkpoint.lock import WorkdirLock
+from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
 from bert_jax.model import scalar_mix as scalar_mix_lib
+from bert_jax.parallel.compilation_cache import enable_compilation_cache
+from bert_jax.tasks.finetuning.best_checkpoint import CHOICES, checkpoint_dir
 from bert_jax.tasks.privacy import attributes as PA
 from bert_jax.tasks.privacy import metrics as pm
 from bert_jax.tasks.privacy.attacker import (
@@ -83,6 +86,8 @@ from bert_jax.tasks.privacy.attacker import (
   train_attacker,
   train_direct,
 )
+from bert_jax.tasks.registry import create_task
+from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import progress as progress_lib
 from bert_jax.train.progress import Heartbeat, Progress
 
@@ -319,10 +324,6 @@ def probe_arrays(
 def load_encoder(config):
   """(encoder directory, Pretrained, tokenizer, BertConfig) of ``config.init_checkpoint``: of a
   fine-tuning workdir its best checkpoint (``config.which_checkpoint``)."""
-  from bert_jax.formats import load_pretrained  # noqa: PLC0415
-  from bert_jax.tasks.finetuning.best_checkpoint import CHOICES, checkpoint_dir  # noqa: PLC0415
-  from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
-
   if not config.init_checkpoint:
     raise ValueError(
       "config.init_checkpoint is empty: set it to the encoder to probe (a bert_jax workdir, "
@@ -348,8 +349,6 @@ def load_encoder(config):
 def task_splits(config, tokenizer):
   """(task, its PrivateAttributes, train SplitData, test SplitData = the task's first dev split);
   a task without private attributes is an error naming the key."""
-  from bert_jax.tasks.registry import create_task  # noqa: PLC0415
-
   task = create_task(config, tokenizer)
   logging.info("probe: reading %s and fitting its private attributes", config.task)
   with Heartbeat(
@@ -483,8 +482,6 @@ def run_probe(config, workdir: str) -> dict[str, Any]:
 
 
 def _run_probe(config, workdir: str) -> dict[str, Any]:
-  from bert_jax.parallel.compilation_cache import enable_compilation_cache  # noqa: PLC0415
-
   enable_compilation_cache(config.compilation_cache)
   logging.info("probe: loading the encoder %s", config.init_checkpoint)
   with Heartbeat(f"probe: loading the encoder {config.init_checkpoint}", interval_sec=_interval()):

@@ -19,12 +19,15 @@ question id, and return what the official script prints:
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import re
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from bert_jax.tasks.squad.examples import SquadFormatError, load_squad_json
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = frozenset(string.punctuation)
@@ -240,10 +243,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
   The official scripts' command line: prints their JSON (v1.1 or v2.0 logic, chosen by whether
   the data file has unanswerable questions, or by --version).
   """
-  import argparse  # noqa: PLC0415
-
-  from bert_jax.tasks.squad.examples import SquadFormatError, load_squad_json  # noqa: PLC0415
-
   parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
   parser.add_argument("data_file", help="SQuAD JSON (e.g. dev-v2.0.json)")
   parser.add_argument("pred_file", help="predictions.json: {question id: answer text}")
