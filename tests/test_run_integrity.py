@@ -15,6 +15,7 @@ from test_trainer import _toy_config, _toy_job
 
 from bert_jax.checkpoint import CheckpointSaveError
 from bert_jax.tasks.finetuning import runner
+from bert_jax.tasks.run_rules import FINETUNING_RUN, PRETRAINING_RUN
 from bert_jax.train import trainer
 from configs import glue, pretrain
 
@@ -89,7 +90,9 @@ def test_a_workdir_of_another_task_is_refused_before_anything_is_touched(
   # Pre-training into it.
   with pytest.raises(ValueError, match=r"holds a 'mrpc' run .*: task\); this config is "
                      r"pre-training \(objective 'mlm_nsp'\): use a new --workdir"):  # fmt: skip
-    trainer.run(_pretrain(), str(mrpc_workdir), lambda *a: pytest.fail("built a job"))
+    trainer.run(
+      _pretrain(), str(mrpc_workdir), lambda *a: pytest.fail("built a job"), rules=PRETRAINING_RUN
+    )
   # A from-scratch MRPC run of another size.
   c = _glue("mrpc", shared_data / "glue", minilm_dir, model_preset="mini")
   with pytest.raises(ValueError, match=r"model_config.json: this workdir holds another model "
@@ -99,7 +102,7 @@ def test_a_workdir_of_another_task_is_refused_before_anything_is_touched(
   # What users change on a resume is not the job: MRPC with more steps and another learning
   # rate resumes and trains on.
   c = _glue("mrpc", shared_data / "glue", minilm_dir, num_train_steps=3, learning_rate=3e-5)
-  trainer.check_workdir_identity(c, str(mrpc_workdir))
+  trainer.check_workdir_identity(c, str(mrpc_workdir), FINETUNING_RUN.identity)
 
 
 def test_a_pretraining_workdir_is_refused_to_another_objective_and_to_fine_tuning(

@@ -28,6 +28,9 @@ encoder, TensorBoard. A task owns only what is task specific:
 ``predict(outputs)``      pure jnp: dict of per-row arrays to bring back to the host at eval
 ``evaluate(data, preds)`` host side: (metrics dict, predictions) from all rows of a split
 ``write_predictions``     write prediction files for a split into a directory, return paths
+``added_config_keys``     run-config keys the task's configs gained after workdirs were
+                          written, with the value that reproduces an older run (filled in
+                          when a workdir's config.json is read back)
 ========================  ================================================================
 
 Batches. ``SplitData.arrays`` holds every array the model or the loss needs, each with the
@@ -79,6 +82,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -138,6 +142,9 @@ class Task(abc.ABC):
   position_keys: Sequence[str] = ()
   # The packing inputs the task's model takes as keyword arguments (see PACKED_INPUTS).
   packed_inputs: Sequence[str] = PACKED_INPUTS
+  # Keys the task's configs gained after workdirs were written, with the value that reproduces
+  # what such an older run did (``runner_io.read_run_config`` adds those a config.json lacks).
+  added_config_keys: Mapping[str, Any] = types.MappingProxyType({})
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
     self.config = config

@@ -4,7 +4,11 @@ builds one of these and nothing else is task specific in a run.
 
   Job(name, Program(init_params, loss_fn, schedule, phases, ...),   # what is compiled
       Pretrained(checkpoint, params, subtrees),                      # where weights come from
-      RunHooks(evaluate, eval_every_steps, finish, ...))             # what a run does around it
+      RunHooks(evaluate, eval_every_steps, finish, ...),             # what a run does around it
+      settings=RunSettings(optimizer, seed, checkpoint, logging))    # run-wide settings
+
+Before the Job, a task's ``RunRules`` (the config's checks, the workdir's identity) are given
+to ``trainer.run``: they are checked before the task reads or writes anything.
 
 Compiling needs only the ``Program`` (model, loss, optimizer schedule and groups, the phases'
 batch shapes, the evaluation step): ``bert_jax.tasks.jobs.build_job(config, abstract=True)``
@@ -29,6 +33,7 @@ from typing import Any
 import jax
 import optax
 
+from bert_jax.train.run_config import GENERIC_RULES, ConfigRules
 from bert_jax.train.train_step import LossFn
 
 BatchSpec = Mapping[str, jax.ShapeDtypeStruct]
@@ -142,14 +147,72 @@ class RunHooks:
   finish: Callable[[Any], dict[str, Any]] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """The run-wide settings the trainer applies to any job, as the task read them from its
+  config: ``optimizer`` (``optimizers.create_optimizer``'s section), ``seed`` (the state's
+  initialisation), ``checkpoint`` (the checkpoint manager's options) and ``logging`` (progress
+  cadence, the MFU peaks)."""
+
+  optimizer: Any
+  seed: int
+  checkpoint: Any
+  logging: Any
+
+  @classmethod
+  def from_config(cls, config) -> RunSettings:
+    """A run config's ``optimizer``, ``seed``, ``checkpoint`` and ``logging`` sections."""
+    return cls(config.optimizer, int(config.seed), config.checkpoint, config.logging)
+
+
 @dataclasses.dataclass
 class Job:
   """A task's run for the trainer: its ``name`` (logs, summary.json), the ``program`` it
-  compiles, the ``pretrained`` weights it starts from, the ``hooks`` it runs, and ``describe``,
-  a one-line description for the log."""
+  compiles, the ``pretrained`` weights it starts from, the ``hooks`` it runs, ``describe``, a
+  one-line description for the log, and the run-wide ``settings`` (None, a hand-built job:
+  the run config's, ``RunSettings.from_config``)."""
 
   name: str
   program: Program
   pretrained: Pretrained = dataclasses.field(default_factory=Pretrained)
   hooks: RunHooks = dataclasses.field(default_factory=RunHooks)
   describe: str = ""
+  settings: RunSettings | None = None
+
+  def run_settings(self, config) -> RunSettings:
+    """``settings``, or for a job without them ``config``'s."""
+    return self.settings if self.settings is not None else RunSettings.from_config(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkdirIdentity:
+  """What makes a workdir's run (its config.json, model_config.json) the job of a config, as
+  the task sees it (``bert_jax.train.trainer.check_workdir_identity`` applies it).
+
+  Attributes:
+    kind_keys: ``(recorded, config) -> keys`` naming the kind of job, compared in order: the
+      first whose value differs refuses the workdir.
+    describe: ``config -> words`` for the job a run config (or a recorded one) describes, or
+      None when it names none.
+    unnamed: the words for a config that names no job (after "a run of" / "has").
+    model_sizes: ``(config, recorded) -> {size: value}`` the workdir's model_config.json must
+      hold, or None when no sizes are compared.
+    fixed_keys: ``config -> dotted keys`` a resume may not change (e.g. how its input is laid
+      out); None: none.
+  """
+
+  kind_keys: Callable[[Mapping, Mapping], tuple[str, ...]]
+  describe: Callable[[Mapping], str | None]
+  unnamed: str = "no name"
+  model_sizes: Callable[[Mapping, Mapping], dict[str, Any] | None] | None = None
+  fixed_keys: Callable[[Any], tuple[str, ...]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRules:
+  """What a task decides about its run before its Job is built (the trainer checks these
+  before anything is read or written): the run config's checks, and the workdir's identity
+  (None: any workdir)."""
+
+  config: ConfigRules = GENERIC_RULES
+  identity: WorkdirIdentity | None = None

@@ -1,20 +1,25 @@
 """Checks of a run config's numbers, before anything runs, compiles or is written.
 
-``check_run_config(config)`` raises one ValueError naming every key whose value is out of range
-(a negative learning rate would train by gradient ascent and report "completed"; a learning
-rate of 0 trains nothing). A rule applies to a key only where the config has it: pre-training
-and fine-tuning configs share most keys, and each rule says what its values mean.
+``check_run_config(config, rules=...)`` raises one ValueError naming every key whose value is
+out of range (a negative learning rate would train by gradient ascent and report "completed"; a
+learning rate of 0 trains nothing). The rules are a ``ConfigRules``: ``GENERIC_RULES`` (what
+every run config has: learning rate, batch sizes, dropout, the attention kernel, ``optimizer.*``,
+``checkpoint.*``, ``logging.*``) extended by the task with its own keys and the batches only its
+runs feed (``bert_jax.tasks.run_rules.config_rules(config)`` picks a config's). A rule applies
+to a key only where the config has it, and each rule says what its values mean.
 
-``check_run_config(config, mesh)`` (a ``jax.sharding.Mesh`` or its sizes, ``{"data": 2, "fsdp":
-4, ...}``) checks the batch layout too (``check_batch_layout``): each batch (train, eval, phase
-2's where the run has one) divides into its gradient-accumulation steps, each micro-batch into
+``check_run_config(config, mesh, rules=...)`` (a ``jax.sharding.Mesh`` or its sizes, ``{"data":
+2, "fsdp": 4, ...}``) checks the batch layout too (``check_batch_layout``): each batch (train,
+eval, and the task's others) divides into its gradient-accumulation steps, each micro-batch into
 the data-parallel size (data x fsdp) and the processes. ``pretrain``, ``finetune``,
 ``bert_jax.compile`` (and its planner) and the launcher's pre-flight refuse a config with the
-same one-line error.
+same one-line error. Without ``rules`` (callers from before the argument) the tasks' pick for
+the config is used.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +28,8 @@ from typing import Any
 _Rule = tuple[str, Callable[[Any], bool], "str | Callable[[], str]"]
 
 
-def _finite(x) -> bool:
+def finite(x) -> bool:
+  """A finite int or float (a rule's first test of a number)."""
   return isinstance(x, (int, float)) and math.isfinite(x)
 
 
@@ -40,37 +46,53 @@ def _one_of_kernels() -> str:
   return f"{', '.join(most)} or {last}"
 
 
-_RULES: tuple[_Rule, ...] = (
-  ("learning_rate", lambda v: _finite(v) and v > 0, "a positive number"),
-  ("train_batch_size", lambda v: v > 0, "positive"),
-  ("eval_batch_size", lambda v: v > 0, "positive"),
-  ("grad_accum_steps", lambda v: v >= 1, ">= 1"),
-  ("num_train_epochs", lambda v: _finite(v) and v > 0, "a positive number"),
-  ("warmup_proportion", lambda v: _finite(v) and 0 <= v <= 1, "in [0, 1]"),
-  ("save_checkpoints_steps", lambda v: v >= 0, ">= 0"),
-  ("eval_every_steps", lambda v: v >= 0, ">= 0"),
-  ("masked_lm_prob", lambda v: _finite(v) and 0 < v < 1, "in (0, 1)"),
-  ("max_predictions_per_seq", lambda v: v > 0, "positive"),
-  ("max_seq_length", lambda v: v > 1, "> 1"),
-  ("hidden_dropout_prob", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
-  ("attention_probs_dropout_prob", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
+@dataclasses.dataclass(frozen=True)
+class ConfigRules:
+  """A run config's checks: ``ranges``, (dotted key, check, what its values must be) in the
+  order their problems are named; ``batches(config)``, the (batch key, accumulation key or "")
+  of the batches a run feeds besides the train and eval batches (a task's later phases)."""
+
+  ranges: tuple[_Rule, ...]
+  batches: Callable[[Any], list[tuple[str, str]]] | None = None
+
+  def extended(
+    self,
+    *rules: _Rule,
+    after: str | None = None,
+    batches: Callable[[Any], list[tuple[str, str]]] | None = None,
+  ) -> ConfigRules:
+    """These rules with ``rules`` added after the rule of key ``after`` (None: at the end), and
+    ``batches`` where given."""
+    keys = [r[0] for r in self.ranges]
+    at = len(keys) if after is None else keys.index(after) + 1
+    ranges = self.ranges[:at] + tuple(rules) + self.ranges[at:]
+    return ConfigRules(ranges, self.batches if batches is None else batches)
+
+
+GENERIC_RULES = ConfigRules(
   (
-    "attention_kernel",
-    lambda v: v in _attention_kernels(),
-    _one_of_kernels,
-  ),
-  ("phase2.fraction", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
-  ("phase2.train_batch_size", lambda v: v > 0, "positive"),
-  ("phase2.grad_accum_steps", lambda v: v >= 1, ">= 1"),
-  ("phase2.num_warmup_steps", lambda v: v >= 0, ">= 0"),
-  ("phase2.learning_rate", lambda v: _finite(v) and v != 0, "> 0 (or < 0: continue phase 1's)"),
-  ("optimizer.weight_decay", lambda v: _finite(v) and v >= 0, ">= 0"),
-  ("optimizer.b1", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
-  ("optimizer.b2", lambda v: _finite(v) and 0 <= v < 1, "in [0, 1)"),
-  ("optimizer.eps", lambda v: _finite(v) and v > 0, "positive"),
-  ("checkpoint.keep_checkpoint_max", lambda v: v >= 1, ">= 1"),
-  ("checkpoint.keep_period", lambda v: v >= 0, ">= 0 (0: keep only the last keep_checkpoint_max)"),
-  ("logging.log_every_steps", lambda v: v >= 1, ">= 1"),
+    ("learning_rate", lambda v: finite(v) and v > 0, "a positive number"),
+    ("train_batch_size", lambda v: v > 0, "positive"),
+    ("eval_batch_size", lambda v: v > 0, "positive"),
+    ("grad_accum_steps", lambda v: v >= 1, ">= 1"),
+    ("save_checkpoints_steps", lambda v: v >= 0, ">= 0"),
+    ("eval_every_steps", lambda v: v >= 0, ">= 0"),
+    ("max_seq_length", lambda v: v > 1, "> 1"),
+    ("hidden_dropout_prob", lambda v: finite(v) and 0 <= v < 1, "in [0, 1)"),
+    ("attention_probs_dropout_prob", lambda v: finite(v) and 0 <= v < 1, "in [0, 1)"),
+    ("attention_kernel", lambda v: v in _attention_kernels(), _one_of_kernels),
+    ("optimizer.weight_decay", lambda v: finite(v) and v >= 0, ">= 0"),
+    ("optimizer.b1", lambda v: finite(v) and 0 <= v < 1, "in [0, 1)"),
+    ("optimizer.b2", lambda v: finite(v) and 0 <= v < 1, "in [0, 1)"),
+    ("optimizer.eps", lambda v: finite(v) and v > 0, "positive"),
+    ("checkpoint.keep_checkpoint_max", lambda v: v >= 1, ">= 1"),
+    (
+      "checkpoint.keep_period",
+      lambda v: v >= 0,
+      ">= 0 (0: keep only the last keep_checkpoint_max)",
+    ),
+    ("logging.log_every_steps", lambda v: v >= 1, ">= 1"),
+  )
 )
 
 
@@ -83,55 +105,58 @@ def _lookup(config, dotted: str) -> tuple[bool, Any]:
   return True, node
 
 
-def check_run_config(config, mesh=None, *, processes: int | None = None) -> None:
-  """ValueError naming each out-of-range key (see the module docstring); with ``mesh``, then
-  the batch layout (``check_batch_layout``)."""
+def _rules_for(config) -> ConfigRules:
+  """The tasks' rules for ``config``, for callers that pass none (the launcher's pre-flight,
+  the planner): the tasks know which keys a config's run reads; training does not."""
+  from bert_jax.tasks.run_rules import config_rules  # noqa: PLC0415 (callers without rules)
+
+  return config_rules(config)
+
+
+def check_run_config(
+  config, mesh=None, *, processes: int | None = None, rules: ConfigRules | None = None
+) -> None:
+  """ValueError naming each out-of-range key under ``rules`` (see the module docstring); with
+  ``mesh``, then the batch layout (``check_batch_layout``)."""
+  rules = _rules_for(config) if rules is None else rules
   problems = []
-  for key, ok, what in _RULES:
+  for key, ok, what in rules.ranges:
     present, value = _lookup(config, key)
     if present and not ok(value):
       words = what() if callable(what) else what
       problems.append(f"config.{key}={value!r} (must be {words})")
-  present, warmup = _lookup(config, "num_warmup_steps")
-  if present:
-    # Fine-tuning configs (which have warmup_proportion) use -1 for "from the proportion".
-    floor = -1 if "warmup_proportion" in config else 0
-    if warmup < floor:
-      problems.append(f"config.num_warmup_steps={warmup!r} (must be >= {floor})")
-  present, steps = _lookup(config, "num_train_steps")
-  if present:
-    floor = 0 if "num_train_epochs" in config else 1  # fine-tuning: 0 = from the epochs
-    if steps < floor:
-      problems.append(f"config.num_train_steps={steps!r} (must be >= {floor})")
   if problems:
     raise ValueError("invalid config: " + "; ".join(problems))
   if mesh is not None:
-    check_batch_layout(config, mesh, processes=processes)
+    check_batch_layout(config, mesh, processes=processes, rules=rules)
 
 
-def _batch_keys(config) -> list[tuple[str, str]]:
+def _batch_keys(config, rules: ConfigRules) -> list[tuple[str, str]]:
   """(batch key, its accumulation key or "") of each batch the run feeds."""
   keys = [("train_batch_size", "grad_accum_steps" if "grad_accum_steps" in config else "")]
   if "eval_batch_size" in config:
     keys.append(("eval_batch_size", ""))
-  present, fraction = _lookup(config, "phase2.fraction")
-  if present and fraction > 0:
-    keys.append(("phase2.train_batch_size", "phase2.grad_accum_steps"))
+  if rules.batches is not None:
+    keys += rules.batches(config)
   return keys
 
 
-def check_batch_layout(config, mesh, *, processes: int | None = None) -> None:
+def check_batch_layout(
+  config, mesh, *, processes: int | None = None, rules: ConfigRules | None = None
+) -> None:
   """ValueError naming the key when a batch does not divide into its accumulation steps, or a
   (micro-)batch into the data-parallel size data x fsdp of ``mesh`` (a Mesh or its sizes) or
   into ``processes`` (default: this run's, ``jax.process_count()``; a compile for a topology
-  passes its hosts'). The messages are ``bert_jax.parallel.check_batch_size``'s."""
+  passes its hosts'). The batches are the train and eval ones and ``rules.batches``' (default:
+  the tasks' pick for ``config``). The messages are ``bert_jax.parallel.check_batch_size``'s."""
+  rules = _rules_for(config) if rules is None else rules
   shape = dict(mesh.shape) if hasattr(mesh, "axis_names") else dict(mesh)
   dp = int(shape.get("data", 1)) * int(shape.get("fsdp", 1))
   if processes is None:
     import jax  # noqa: PLC0415 (the range checks stay light)
 
     processes = jax.process_count()
-  for key, accum_key in _batch_keys(config):
+  for key, accum_key in _batch_keys(config, rules):
     batch = _lookup(config, key)[1]
     accum = _lookup(config, accum_key)[1] if accum_key else 1
     if accum < 1 or batch % accum:

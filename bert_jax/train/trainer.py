@@ -1,18 +1,19 @@
 """The one trainer: assembles and runs any task's job (pre-training, GLUE, SQuAD, SWAG, NER).
 
-  summary = run(config, workdir, build)          # build(config, workdir, mesh) -> Job
+  summary = run(config, workdir, build, rules=rules)   # build(config, workdir, mesh) -> Job
   asm = assemble(job, config, mesh, rules)       # what a run compiles, without running it
   asm, params, step = restore_for_evaluation(job, config, mesh, checkpoint_dir)
   lowered = lower_train_step(asm, phase=0)       # e.g. for a TPU topology (bert_jax.compile)
 
 A run, in this order (every task goes through exactly these steps):
-  1. the run config's numbers are checked (``check_run_config``; the batch layout against the
-     mesh once it is made, ``check_batch_layout``); under a launcher that restarts the job, an
-     attempt that cannot help is refused (``bert_jax.train.attempts``: the attempts before it
-     saved no checkpoint past the one it would resume from); JAX's compilation cache and
-     the multi-process runtime are set up; a workdir that holds another job's run (its
-     config.json's task or objective, or its model_config.json's sizes, differ from the
-     config's) is refused before anything is read or written (``check_workdir_identity``); the
+  1. the run config's numbers are checked under the task's ``RunRules`` (``check_run_config``;
+     the batch layout against the mesh once it is made, ``check_batch_layout``); under a
+     launcher that restarts the job, an attempt that cannot help is refused
+     (``bert_jax.train.attempts``: the attempts before it saved no checkpoint past the one it
+     would resume from); JAX's compilation cache and the multi-process runtime are set up; a
+     workdir that holds another job's run (as the task's ``WorkdirIdentity`` tells: its
+     config.json names another job, or its model_config.json other sizes) is refused before
+     anything is read or written (``check_workdir_identity``); the
      workdir is created and locked for this run (``bert_jax.checkpoint.lock``: a second run on
      it is refused), the attempt is recorded (attempts.json, under a launcher that restarts
      the job), and the temporary directories of an earlier run's interrupted save are removed;
@@ -62,7 +63,6 @@ from bert_jax.checkpoint import (
   write_json,
 )
 from bert_jax.checkpoint.lock import WorkdirLock
-from bert_jax.model.config import BertConfig
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers
@@ -70,7 +70,7 @@ from bert_jax.train import state as state_lib
 from bert_jax.train import train_step as step_lib
 from bert_jax.train.attempts import ATTEMPTS_FILE, Attempts
 from bert_jax.train.eval_history import EvalHistory
-from bert_jax.train.job import Job
+from bert_jax.train.job import Job, RunRules, WorkdirIdentity
 from bert_jax.train.loop import LoopOptions, train_loop
 from bert_jax.train.metrics import MetricWriter, json_safe
 from bert_jax.train.run_config import check_batch_layout, check_run_config
@@ -116,11 +116,12 @@ def assemble(job: Job, config, mesh: jax.sharding.Mesh, rules) -> Assembled:
         f"phase {phase.name}: the batch size {phase.global_batch_size} is not divisible by "
         f"its gradient accumulation steps {accum}"
       )
-  tx = optimizers.create_optimizer(config.optimizer, program.schedule)
+  settings = job.run_settings(config)
+  tx = optimizers.create_optimizer(settings.optimizer, program.schedule)
   if program.lr_scale is not None:
     tx = optimizers.with_param_groups(tx, program.lr_scale)
   tx = optimizers.with_optimizer_groups(tx, program.optimizer_groups)
-  seed = int(config.seed)
+  seed = settings.seed
   abstract, shardings = state_lib.abstract_train_state(program.init_params, tx, mesh, rules, seed)
   steps = [
     step_lib.jit_train_step(
@@ -176,33 +177,6 @@ def restore_for_evaluation(job: Job, config, mesh: jax.sharding.Mesh, checkpoint
   return asm, state_lib.place_like(host, asm.abstract_state.params), step
 
 
-# The model sizes a workdir's model_config.json must share with the config resuming it.
-MODEL_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-
-
-def _run_kind(config) -> str | None:
-  """The job a run config describes, e.g. ``'mrpc'`` or ``pre-training (objective 'mlm')``;
-  None when it names neither a task nor an objective."""
-  if config.get("task"):
-    return repr(config.get("task"))
-  if config.get("objective"):
-    return f"pre-training (objective {config.get('objective')!r})"
-  return None
-
-
-def _config_model_sizes(config) -> dict[str, Any] | None:
-  """The encoder sizes the config chooses, or None when they come from elsewhere (a fine-tuning
-  run's init_checkpoint: its own model, read only when the run starts afresh)."""
-  if config.get("bert_config_file"):
-    path = str(config.get("bert_config_file"))
-    bert = BertConfig.from_dict(read_json(path), source=path)
-  elif config.get("model_preset") and not (config.get("task") and config.get("init_checkpoint")):
-    bert = BertConfig.from_preset(str(config.get("model_preset")))
-  else:
-    return None
-  return {k: getattr(bert, k) for k in MODEL_SIZES}
-
-
 def _dotted(d: dict, key: str):
   for part in key.split("."):
     if not isinstance(d, dict) or part not in d:
@@ -222,19 +196,21 @@ def _has_checkpoint(workdir: str) -> bool:
   return bool(_checkpoint_steps(workdir))
 
 
-def check_workdir_identity(config, workdir: str, fixed_keys=()) -> None:
+def check_workdir_identity(config, workdir: str, identity: WorkdirIdentity | None = None) -> None:
   """ValueError (one line, naming the file and key) when ``workdir`` holds the run of another
-  job than ``config``'s: the task (fine-tuning's ``config.task``), the pre-training objective,
-  or the model's sizes recorded in its config.json / model_config.json differ; or, when it
-  holds a checkpoint, one of ``fixed_keys`` (dotted config keys the task's resume cannot
+  job than ``config``'s, as the task's ``identity`` tells them apart: one of its kind keys (e.g.
+  the task) or the model's sizes recorded in config.json / model_config.json differ; or, when
+  it holds a checkpoint, one of its fixed keys (dotted config keys the task's resume cannot
   change, e.g. how its input is laid out) differs from config.json's value. What users change
-  on a resume (learning rate, steps, intervals, ...) is not compared. Reads only."""
+  on a resume (learning rate, steps, intervals, ...) is not compared. Without ``identity``,
+  nothing is. Reads only."""
   path = epath.Path(workdir) / "config.json"
-  if not path.is_file():
+  if identity is None or not path.is_file():
     return
   recorded = read_json(path)
   if not isinstance(recorded, dict):
     return
+  fixed_keys = identity.fixed_keys(config) if identity.fixed_keys else ()
   if fixed_keys and _has_checkpoint(workdir):
     for key in fixed_keys:
       held, wanted = _dotted(recorded, key), config
@@ -245,25 +221,21 @@ def check_workdir_identity(config, workdir: str, fixed_keys=()) -> None:
           f"workdir {workdir} was trained with config.{key}={held!r} ({path}); a resume "
           f"cannot change it to {wanted!r}: use the workdir's value, or a new --workdir"
         )
-  for key in ("task", "objective"):
-    if key == "objective" and (recorded.get("task") or config.get("task")):
-      break  # fine-tuning: the task is the job
+  for key in identity.kind_keys(recorded, config):
     if recorded.get(key) != config.get(key):
       what = f"{key}" if recorded.get(key) is not None else f"no {key}"
-      held, wanted = _run_kind(recorded), _run_kind(config)
+      held, wanted = identity.describe(recorded), identity.describe(config)
       raise ValueError(
         f"workdir {workdir} holds "
-        + (f"a {held} run" if held else "a run of no task or objective")
+        + (f"a {held} run" if held else f"a run of {identity.unnamed}")
         + f" ({path}: {what}); this config "
-        + (f"is {wanted}" if wanted else "has no task or objective")
+        + (f"is {wanted}" if wanted else f"has {identity.unnamed}")
         + ": use a new --workdir"
       )
   model_path = epath.Path(workdir) / "model_config.json"
-  if not model_path.is_file():
+  if not model_path.is_file() or identity.model_sizes is None:
     return
-  if config.get("task") and (recorded.get("init_checkpoint") or config.get("init_checkpoint")):
-    return  # fine-tuning a pretrained encoder: a resume continues the workdir's own model
-  sizes = _config_model_sizes(config)
+  sizes = identity.model_sizes(config, recorded)
   if sizes is None:
     return
   check_same_model(model_path, sizes)
@@ -409,26 +381,31 @@ def _redo_earlier_evaluations(history, evaluate, every: int, resumed: int, resto
     )
 
 
-def run(config, workdir: str, build, purpose: str = "train", resume_fixed=None) -> dict[str, Any]:
+def run(
+  config, workdir: str, build, purpose: str = "train", rules: RunRules | None = None
+) -> dict[str, Any]:
   """Runs the job ``build(config, workdir, mesh)`` in ``workdir`` (resuming if it can);
-  ``purpose`` names the run in the workdir lock (a refused second run is told it);
-  ``resume_fixed(config)``, the task's config keys a resume may not change
-  (``check_workdir_identity``)."""
+  ``purpose`` names the run in the workdir lock (a refused second run is told it); ``rules``,
+  the task's checks of its config and of the workdir's identity, made before the job is built
+  (None: every run config's checks, any workdir)."""
   t_start = time.time()
-  check_run_config(config)
+  rules = RunRules() if rules is None else rules
+  check_run_config(config, rules=rules.config)
   attempts = Attempts.from_environ(workdir)  # a plain run unless a launcher restarts the job
   resume_step = (_checkpoint_steps(workdir) or [0])[-1]
   attempts.refuse_without_progress(resume_step)
   enable_compilation_cache(config.compilation_cache)
   parallel.initialize_distributed(config.distributed)
-  check_workdir_identity(config, workdir, resume_fixed(config) if resume_fixed else ())
+  check_workdir_identity(config, workdir, rules.identity)
   created = _prepare_workdir(workdir)
   try:
     with WorkdirLock(workdir, purpose=purpose) as lock:
       attempts.start(resume_step, writer=jax.process_index() == 0)
       try:
         mesh = parallel.create_mesh(config.mesh)
-        check_batch_layout(config, mesh)  # every batch against accumulation, data x fsdp, hosts
+        check_batch_layout(
+          config, mesh, rules=rules.config
+        )  # every batch against accumulation, data x fsdp, hosts
         rules = parallel.normalize_rules(config.logical_axis_rules)
         logging.info(
           "Mesh %s over %d devices (%d processes)",
@@ -460,8 +437,8 @@ def _record_end(attempts: Attempts, how: str, step: int | None = None) -> None:
 
 def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start, attempts) -> dict[str, Any]:
   asm = assemble(job, config, mesh, rules)
-  program, hooks = job.program, job.hooks
-  ckpt = config.checkpoint
+  program, hooks, settings = job.program, job.hooks, job.run_settings(config)
+  ckpt = settings.checkpoint
   manager = CheckpointManager(
     workdir,
     keep=ckpt.keep_checkpoint_max,
@@ -503,8 +480,8 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start, attempts) ->
       history.reconcile_best(restore_state)
     peak = flops_lib.peak_flops_per_device(
       jax.devices()[0].device_kind,
-      config.logging.peak_flops_per_device,
-      config.logging.cpu_peak_flops_per_device,
+      settings.logging.peak_flops_per_device,
+      settings.logging.cpu_peak_flops_per_device,
     )
     evaluate = None
     if hooks.evaluate is not None:
@@ -514,7 +491,7 @@ def _run_job(job: Job, config, workdir, mesh, rules, lock, t_start, attempts) ->
         _redo_earlier_evaluations(history, evaluate, every, resumed, restore_state)
     options = LoopOptions(
       save_every_steps=hooks.save_every_steps or hooks.eval_every_steps or program.num_train_steps,
-      log_every_steps=int(config.logging.log_every_steps),
+      log_every_steps=int(settings.logging.log_every_steps),
       eval_every_steps=hooks.eval_every_steps,
       peak_flops_per_device=peak,
       save_on_preemption=bool(ckpt.save_on_preemption),

@@ -64,10 +64,11 @@ from bert_jax.tasks.finetuning.inputs import (
   split_batch_size,
 )
 from bert_jax.tasks.registry import create_task
+from bert_jax.tasks.run_rules import FINETUNING_RUN
 from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
-from bert_jax.train.job import EvalResult, Job, Phase, Pretrained, Program, RunHooks
+from bert_jax.train.job import EvalResult, Job, Phase, Pretrained, Program, RunHooks, RunSettings
 from bert_jax.train.metrics import json_safe, scalar_metrics
 from bert_jax.train.trainer import BEST_DIR
 
@@ -327,6 +328,7 @@ class _Finetuning:
         write_run_files=self.write_run_files,
         finish=self.finish,
       ),
+      settings=RunSettings.from_config(config),
       describe=(
         f"Fine-tuning {task.name}: {self.train.num_rows} rows, {self.total} steps "
         f"({self.per_epoch} per epoch), warmup {self.warmup}, batch {batch}, "
@@ -403,7 +405,7 @@ def _abstract_job(config, task: Task, bert_config: BertConfig) -> Job:
     eval_batch_size=int(config.eval_batch_size),
     flops_per_example=0.0 if packer is not None else _flops_per_row(task, bert_config),
   )
-  return Job(name=task.name, program=program)
+  return Job(name=task.name, program=program, settings=RunSettings.from_config(config))
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -415,7 +417,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     runs.append(_Finetuning(config, workdir, mesh))
     return runs[-1].job()
 
-  summary = trainer.run(config, workdir, build, purpose="finetune")
+  summary = trainer.run(config, workdir, build, purpose="finetune", rules=FINETUNING_RUN)
   if summary["status"] != "completed":
     return {"task": summary["task"], "status": summary["status"], "step": summary["step"]}
   return runs[-1].result

@@ -18,6 +18,7 @@ of the best checkpoint on dev), tensorboard/, metrics.json, summary.json, predic
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -33,7 +34,7 @@ from bert_jax.model import BertConfig
 from bert_jax.model.kernels.attention import platform_of
 from bert_jax.model.run_settings import TRAINING_KEYS, run_bert_config
 from bert_jax.tasks.finetuning.best_checkpoint import has_checkpoint
-from bert_jax.tasks.registry import GLUE_TASKS
+from bert_jax.tasks.registry import TASKS, get_task_class
 from bert_jax.tokenize import load_tokenizer
 
 # Run-config keys added after workdirs were first written, with the value that reproduces what
@@ -44,21 +45,6 @@ _ADDED_KEYS = {
   "attention_kernel": "reference",
   "remat": False,
   "compilation_cache": {"dir": "", "min_compile_time_secs": 1.0, "max_size_bytes": -1},
-}
-# Keys GLUE configs gained after workdirs were written (their defaults: configs/glue.py).
-_ADDED_GLUE_KEYS = {
-  "train_sample_seed": -1,
-  "private_attributes": "",
-  "num_private_attributes": 5,
-  "private_attributes_file": "",
-  "defence": {
-    "name": "",
-    "alpha": 1.0,
-    "beta": 1.0,
-    "declustering_lambda": 0.1,
-    "adversary_hidden_size": 64,
-    "adversary_learning_rate": 1e-3,
-  },
 }
 PREDICTIONS_DIR = "predictions"
 
@@ -198,9 +184,9 @@ def read_run_config(workdir: str) -> ml_collections.ConfigDict:
     raise ValueError(f"{path}: no 'task' key; this is not a fine-tuning run (pre-training?)")
   for key, value in _ADDED_KEYS.items():
     d.setdefault(key, value)
-  if d["task"] in GLUE_TASKS:
-    for key, value in _ADDED_GLUE_KEYS.items():
-      d.setdefault(key, value)
+  if d["task"] in TASKS:  # the task's own later keys (an unknown task is create_task's error)
+    for key, value in get_task_class(d["task"]).added_config_keys.items():
+      d.setdefault(key, copy.deepcopy(value))
   if "logical_axis_rules" in d:
     d["logical_axis_rules"] = tuple(tuple(r) for r in d["logical_axis_rules"])
   return ml_collections.ConfigDict(d)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -260,3 +261,21 @@ class GlueClassification(Task):
 
 class GlueTask(PrivacyDefended, GlueClassification):
   """A GLUE task with ``config.defence`` (bert_jax/tasks/privacy/defended.py) available."""
+
+  # Keys GLUE configs gained after workdirs were written (their defaults: configs/glue.py).
+  added_config_keys = types.MappingProxyType(
+    {
+      "train_sample_seed": -1,
+      "private_attributes": "",
+      "num_private_attributes": 5,
+      "private_attributes_file": "",
+      "defence": {
+        "name": "",
+        "alpha": 1.0,
+        "beta": 1.0,
+        "declustering_lambda": 0.1,
+        "adversary_hidden_size": 64,
+        "adversary_learning_rate": 1e-3,
+      },
+    }
+  )

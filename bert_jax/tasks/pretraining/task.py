@@ -51,9 +51,10 @@ from bert_jax.tasks.pretraining.loss import (
   make_pretraining_loss,
   summarize_eval,
 )
+from bert_jax.tasks.run_rules import MODEL_SIZES, PRETRAINING_RUN
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
-from bert_jax.train.job import EvalResult, Job, Phase, Pretrained, Program, RunHooks
+from bert_jax.train.job import EvalResult, Job, Phase, Pretrained, Program, RunHooks, RunSettings
 from bert_jax.train.loop import phase_index
 
 CURRICULUM_FILE = "curriculum.json"  # in the workdir: {"phase2_start_step": int}
@@ -322,6 +323,7 @@ def build_pretraining_job(config, workdir: str | None = None, mesh=None) -> Job:
       f"Pre-training {config.model_preset} ({objective}): {bert.num_hidden_layers} layers, "
       f"hidden {bert.hidden_size}, vocab {bert.vocab_size}"
     ),
+    settings=RunSettings.from_config(config),
   )
 
 
@@ -356,20 +358,8 @@ def _evaluator(config, sources: DataSources, phases, mesh):
   return evaluate
 
 
-def resume_fixed_keys(config) -> tuple[str, ...]:
-  """The config keys a resume may not change (the checkpoint's input position is a position in
-  rows packed, or not, with these): whether rows are packed, and each packed phase's
-  sequences per row."""
-  keys = ("packing.enabled",)
-  if config.packing.enabled:
-    keys += ("packing.max_sequences_per_row",)
-    if config.phase2.fraction > 0:
-      keys += ("phase2.max_sequences_per_row",)
-  return keys
-
-
 def _model_sizes(bert: BertConfig) -> dict[str, int]:
-  return {k: getattr(bert, k) for k in trainer.MODEL_SIZES}
+  return {k: getattr(bert, k) for k in MODEL_SIZES}
 
 
 def check_init_checkpoint_model(config) -> None:
@@ -406,5 +396,5 @@ def check_init_checkpoint_model(config) -> None:
 def run_pretraining(config, workdir: str) -> dict[str, Any]:
   """Pre-trains (or resumes pre-training) into ``workdir``; returns the summary dict."""
   return trainer.run(
-    config, workdir, build_pretraining_job, purpose="pretrain", resume_fixed=resume_fixed_keys
+    config, workdir, build_pretraining_job, purpose="pretrain", rules=PRETRAINING_RUN
   )
