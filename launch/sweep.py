@@ -17,8 +17,8 @@ Before anything starts, the base config is loaded and every run's overrides appl
 that does not exist (or a value of the wrong type) is a LaunchError naming the sweep file and
 the key. A run whose workdir already holds ``metrics.json`` is complete and skipped, so running
 a sweep again only runs what is missing or failed. Local runs go one after another or
-``parallel`` at a time (``Target.parallel_runs``); remote targets get one job per run. The results are collected into
-``results.csv`` / ``results.md`` (see ``launch.results``).
+``parallel`` at a time (``Target.parallel_runs``); remote targets get one job per run. The
+results are collected into ``results.csv`` / ``results.md`` (see ``launch.results``).
 """
 
 from __future__ import annotations
