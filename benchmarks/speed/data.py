@@ -28,6 +28,7 @@ import time
 from benchmarks.common import flags
 from benchmarks.common.process import run
 from bert_jax.data import corpus, default_corpus, generate, pipeline
+from bert_jax.tokenize import load_tokenizer
 
 
 def _report(name, examples, seconds, **extra):
@@ -193,8 +194,6 @@ def main(argv=None):
       bench_generation(args, data, args.num_workers or len(os.sched_getaffinity(0)), scale)
   if args.skip_reader:
     return
-  from bert_jax.tokenize import load_tokenizer
-
   tokenizer = load_tokenizer(data.tokenizer_dir)
   for seq in map(int, args.reader_seq_lens):
     bench_reader(args, data, "static", seq)

@@ -35,6 +35,7 @@ from benchmarks.common import REPO, flags
 from benchmarks.common.pretrain_step import PretrainingStepper
 from benchmarks.common.timing import Timer
 from bert_jax import parallel
+from bert_jax.data.default_corpus import prepare_default_data
 from bert_jax.model import BertForPreTraining
 from bert_jax.tasks.pretraining import data as pretraining_data
 from bert_jax.tasks.pretraining.loss import make_pretraining_loss
@@ -100,8 +101,6 @@ def _parser():
 
 def main(argv=None):
   args = _parser().parse_args(argv)
-  from bert_jax.data.default_corpus import prepare_default_data
-
   base = pretrain.get_config(args.preset)
   seqs = [int(s) for s in args.seq_lens]
   data = prepare_default_data(
