@@ -395,7 +395,7 @@ def jax_rows(s: Settings, clock: Clock, on: str, peak: tuple[float, str]) -> lis
   import jax
   import jax.numpy as jnp
 
-  from benchmarks.speed.pretrain import _ours
+  from benchmarks.speed.pretrain import bert_jax_step
   from bert_jax.model import BertConfig
 
   fused = "splash" if on == "tpu" else "dot_product"
@@ -425,7 +425,7 @@ def jax_rows(s: Settings, clock: Clock, on: str, peak: tuple[float, str]) -> lis
         ).replace(attention_kernel=kernel)
         host = packed if is_packed else unpacked
         rows = host[0]["input_ids"].shape[0]
-        run = _ours(bert, rows, seq, host[0]["masked_lm_positions"].shape[1])
+        run = bert_jax_step(bert, rows, seq, host[0]["masked_lm_positions"].shape[1])
         device = [{k: jnp.asarray(v) for k, v in b.items()} for b in host]
         seconds = _time(run, device, s.steps, left)
         out.append(_speed_row(row, bert, host, seq, seconds, peak))

@@ -57,7 +57,7 @@ from configs import common
 _PREDICTIONS = {128: 20, 512: 80}
 
 
-def _ours(bert: BertConfig, batch_size: int, seq: int, preds: int):
+def bert_jax_step(bert: BertConfig, batch_size: int, seq: int, preds: int):
   model = BertForPreTraining(bert)
   mesh = parallel.create_mesh({"data": 1}, jax.devices()[:1])
   rules = parallel.normalize_rules(common.logical_axis_rules())
@@ -102,7 +102,7 @@ def _time(run, batches, steps) -> float:
 def _runner(name: str, bert: BertConfig, batch_size: int, seq: int, preds: int):
   """``(run, wants_host_batch)``: torch takes numpy batches, the JAX steps device arrays."""
   if name == "bert_jax":
-    return _ours(bert, batch_size, seq, preds), False
+    return bert_jax_step(bert, batch_size, seq, preds), False
   if name in ("torch_masked", "torch_compiled"):
     return _torch(bert, compiled=name == "torch_compiled"), True
   return _hf(name, bert), False
