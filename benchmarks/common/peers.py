@@ -24,7 +24,7 @@ VARIANTS = ("hf_flax", "hf_flax_masked")  # the Flax peers; torch_step is the Py
 
 def _hf_config(bert, **extra):
   """transformers' BertConfig with ``bert``'s (a bert_jax BertConfig) architecture and dropout."""
-  from transformers import BertConfig as HFConfig
+  from transformers import BertConfig as HFConfig  # optional (not a bert_jax dependency), heavy
 
   extra.setdefault("hidden_dropout_prob", bert.hidden_dropout_prob)
   extra.setdefault("attention_probs_dropout_prob", bert.attention_probs_dropout_prob)
@@ -42,7 +42,7 @@ def _hf_config(bert, **extra):
 
 def hf_model(bert, dtype=jnp.float32, do_init: bool = True):
   """``FlaxBertForPreTraining`` with ``bert``'s (a bert_jax BertConfig) architecture."""
-  from transformers import FlaxBertForPreTraining
+  from transformers import FlaxBertForPreTraining  # optional (not a bert_jax dependency), heavy
 
   return FlaxBertForPreTraining(_hf_config(bert), seed=0, dtype=dtype, _do_init=do_init)
 
@@ -147,8 +147,8 @@ def torch_step(
   the backward graph is compiled with it), as a user would try for speed; the first calls
   compile (tens of seconds on a CPU; a C++ compiler is needed there).
   """
-  import torch
-  from transformers import BertForPreTraining
+  import torch  # optional (not a bert_jax dependency), heavy
+  from transformers import BertForPreTraining  # optional, heavy
 
   if dtype not in ("float32", "bfloat16"):
     raise ValueError(f"unknown dtype {dtype!r}; choose float32 or bfloat16")

@@ -22,12 +22,12 @@ from typing import Any
 def ready(x: Any) -> Any:
   """Waits until ``x`` is computed: jax arrays (any pytree of them) and PyTorch tensors (on a
   GPU: the device is synchronised); anything else is returned as it is."""
-  import jax
+  import jax  # heavy: not loaded with the module by host-only timings (speed/tokenizer)
 
   for leaf in jax.tree_util.tree_leaves(x):
     if type(leaf).__module__.split(".")[0] == "torch":
       if getattr(leaf, "is_cuda", False):
-        import torch
+        import torch  # optional (not a bert_jax dependency), heavy
 
         torch.cuda.synchronize(leaf.device)
     elif hasattr(leaf, "block_until_ready"):

@@ -27,6 +27,7 @@ vocab.txt: a Hugging Face directory that fine-tuning accepts).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import math
@@ -113,9 +114,9 @@ def read_records(pattern: str) -> dict[str, np.ndarray]:
 
 def hf_model(size: str, vocab_size: int, hidden_dropout: float, attention_dropout: float):
   """A fresh ``BertForPreTraining`` (SDPA attention) of bert_jax's preset ``size``."""
-  import transformers
+  import transformers  # optional (not a bert_jax dependency), heavy
 
-  from bert_jax.model.config import BertConfig
+  from bert_jax.model.config import BertConfig  # imports jax, flax: after torch, in the clock
 
   bert = BertConfig.from_preset(size, vocab_size=vocab_size)
   config = transformers.BertConfig(
@@ -150,8 +151,8 @@ def loss_terms(model, batch: dict, mlm_head: str):
   """(loss, sums): the training loss (MLM mean over the masked tokens + NSP mean) and the summed
   evaluation terms, for a batch of torch tensors. ``mlm_head``: "all" (Hugging Face's labels
   form) or "masked" (the output layer at the masked positions only)."""
-  import torch
-  import torch.nn.functional as F
+  import torch  # optional (not a bert_jax dependency), heavy
+  import torch.nn.functional as F  # optional, heavy
 
   positions, ids = batch["masked_lm_positions"].long(), batch["masked_lm_ids"].long()
   weights = batch["masked_lm_weights"]
@@ -196,7 +197,7 @@ def loss_terms(model, batch: dict, mlm_head: str):
 
 
 def _tensors(records: dict, index: np.ndarray, device: str = "cpu") -> dict:
-  import torch
+  import torch  # optional (not a bert_jax dependency), heavy
 
   return {
     k: torch.from_numpy(np.ascontiguousarray(v[index])).to(device, non_blocking=True)
@@ -207,9 +208,7 @@ def _tensors(records: dict, index: np.ndarray, device: str = "cpu") -> dict:
 def _autocast(device: str, dtype: str):
   """Mixed precision as a PyTorch user runs it: ``torch.autocast`` in bfloat16 (parameters and
   optimizer state stay float32), or nothing in float32."""
-  import contextlib
-
-  import torch
+  import torch  # optional (not a bert_jax dependency), heavy
 
   if dtype == "float32":
     return contextlib.nullcontext()
@@ -220,7 +219,7 @@ def evaluate(
   model, records: dict, batch_size: int, mlm_head: str, device: str = "cpu", dtype: str = "float32"
 ) -> dict[str, float]:
   """Held-out MLM loss / accuracy (over the masked tokens) and NSP loss / accuracy."""
-  import torch
+  import torch  # optional (not a bert_jax dependency), heavy
 
   model.eval()
   total: dict[str, float] = {}
@@ -281,7 +280,7 @@ def _atomic_json(path: str, value) -> None:
 def train(args) -> dict:
   """Runs (or resumes) the budgeted run; returns the final history dict."""
   t_process = time.time()
-  import torch
+  import torch  # optional, heavy; after t_process: the run's clock counts its import
 
   torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)) or 1)  # as XLA sizes its pool
   os.makedirs(args.workdir, exist_ok=True)
