@@ -74,9 +74,8 @@ def _bert_jax_steps(args, n: int) -> dict:
 
 
 def _hf_steps(args, n: int) -> dict:
-  # The PyTorch side: optional packages (not bert_jax's dependencies), and heavy.
-  import torch
-  from transformers import BertForSequenceClassification, BertTokenizerFast
+  import torch  # optional (not a bert_jax dependency), heavy
+  from transformers import BertForSequenceClassification, BertTokenizerFast  # optional, heavy
 
   spec = SPECS[args.tasks.split(",")[0]]
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)
@@ -137,9 +136,8 @@ def _bert_jax_eval(args, task_name: str, n: int) -> dict:
 
 
 def _hf_eval(args, task_name: str, n: int) -> dict:
-  # The PyTorch side: optional packages (not bert_jax's dependencies), and heavy.
-  import torch
-  from transformers import BertForSequenceClassification, BertTokenizerFast
+  import torch  # optional (not a bert_jax dependency), heavy
+  from transformers import BertForSequenceClassification, BertTokenizerFast  # optional, heavy
 
   spec = SPECS[task_name]
   tok = BertTokenizerFast.from_pretrained(args.init_checkpoint)

@@ -82,7 +82,7 @@ def _products_loss(h_RxD, table_VxD, bias_V, ids_R):
 
 def _torch_products(operands):
   """The forward product and the gradient's two, in PyTorch, on copies of ``operands``."""
-  import torch  # benchmark-only, optional
+  import torch  # optional (not a bert_jax dependency), heavy
 
   torch.set_num_threads(min(2, torch.get_num_threads()))
   h_RxD, table_VxD = (torch.from_numpy(np.array(a)) for a in operands[:2])

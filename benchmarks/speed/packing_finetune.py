@@ -33,11 +33,14 @@ import time
 import numpy as np
 
 from benchmarks.common import SHARED_DATA, minilm_dir
+from bert_jax.tasks import create_task
+from bert_jax.tasks.finetuning import runner
+from bert_jax.tasks.finetuning.inputs import FinetuneInput, make_bucketer
+from bert_jax.tokenize import load_tokenizer
+from configs import glue
 
 
 def _config(args, task: str, packing: bool):
-  from configs import glue
-
   c = glue.get_config(task)
   c.data_dir = args.data_dir
   c.init_checkpoint = args.init_checkpoint or minilm_dir()
@@ -59,11 +62,6 @@ def _config(args, task: str, packing: bool):
 
 def _input_stats(config) -> dict:
   """The training batches' shapes and the share of computed positions that are real tokens."""
-  from bert_jax.tasks import create_task
-  from bert_jax.tasks.finetuning import runner
-  from bert_jax.tasks.finetuning.inputs import FinetuneInput, make_bucketer
-  from bert_jax.tokenize import load_tokenizer
-
   task = create_task(config, load_tokenizer(config.init_checkpoint))
   data = task.load_split("train")
   per_epoch = data.num_rows // config.train_batch_size
@@ -92,8 +90,6 @@ def _input_stats(config) -> dict:
 
 
 def _run(args, task: str, packing: bool, root: str) -> dict:
-  from bert_jax.tasks.finetuning import runner
-
   c = _config(args, task, packing)
   stats = _input_stats(c)
   workdir = os.path.join(root, f"{task}_{'packed' if packing else 'buckets'}")

@@ -33,6 +33,7 @@ import statistics
 
 from benchmarks.common import REPO, minilm_dir
 from benchmarks.common.timing import Timer
+from bert_jax.tokenize import FastWordPieceTokenizer, load_tokenizer
 
 
 def read_lines(pattern: str) -> list[str]:
@@ -45,8 +46,6 @@ def read_lines(pattern: str) -> list[str]:
 def candidates(vocab: str, lower: bool, slow: bool) -> dict:
   """name -> function(list of texts) -> list of id lists, or (that function, a reset run
   untimed before each timed pass), for what is installed."""
-  from bert_jax.tokenize import FastWordPieceTokenizer, load_tokenizer
-
   ref = load_tokenizer(vocab, do_lower_case=lower, backend="reference")
   out = {
     "bert_jax uncached": ref._encode_uncached,
@@ -59,7 +58,7 @@ def candidates(vocab: str, lower: bool, slow: bool) -> dict:
   else:
     print("bert_jax fast: unavailable (tensorflow-text missing), skipped")
   try:
-    import transformers
+    import transformers  # optional (not a bert_jax dependency), heavy
 
     hf = transformers.BertTokenizerFast(vocab, do_lower_case=lower)
     out["HF BertTokenizerFast"] = lambda b: hf(b, add_special_tokens=False)["input_ids"]
@@ -71,8 +70,8 @@ def candidates(vocab: str, lower: bool, slow: bool) -> dict:
   except ImportError:
     print("transformers not installed: HF tokenizers skipped")
   try:
-    import tensorflow as tf
-    import tensorflow_text
+    import tensorflow as tf  # heavy; after main() sets TF_CPP_MIN_LOG_LEVEL
+    import tensorflow_text  # optional (not a bert_jax dependency); imports TensorFlow
 
     tft = tensorflow_text.FastBertTokenizer(
       vocab=ref.convert_ids_to_tokens(range(ref.vocab_size)),
