@@ -216,7 +216,7 @@ def batch_spec(
       masked_lm_weights=jax.ShapeDtypeStruct((batch, predictions), np.float32),
       cls_positions=jax.ShapeDtypeStruct((batch, sequences), i32),
       next_sentence_labels=jax.ShapeDtypeStruct((batch, sequences), i32),
-      next_sentence_weights=jax.ShapeDtypeStruct((batch, sequences), np.float32),
+      sequence_weights=jax.ShapeDtypeStruct((batch, sequences), np.float32),
     )
     return {k: spec[k] for k in batch_keys(objective, packed=True)}
   spec = {
