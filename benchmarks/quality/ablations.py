@@ -46,6 +46,9 @@ import time
 
 from benchmarks.common import REPO, SHARED_DATA
 from benchmarks.common.process import ChildFailed, run
+from bert_jax.data import corpus, default_corpus
+from bert_jax.data import generate as generate_lib
+from bert_jax.tokenize.vocab import build_wordpiece_vocab
 
 SHARED = str(SHARED_DATA)
 
@@ -98,10 +101,6 @@ def _write_original_format(documents, path: str) -> int:
 
 def prepare_corpus(out_dir: str, vocab_size: int, seed: int) -> dict[str, str]:
   """Corpus files, vocabulary and the two TFRecord layouts (idempotent)."""
-  from bert_jax.data import corpus, default_corpus
-  from bert_jax.data import generate as generate_lib
-  from bert_jax.tokenize.vocab import build_wordpiece_vocab
-
   data = os.path.join(out_dir, "data")
   text_dir = os.path.join(data, "text")
   os.makedirs(text_dir, exist_ok=True)

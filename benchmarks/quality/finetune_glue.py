@@ -140,11 +140,10 @@ def bert_jax_head(task: str, seed: int, args) -> dict:
 
 
 def run_hf(task: str, seed: int, args) -> dict:
-  # The Hugging Face side's packages are optional (not bert_jax's dependencies), and heavy.
-  import scipy.stats
-  import sklearn.metrics
-  import torch
-  from transformers import (
+  import scipy.stats  # optional (not a bert_jax dependency), heavy
+  import sklearn.metrics  # optional (not a bert_jax dependency), heavy
+  import torch  # optional (not a bert_jax dependency), heavy
+  from transformers import (  # optional (not a bert_jax dependency), heavy
     BertForSequenceClassification,
     BertTokenizerFast,
     get_linear_schedule_with_warmup,
@@ -287,7 +286,7 @@ def comparison(results: dict) -> str:
   standard error (Welch: sqrt(s1^2/n1 + s2^2/n2)) and Welch's two-sided t-test p-value (seeds
   as independent samples: the two sides draw different heads and orders from a seed), and
   the ratio of mean training times."""
-  import scipy.stats  # optional: not a bert_jax dependency
+  import scipy.stats  # optional (not a bert_jax dependency), heavy
 
   lines = [
     "| task | metric | bert_jax - HF, mean | std. error | Welch p | "

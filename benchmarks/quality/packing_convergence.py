@@ -50,6 +50,8 @@ import sys
 
 from benchmarks.common import flags
 from benchmarks.common.process import run
+from bert_jax.data.default_corpus import prepare_default_data
+from configs import pretrain
 
 MODES = ("unpacked", "packed_same_batch", "packed")
 ROWS = 32  # the tiny preset's train_batch_size
@@ -57,9 +59,6 @@ METRIC = "mlm_loss"
 
 
 def _prepare_corpus(out_dir: str):
-  from bert_jax.data.default_corpus import prepare_default_data
-  from configs import pretrain
-
   config = pretrain.get_config("tiny")
   return prepare_default_data(
     out_dir,
@@ -293,12 +292,12 @@ def plot(report: dict, path: str) -> bool:
   """Three panels: held-out loss against real tokens and against steps (a line per run), and
   each mode's difference to unpacked at equal real tokens (a line per seed)."""
   try:
-    import matplotlib
+    import matplotlib  # optional (the bench extra), heavy
   except ImportError:
     print("plot: skipped, matplotlib is not installed (pip install matplotlib)")
     return False
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # after matplotlib.use("Agg")
 
   colors = dict(unpacked="tab:blue", packed="tab:red", packed_same_batch="tab:green")
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))

@@ -30,6 +30,8 @@ import time
 
 from benchmarks.common import REPO, SHARED_DATA, minilm_dir
 from benchmarks.common.process import run
+from bert_jax.checkpoint import load_params
+from bert_jax.model.scalar_mix import summary
 
 DATA = SHARED_DATA / "conll2003"
 
@@ -89,9 +91,6 @@ def mix_report(workdir: pathlib.Path, metrics: dict) -> dict | None:
   the kept (best) params."""
   if "param_report" in metrics and "scalar_mix" in metrics["param_report"]:
     return metrics["param_report"]["scalar_mix"]
-  from bert_jax.checkpoint import load_params
-  from bert_jax.model.scalar_mix import summary
-
   best = workdir / "best"
   params, _, _ = load_params(str(best if (best / "model_config.json").exists() else workdir))
   return summary(params["scalar_mix"])

@@ -42,8 +42,12 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from benchmarks.common import REPO, SHARED_DATA
 from benchmarks.common.process import run
+from bert_jax.data import generate
+from bert_jax.tokenize.vocab import build_wordpiece_vocab
 
 SAMPLE_TEXT = str(SHARED_DATA / "pretrain" / "bert_sample_text.txt")
 ORPHAN_PATTERNS = ("*.orbax-checkpoint-tmp*", "*.tmp*")
@@ -51,9 +55,6 @@ ORPHAN_PATTERNS = ("*.orbax-checkpoint-tmp*", "*.tmp*")
 
 def make_data(out: str) -> dict[str, str]:
   """Vocabulary, seq-128 TFRecords and a one-layer BERT config under ``out`` (kept if there)."""
-  from bert_jax.data import generate
-  from bert_jax.tokenize.vocab import build_wordpiece_vocab
-
   os.makedirs(out, exist_ok=True)
   vocab = os.path.join(out, "vocab.txt")
   if not os.path.exists(vocab):
@@ -126,7 +127,7 @@ def run_once(cmd, kill_step=None, delay=0.0, log=None):
 
 
 def losses_by_step(workdir: str) -> dict[int, float]:
-  import tensorflow as tf
+  import tensorflow as tf  # heavy
 
   events = []
   for path in glob.glob(os.path.join(workdir, "tensorboard", "events.*")):
@@ -141,9 +142,9 @@ def losses_by_step(workdir: str) -> dict[int, float]:
 
 
 def final_params(workdir: str):
-  import jax
+  import jax  # after main() sets JAX_PLATFORMS (jax reads it when imported)
 
-  from bert_jax.checkpoint import load_params
+  from bert_jax.checkpoint import load_params  # imports jax: after main() sets JAX_PLATFORMS
 
   params, _, _ = load_params(workdir)
   return jax.tree_util.tree_leaves_with_path(params)
@@ -226,8 +227,6 @@ def main() -> int:
   if differing or missing:
     problems.append(f"losses differ at steps {differing[:10]} (missing {missing[:10]})")
   ref_params, cut_params = final_params(ref_dir), final_params(cut_dir)
-  import numpy as np
-
   param_diff = max(
     float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
     for (_, a), (_, b) in zip(ref_params, cut_params)
