@@ -27,6 +27,10 @@ r"""The attention kernels on one accelerator, in one run of about 8 minutes (one
    PyTorch SDPA reference, the same short training budget each; held-out MLM accuracy and each
    recipe's time to the reference's final accuracy.
 
+Imports (``# late: jax``): jax, and every module that imports it, is imported inside the functions that use it:
+``--quick`` sets ``JAX_PLATFORMS`` before jax is imported (jax reads it at import), and the PyTorch
+child process must take the GPU before any JAX backend starts.
+
 Every section is time-boxed (``--budget_s``, default 480 s): a variant that would not finish in
 its cell's share of what is left is skipped with a note, never half-run. PyTorch rows are
 skipped with a note where torch or transformers is not installed (nothing is installed). Writes
@@ -107,7 +111,9 @@ class Clock:
 # --- data ---------------------------------------------------------------------------------------
 def instances(batch: int, seq: int, vocab: int = 30522, seed: int = 0):
   """Synthetic pre-training instances, real lengths from L/8 (at least the predictions + 3)."""
-  from bert_jax.tasks.pretraining.synthetic_input import SyntheticPretrainInput
+  from bert_jax.tasks.pretraining.synthetic_input import (
+    SyntheticPretrainInput,
+  )  # late: jax
 
   preds = PREDICTIONS.get(seq, max(1, seq // 7))
   return SyntheticPretrainInput(
@@ -123,7 +129,7 @@ def unpacked_batches(batch: int, seq: int, n: int = 2) -> list[dict]:
 def packed_batches(batch: int, seq: int, n: int = 2) -> tuple[list[dict], int]:
   """Packed rows holding about the real tokens of ``batch`` unpacked instances: the rows
   ``batch`` instances need (measured on a first batch), rounded up to a multiple of 8."""
-  from bert_jax.data.packing import PackedPretrainInput
+  from bert_jax.data.packing import PackedPretrainInput  # late: jax
 
   preds = PREDICTIONS.get(seq, max(1, seq // 7))
 
@@ -148,12 +154,12 @@ def real_tokens(batch: dict) -> int:
 def torch_rows(s: Settings, budget_s: float) -> list[dict]:
   """The PyTorch SDPA peer on every cell, time-boxed; rows with a note where skipped."""
   try:
-    import torch
-    import transformers  # noqa: F401
+    import torch  # optional, heavy
+    import transformers  # noqa: F401 (optional: whether it is installed)
   except ImportError as e:
     return [dict(size=z, seq=q, variant="torch_sdpa", note=f"skipped: {e}") for z, q in cells(s)]
-  from benchmarks.common import peers
-  from bert_jax.model import BertConfig
+  from benchmarks.common import peers  # late: jax
+  from bert_jax.model import BertConfig  # late: jax
 
   # torch_step's transformers config takes the model's dropout rates: hidden 0.1, attention 0.
   device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -187,14 +193,14 @@ def torch_rows(s: Settings, budget_s: float) -> list[dict]:
 def _peak_torch(device: str) -> tuple[float, str]:
   if device != "cuda":
     return _peak_of(platform.processor() or "cpu")
-  import torch
+  import torch  # optional, heavy
 
   return _peak_of(torch.cuda.get_device_name(0))
 
 
 def _peak_of(kind: str) -> tuple[float, str]:
   """(peak bf16 FLOP/s, where it comes from) for a device kind."""
-  from bert_jax.train import flops as flops_lib
+  from bert_jax.train import flops as flops_lib  # late: jax
 
   if "H100" in kind or "H200" in kind:
     return H100_PEAK, f"{kind}: 989 TFLOP/s dense bf16"
@@ -211,7 +217,7 @@ def _time(run, batches, steps: int, box: float) -> float | None:
 
 
 def _speed_row(row: dict, bert, host: list[dict], seq: int, seconds, peak) -> dict:
-  from bert_jax.train import flops as flops_lib
+  from bert_jax.train import flops as flops_lib  # late: jax
 
   if seconds is None:
     return dict(row, note="skipped after its first step: over its time box")
@@ -302,11 +308,11 @@ def encoder_run(preset: str, kernel: str, dtype: str, batch: dict):
   """A BertEncoder of ``preset`` (no dropout) with ``kernel`` on ``batch``: (sequence_output,
   the gradients of a fixed random projection of it at the real tokens, whether the compiled
   step calls cuDNN's fused attention)."""
-  import flax.linen as nn
-  import jax
-  import jax.numpy as jnp
+  import flax.linen as nn  # late: jax
+  import jax  # late: jax
+  import jax.numpy as jnp  # late: jax
 
-  from bert_jax.model import BertConfig, BertEncoder
+  from bert_jax.model import BertConfig, BertEncoder  # late: jax
 
   config = BertConfig.from_preset(preset, vocab_size=1000).replace(
     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attention_kernel=kernel, dtype=dtype
@@ -365,7 +371,7 @@ def numerics(s: Settings, on: str) -> list[dict]:
 
 
 def _numerics_row(kernel, dtype, packed, out, real, ref, grads, alone_ref, cudnn) -> dict:
-  import jax
+  import jax  # late: jax
 
   tol_out, tol_grad = TOLERANCE[dtype]
   row = dict(kernel=kernel, dtype=dtype, packed=packed, cudnn_custom_call=cudnn)
@@ -392,11 +398,11 @@ def _numerics_row(kernel, dtype, packed, out, real, ref, grads, alone_ref, cudnn
 # --- bert_jax's step ----------------------------------------------------------------------------
 def jax_rows(s: Settings, clock: Clock, on: str, peak: tuple[float, str]) -> list[dict]:
   """bert_jax's step in each variant on every cell, time-boxed (module docstring, item 2)."""
-  import jax
-  import jax.numpy as jnp
+  import jax  # late: jax
+  import jax.numpy as jnp  # late: jax
 
-  from benchmarks.speed.pretrain import bert_jax_step
-  from bert_jax.model import BertConfig
+  from benchmarks.speed.pretrain import bert_jax_step  # late: jax
+  from bert_jax.model import BertConfig  # late: jax
 
   fused = "splash" if on == "tpu" else "dot_product"
   variants = [  # (name, kernel, attention dropout, packed), the goals' first
@@ -564,7 +570,7 @@ def main(argv=None) -> int:
   # 2. time to quality, in child processes (each recipe has the accelerator to itself)
   share = (0.25 if s.quick else 0.35) if args.ttq_share < 0 else args.ttq_share
   ttq_result = ttq.section(s.budget_s * share, s.quick) if share > 0 else dict(note="off")
-  import jax
+  import jax  # late: jax
 
   on = jax.default_backend()
   on = "gpu" if on in ("gpu", "cuda", "rocm") else on

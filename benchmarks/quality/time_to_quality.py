@@ -37,7 +37,7 @@ import shlex
 import signal
 import sys
 
-from benchmarks.common import REPO, flags
+from benchmarks.common import REPO, flags, torch_pretrain
 from benchmarks.common.process import run
 from benchmarks.quality import time_to_quality_data as ttq_data
 from benchmarks.quality import time_to_quality_runs as ttq_runs
@@ -200,8 +200,6 @@ def random_init_checkpoint(workdir: str, size: str, vocab_file: str) -> str:
   of the GLUE table), written once under ``workdir``."""
   floor = os.path.join(workdir, "random_init_hf")
   if not os.path.exists(os.path.join(floor, "config.json")):
-    from benchmarks.common import torch_pretrain
-
     with open(vocab_file) as f:
       vocab = f.read()
     model = torch_pretrain.hf_model(size, len(vocab.splitlines()), 0.1, 0.1)

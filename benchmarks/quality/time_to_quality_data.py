@@ -27,6 +27,11 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 
+from benchmarks.common.torch_pretrain import read_records
+from bert_jax.data import corpus, generate
+from bert_jax.data.default_corpus import iter_default_documents
+from bert_jax.tokenize import vocab
+
 CORPORA = ("wiki", "shakespeare", "cpython")
 SHARED_PRETRAIN = "/work/shared/data/pretrain"
 MAX_SEQ_LENGTH, MAX_PREDICTIONS = 128, 20
@@ -46,7 +51,6 @@ class Data:
 
 def iter_documents(name: str, root: str = SHARED_PRETRAIN) -> Iterator[list[str]]:
   """The documents (lists of sentences) of one corpus, in a fixed order."""
-  from bert_jax.data import corpus
 
   if name == "wiki":
     for path in sorted(glob.glob(os.path.join(root, "wiki", "*.bz2"))):
@@ -55,8 +59,6 @@ def iter_documents(name: str, root: str = SHARED_PRETRAIN) -> Iterator[list[str]
     for path in sorted(glob.glob(os.path.join(root, "shakespeare", "*_gut.txt"))):
       yield from corpus.read_plain_text(path, {}, doc_boundary=0)
   elif name == "cpython":
-    from bert_jax.data.default_corpus import iter_default_documents
-
     for _, sentences in iter_default_documents():
       yield sentences
   else:
@@ -134,10 +136,6 @@ def prepare(
         f"{marker} was made with other settings ({done['settings']}); use another --workdir"
       )
     return Data(**done["data"])
-
-  from benchmarks.common.torch_pretrain import read_records
-  from bert_jax.data import generate
-  from bert_jax.tokenize import vocab
 
   os.makedirs(os.path.join(out_dir, "text", "train"), exist_ok=True)
   train_paths, heldout_docs = [], []
