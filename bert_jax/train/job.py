@@ -1,4 +1,4 @@
-"""What a task hands the trainer: a ``Job``, in three parts. The trainer
+"""What a task hands the trainer: a ``Job``, in three parts (and its run-wide settings). The trainer
 (``bert_jax.train.trainer``) knows no task; every task (pre-training, GLUE, SQuAD, SWAG, NER)
 builds one of these and nothing else is task specific in a run.
 
