@@ -81,7 +81,7 @@ def check_job_config(job: Job, config, target: Target) -> None:
   from bert_jax.parallel.topology import TopologyError, parse_topology  # noqa: PLC0415 (heavy)
   from bert_jax.plan.compiler import check_config  # noqa: PLC0415 (heavy)
   from bert_jax.tasks.jobs import build_job  # noqa: PLC0415 (heavy)
-  from bert_jax.train.run_config import check_run_config  # noqa: PLC0415 (heavy)
+  from bert_jax.tasks.run_rules import check_run_config  # noqa: PLC0415 (heavy)
 
   topology = target.topology_name()
   try:

@@ -21,7 +21,7 @@ from bert_jax.plan import attention as plan_attention
 from bert_jax.tasks.finetuning import runner as ft_runner
 from bert_jax.tasks.finetuning import runner_io
 from bert_jax.tasks.pretraining import task as pt_task
-from bert_jax.train.run_config import check_run_config
+from bert_jax.tasks.run_rules import check_run_config
 from configs import glue, ner, pretrain, squad, swag
 
 PLATFORMS = ("cpu", "gpu", "tpu")

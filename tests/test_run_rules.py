@@ -16,7 +16,7 @@ import pytest
 from bert_jax.tasks.finetuning import runner_io
 from bert_jax.tasks.finetuning.run_rules import FINETUNING_RULES
 from bert_jax.tasks.pretraining.run_rules import PRETRAINING_RULES
-from bert_jax.tasks.run_rules import FINETUNING_RUN, PRETRAINING_RUN, config_rules
+from bert_jax.tasks.run_rules import FINETUNING_RUN, PRETRAINING_RUN, check_run_config, config_rules
 from bert_jax.train import run_config, trainer
 from bert_jax.train.job import Job, Program, RunSettings
 from configs import glue, pretrain
@@ -56,7 +56,7 @@ def test_pretraining_problems_are_named_in_the_order_they_were():
     "config.num_train_steps=0 (must be >= 1)"
   )
   for check in (
-    lambda: run_config.check_run_config(c),  # the tasks' pick, for callers without rules
+    lambda: check_run_config(c),  # the tasks' pick, for callers without rules
     lambda: run_config.check_run_config(c, rules=PRETRAINING_RULES),
   ):
     with pytest.raises(ValueError) as e:
@@ -83,7 +83,7 @@ def test_fine_tuning_problems_are_named_in_the_order_they_were():
     "config.num_train_steps=-1 (must be >= 0)"
   )
   with pytest.raises(ValueError) as e:
-    run_config.check_run_config(c)
+    check_run_config(c)
   assert str(e.value) == expected
   assert config_rules(c) is FINETUNING_RULES and FINETUNING_RUN.config is FINETUNING_RULES
 

@@ -13,9 +13,9 @@ import pytest
 
 from bert_jax import parallel
 from bert_jax.tasks.jobs import build_job
+from bert_jax.tasks.run_rules import check_run_config
 from bert_jax.train import optimizers, trainer
 from bert_jax.train.job import EvalResult, Job, Phase, Program, RunHooks
-from bert_jax.train.run_config import check_run_config
 from configs import glue, pretrain
 
 

@@ -28,8 +28,8 @@ from bert_jax.parallel.topology import Topology, topology_devices
 from bert_jax.plan import attention
 from bert_jax.plan.report import StepReport, sharded_bytes, step_report
 from bert_jax.tasks.jobs import build_job
+from bert_jax.tasks.run_rules import check_run_config
 from bert_jax.train import trainer
-from bert_jax.train.run_config import check_run_config
 
 
 def check_config(config, topo: Topology, devices: list | None = None):

@@ -56,8 +56,9 @@ from bert_jax.parallel.topology import Topology, topology_devices
 from bert_jax.plan import attention, isolation
 from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.tasks.jobs import build_job
+from bert_jax.tasks.run_rules import check_run_config, config_rules
 from bert_jax.train import progress as progress_lib
-from bert_jax.train.run_config import check_batch_layout, check_run_config
+from bert_jax.train.run_config import check_batch_layout
 
 # Part of every cache key: bump it when bert_jax/plan/report.py's estimate changes its formula.
 # 2: the compute term uses the chip's float32 matmul rate for float32 steps (TF32 on GPUs).
@@ -256,6 +257,7 @@ def check_plan_args(
         _candidate_config(config, mesh, False, 1, phase),
         dict(zip(("data", "fsdp", "tensor"), mesh)),
         processes=max(1, topo.num_hosts),
+        rules=config_rules(config),
       )
     except ValueError as e:
       refused = refused or str(e)

@@ -105,20 +105,11 @@ def _lookup(config, dotted: str) -> tuple[bool, Any]:
   return True, node
 
 
-def _rules_for(config) -> ConfigRules:
-  """The tasks' rules for ``config``, for callers that pass none (the launcher's pre-flight,
-  the planner): the tasks know which keys a config's run reads; training does not."""
-  from bert_jax.tasks.run_rules import config_rules  # noqa: PLC0415 (callers without rules)
-
-  return config_rules(config)
-
-
 def check_run_config(
-  config, mesh=None, *, processes: int | None = None, rules: ConfigRules | None = None
+  config, mesh=None, *, rules: ConfigRules, processes: int | None = None
 ) -> None:
   """ValueError naming each out-of-range key under ``rules`` (see the module docstring); with
   ``mesh``, then the batch layout (``check_batch_layout``)."""
-  rules = _rules_for(config) if rules is None else rules
   problems = []
   for key, ok, what in rules.ranges:
     present, value = _lookup(config, key)
@@ -141,15 +132,11 @@ def _batch_keys(config, rules: ConfigRules) -> list[tuple[str, str]]:
   return keys
 
 
-def check_batch_layout(
-  config, mesh, *, processes: int | None = None, rules: ConfigRules | None = None
-) -> None:
+def check_batch_layout(config, mesh, *, rules: ConfigRules, processes: int | None = None) -> None:
   """ValueError naming the key when a batch does not divide into its accumulation steps, or a
   (micro-)batch into the data-parallel size data x fsdp of ``mesh`` (a Mesh or its sizes) or
   into ``processes`` (default: this run's, ``jax.process_count()``; a compile for a topology
-  passes its hosts'). The batches are the train and eval ones and ``rules.batches``' (default:
-  the tasks' pick for ``config``). The messages are ``bert_jax.parallel.check_batch_size``'s."""
-  rules = _rules_for(config) if rules is None else rules
+  passes its hosts'). The batches are the train and eval ones and ``rules.batches``'. The messages are ``bert_jax.parallel.check_batch_size``'s."""
   shape = dict(mesh.shape) if hasattr(mesh, "axis_names") else dict(mesh)
   dp = int(shape.get("data", 1)) * int(shape.get("fsdp", 1))
   if processes is None:
