@@ -30,9 +30,9 @@ from absl import app, flags
 from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.checkpoint.outputs import check_outputs, check_parent, config_inputs
-from bert_jax.tasks.finetuning.best_checkpoint import checkpoint_dir
-from bert_jax.tasks.finetuning.runner import evaluate
-from bert_jax.tasks.finetuning.runner_io import read_run_config
+from bert_jax.runs.finetuning.runner import evaluate
+from bert_jax.runs.finetuning.runner_io import read_run_config
+from bert_jax.train.best_checkpoint import checkpoint_dir
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A bert_jax fine-tuning workdir")
 _SPLIT = flags.DEFINE_string("split", "dev", "dev | test | a split name of the task")

@@ -12,7 +12,7 @@ and so is an --output that is, contains or lies inside the workdir (``--overwrit
 deletes an input); ``--overwrite`` replaces the output folder as a whole. An export stopped by
 SIGINT or SIGTERM removes its staging folders and leaves the output as it was. ``--checkpoint``
 picks a fine-tuning workdir's best (``best/``) or latest checkpoint
-(``bert_jax.tasks.finetuning.best_checkpoint``). See docs/export.md.
+(``bert_jax.train.best_checkpoint``). See docs/export.md.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from absl import app, flags
 from bert_jax import cli
 from bert_jax.checkpoint.outputs import check_outputs
 from bert_jax.formats import FORMATS, export
-from bert_jax.tasks.finetuning.best_checkpoint import CHOICES, checkpoint_dir
+from bert_jax.train.best_checkpoint import CHOICES, checkpoint_dir
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A bert_jax workdir (or a Hugging Face / TF checkpoint).")

@@ -26,7 +26,7 @@ from absl import app, flags
 
 from bert_jax import cli
 from bert_jax.checkpoint.outputs import check_outputs
-from bert_jax.tasks.inference.features import extract_features
+from bert_jax.tools.features import extract_features
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "UTF-8 text, one sentence (or 'a ||| b') per line.")

@@ -35,7 +35,7 @@ from bert_jax import cli
 from bert_jax.checkpoint import CheckpointSaveError
 from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.checkpoint.outputs import check_workdir
-from bert_jax.tasks.finetuning.runner import finetune
+from bert_jax.runs.finetuning.runner import finetune
 from bert_jax.train.loop import NonFiniteLossError
 
 _CONFIG = config_flags.DEFINE_config_file(

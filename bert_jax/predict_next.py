@@ -9,7 +9,7 @@ line ``{"line", "prefix_len", "gold", "gold_logprob", "gold_rank", "topk": [[pie
 bidirectional one as ``[CLS] t1..tj [MASK] [SEP]``. The summary (accuracy, perplexity) goes to
 --summary_file (default <output_file>.summary.json) and is printed as one line. A user error is
 one line ``predict_next: error: ...`` (status 2 for usage errors, 1 otherwise). See
-docs/predict_next.md and bert_jax/tasks/inference/next_token.py.
+docs/predict_next.md and bert_jax/tools/next_token.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from absl import app, flags
 
 from bert_jax import cli
 from bert_jax.checkpoint.outputs import check_outputs
-from bert_jax.tasks.inference.next_token import MODES, predict_next
+from bert_jax.tools.next_token import MODES, predict_next
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "UTF-8 text, one item per line.")

@@ -31,7 +31,7 @@ from bert_jax import cli
 from bert_jax.checkpoint import CheckpointSaveError
 from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.checkpoint.outputs import check_workdir
-from bert_jax.tasks.pretraining.task import run_pretraining
+from bert_jax.runs.pretraining.runner import run_pretraining
 from bert_jax.train.loop import NonFiniteLossError
 
 _CONFIG = config_flags.DEFINE_config_file(

@@ -36,7 +36,7 @@ from ml_collections import config_flags
 from bert_jax import cli
 from bert_jax.checkpoint.lock import WorkdirLockError
 from bert_jax.checkpoint.outputs import check_workdir
-from bert_jax.tasks.privacy.probe import run_probe
+from bert_jax.tools.probe import run_probe
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",

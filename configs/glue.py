@@ -54,12 +54,12 @@ def finetune_base(task: str) -> ml_collections.ConfigDict:
   config.warmup_proportion = 0.1
   config.num_warmup_steps = -1  # >= 0 overrides warmup_proportion
   config.grad_accum_steps = 1
-  # Length bucketing (bert_jax/tasks/finetuning/length_buckets.py): each train/eval batch is cut to the
+  # Length bucketing (bert_jax/data/length_buckets.py): each train/eval batch is cut to the
   # shortest bucket holding its longest row; results are unchanged (padding is masked), and
   # each bucket compiles once. "32": multiples of 32 up to max_seq_length; "16,64,128": these
   # lengths; "": off (every batch at max_seq_length).
   config.length_buckets = "32"
-  # Packing (bert_jax/tasks/finetuning/inputs.py: Packer; GLUE and NER only, not with a defence):
+  # Packing (bert_jax/runs/finetuning/inputs.py: Packer; GLUE and NER only, not with a defence):
   # each training step's rows (the same ones as unpacked) are packed several to a row of
   # max_seq_length, each its own [CLS] ... [SEP] attending only to itself, and the loss is the
   # same mean over them; dev/test rows are packed the same way and their predictions unpacked,

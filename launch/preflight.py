@@ -80,8 +80,8 @@ def check_job_config(job: Job, config, target: Target) -> None:
   from bert_jax.model.kernels.attention import FUSED, resolve_attention_kernel  # noqa: PLC0415
   from bert_jax.parallel.topology import TopologyError, parse_topology  # noqa: PLC0415 (heavy)
   from bert_jax.plan.compiler import check_config  # noqa: PLC0415 (heavy)
-  from bert_jax.tasks.jobs import build_job  # noqa: PLC0415 (heavy)
-  from bert_jax.tasks.run_rules import check_run_config  # noqa: PLC0415 (heavy)
+  from bert_jax.runs.jobs import build_job  # noqa: PLC0415 (heavy)
+  from bert_jax.runs.rules import check_run_config  # noqa: PLC0415 (heavy)
 
   topology = target.topology_name()
   try:

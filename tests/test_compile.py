@@ -36,7 +36,7 @@ from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.plan.hlo_cost import hlo_text_cost
 from bert_jax.plan.planner import input_demand, mesh_candidates
 from bert_jax.plan.report import CompileError, parse_hbm_shortfall, step_report
-from bert_jax.tasks.jobs import build_job
+from bert_jax.runs.jobs import build_job
 from bert_jax.train import trainer
 from configs import squad
 from launch.job import Job, LaunchError

@@ -32,7 +32,7 @@ from bert_jax.parallel import topology as topo_lib
 from bert_jax.plan.compiler import compile_for_topology
 from bert_jax.plan.hlo import cublas_flops
 from bert_jax.plan.report import format_report
-from bert_jax.tasks.jobs import build_job
+from bert_jax.runs.jobs import build_job
 from launch.job import Job, LaunchError
 from launch.launch import launch
 from launch.targets import kubernetes, slurm

@@ -29,8 +29,8 @@ from conftest import REPO, tiny_pretrain_config
 from bert_jax.parallel import topology as topo_lib
 from bert_jax.plan import compiler, hlo, isolation, planner
 from bert_jax.plan.report import StepReport, format_report, step_report
-from bert_jax.tasks.jobs import build_job
-from bert_jax.tasks.run_rules import check_run_config
+from bert_jax.runs.jobs import build_job
+from bert_jax.runs.rules import check_run_config
 from launch.job import Job, LaunchError
 from launch.launch import launch
 from launch.targets import TpuTarget

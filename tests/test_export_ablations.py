@@ -215,7 +215,7 @@ def test_params_export_keeps_the_model_and_saved_model_names_the_format(
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """Two-step pre-training runs of objective mlm and ltr (random batches, a one-layer model)."""
-  from bert_jax.tasks.pretraining.task import run_pretraining
+  from bert_jax.runs.pretraining.runner import run_pretraining
   from configs import pretrain
 
   root = tmp_path_factory.mktemp("ablation_runs")

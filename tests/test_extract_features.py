@@ -17,7 +17,7 @@ import torch
 import transformers
 from float_tolerance import float64_bound, sum_bound
 
-from bert_jax.tasks.inference import features
+from bert_jax.tools import features
 
 LINES = [
   "The quick brown fox jumps over the lazy dog.",

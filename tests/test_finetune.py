@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.tasks.finetuning import runner
+from bert_jax.runs.finetuning import runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -249,8 +249,8 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shared_data, minilm_d
   assert resumed["dev"] == dev_a
   assert [h["step"] for h in resumed["history"]] == [3, 6]
   # The steps after the resume point were cut to more than one length.
+  from bert_jax.runs.finetuning.inputs import FinetuneInput, make_bucketer
   from bert_jax.tasks import create_task
-  from bert_jax.tasks.finetuning.inputs import FinetuneInput, make_bucketer
   from bert_jax.tokenize import load_tokenizer
 
   c = config()

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from bert_jax import parallel
+from bert_jax.runs.finetuning import inputs as finetune_input
+from bert_jax.runs.finetuning.inputs import Predictor
 from bert_jax.tasks.base import SplitData
-from bert_jax.tasks.finetuning import inputs as finetune_input
-from bert_jax.tasks.finetuning.inputs import Predictor
 
 
 def _predictor(batch_size, before_step=None):
@@ -107,7 +107,7 @@ def test_a_split_smaller_than_the_batch_is_not_padded_to_it(info_lines):
 def test_finetuning_cuts_the_eval_batch_before_training(info_lines):
   """The run's eval batch is cut to the largest dev split (said once, before any training),
   so the train job's eval batch spec and every evaluation use it."""
-  from bert_jax.tasks.finetuning import runner
+  from bert_jax.runs.finetuning import runner
 
   mesh = types.SimpleNamespace(shape={"data": 8, "fsdp": 1, "tensor": 1})
   config = types.SimpleNamespace(eval_batch_size=200_000)
@@ -134,7 +134,7 @@ def test_finetune_logs_evaluation_and_prediction(
 ):
   """A fine-tuning run on an RTE slice: the clamp is said before training, the dev evaluation
   and the test prediction log progress lines (interval 0: every batch), metrics as usual."""
-  from bert_jax.tasks.finetuning import runner
+  from bert_jax.runs.finetuning import runner
   from configs import glue
 
   monkeypatch.setattr(finetune_input, "INTERVAL_SEC", 0.0)

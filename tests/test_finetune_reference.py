@@ -73,8 +73,8 @@ def test_train_steps_follow_pytorch(task_name, shared_data, minilm_dir):
   import transformers
 
   from bert_jax.formats import load_pretrained
+  from bert_jax.runs.finetuning import runner
   from bert_jax.tasks import create_task
-  from bert_jax.tasks.finetuning import runner
   from bert_jax.train import optimizers, train_step
   from bert_jax.train.state import TrainState
   from configs import glue

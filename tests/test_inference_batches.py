@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax.data.inference_batches import InferenceBatches, data_parallel_mesh, pad_ragged
 from bert_jax.data.length_buckets import parse_buckets
-from bert_jax.tasks.inference.batches import InferenceBatches, data_parallel_mesh, pad_ragged
 
 
 def _rows(n, max_len, seed=0):
@@ -123,7 +123,7 @@ def test_a_row_longer_than_every_bucket_is_an_error():
 def test_bucket_lists_are_read_by_parse_buckets():
   """A sequence of lengths is exactly those lengths (one included), capped at max_seq_length;
   extract_features' default list reads through it."""
-  from bert_jax.tasks.inference import features
+  from bert_jax.tools import features
 
   assert parse_buckets((8, 16, 24, 32, 48), 40) == (8, 16, 24, 32, 40)
   assert parse_buckets([32], 128) == (32, 128)  # not its multiples, unlike "32"

@@ -21,7 +21,7 @@ from bert_jax.parallel import topology as topo_lib
 from bert_jax.plan import attention, isolation, planner
 from bert_jax.plan.compiler import check_config, compile_for_topology
 from bert_jax.plan.report import format_report
-from bert_jax.tasks.run_rules import check_run_config
+from bert_jax.runs.rules import check_run_config
 
 TOPOLOGY = "v5e:2x2"
 BATCH, SEQ = 8, 128

@@ -115,7 +115,7 @@ def test_row_lengths_are_each_rows_own_need():
 
 def _predictor(task, model, bucketed, batch_size=8):
   from bert_jax import parallel
-  from bert_jax.tasks.finetuning.inputs import Predictor, make_bucketer
+  from bert_jax.runs.finetuning.inputs import Predictor, make_bucketer
 
   mesh = parallel.create_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   from configs.common import logical_axis_rules
@@ -243,9 +243,9 @@ def test_bucketed_training_equals_unbucketed_without_dropout(tmp_path, shared_da
   import jax
 
   from bert_jax.checkpoint import load_params
+  from bert_jax.runs.finetuning import runner
+  from bert_jax.runs.finetuning.inputs import FinetuneInput, make_bucketer
   from bert_jax.tasks import create_task
-  from bert_jax.tasks.finetuning import runner
-  from bert_jax.tasks.finetuning.inputs import FinetuneInput, make_bucketer
   from bert_jax.tokenize import load_tokenizer
 
   results = {}

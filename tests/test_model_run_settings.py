@@ -18,10 +18,10 @@ from bert_jax.model.kernels import attention as kernels
 from bert_jax.model.run_settings import NUMERICS_KEYS, run_bert_config
 from bert_jax.parallel.topology import parse_topology
 from bert_jax.plan import attention as plan_attention
-from bert_jax.tasks.finetuning import runner as ft_runner
-from bert_jax.tasks.finetuning import runner_io
-from bert_jax.tasks.pretraining import task as pt_task
-from bert_jax.tasks.run_rules import check_run_config
+from bert_jax.runs.finetuning import runner as ft_runner
+from bert_jax.runs.finetuning import runner_io
+from bert_jax.runs.pretraining import runner as pt_task
+from bert_jax.runs.rules import check_run_config
 from configs import glue, ner, pretrain, squad, swag
 
 PLATFORMS = ("cpu", "gpu", "tpu")

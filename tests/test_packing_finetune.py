@@ -13,10 +13,10 @@ from float_tolerance import assert_gradients_close, assert_sum_close, encoder_te
 from bert_jax import parallel
 from bert_jax.data.packing import Packer, place_sequences
 from bert_jax.model import BertConfig
+from bert_jax.runs.finetuning import runner_io as io
+from bert_jax.runs.finetuning.inputs import FinetuneInput, Predictor, packed_rows
+from bert_jax.runs.finetuning.runner import build_finetune_job, make_loss_fn, make_packer
 from bert_jax.tasks import create_task
-from bert_jax.tasks.finetuning import runner_io as io
-from bert_jax.tasks.finetuning.inputs import FinetuneInput, Predictor, packed_rows
-from bert_jax.tasks.finetuning.runner import build_finetune_job, make_loss_fn, make_packer
 from bert_jax.tokenize import load_tokenizer
 from configs import glue, ner, squad, swag
 from configs.common import logical_axis_rules
@@ -229,7 +229,7 @@ def test_abstract_packed_job_has_packed_batches():
 # --- the attention kernel -------------------------------------------------------------------
 def test_attention_kernel_reaches_the_encoder():
   """config.attention_kernel, resolved for the platform, is the fine-tuned encoder's kernel."""
-  from bert_jax.tasks.finetuning import runner
+  from bert_jax.runs.finetuning import runner
 
   c = glue.get_config("mrpc")
   c.unlock()
@@ -252,7 +252,7 @@ def test_attention_kernel_reaches_the_encoder():
 def test_packed_run_trains_and_evaluates_like_the_unpacked_one(tmp_path, shared_data, minilm_dir):
   """Two 4-step runs on an SST-2 slice, dropout off, packed and not (the suite's 8 devices,
   so packed row counts are multiples of 8): the same training losses and dev metrics."""
-  from bert_jax.tasks.finetuning import runner
+  from bert_jax.runs.finetuning import runner
 
   def run(packing):
     c = glue.get_config("sst2")

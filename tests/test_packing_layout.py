@@ -82,8 +82,8 @@ def test_packed_batch_specs_follow_the_layout():
   pre-training input passes all of them on (batch_keys)."""
   import jax
 
+  from bert_jax.runs.pretraining.runner import batch_spec
   from bert_jax.tasks.pretraining.data import batch_keys
-  from bert_jax.tasks.pretraining.task import batch_spec
 
   want = {k: (v.shape, v.dtype) for k, v in RowLayout(L, S).spec(R).items()}
   unpacked = {

@@ -9,7 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.tasks.pretraining.task import bert_config_from, build_pretraining_job, run_pretraining
+from bert_jax.runs.pretraining.runner import (
+  bert_config_from,
+  build_pretraining_job,
+  run_pretraining,
+)
 
 
 @pytest.fixture(scope="module")

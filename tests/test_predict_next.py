@@ -20,7 +20,7 @@ import torch
 import transformers
 from conftest import subprocess_env_for
 
-from bert_jax.tasks.inference import next_token
+from bert_jax.tools import next_token
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -209,7 +209,7 @@ def ltr_workdir(tmp_path_factory, shared_data, pretraining_data):
   """A tiny left-to-right LM (one layer, hidden 64) briefly pre-trained on Hamlet's first 4,000
   lines: vocabulary, packed single-segment records (no NSP pairs), objective ltr."""
   from bert_jax.config_files import add_import_root
-  from bert_jax.tasks.pretraining.task import run_pretraining
+  from bert_jax.runs.pretraining.runner import run_pretraining
 
   add_import_root(REPO / "configs" / "pretrain.py")  # `pytest` as well as `python -m pytest`
   from configs import pretrain as pretrain_config

@@ -213,7 +213,7 @@ def test_bad_config_key_and_bad_batch_are_clear_errors(tmp_path):
 
 
 def test_workdir_of_another_model_and_nan_loss(tmp_path):
-  from bert_jax.tasks.pretraining.task import run_pretraining
+  from bert_jax.runs.pretraining.runner import run_pretraining
   from bert_jax.train.loop import NonFiniteLossError
   from configs import pretrain as pretrain_config
 

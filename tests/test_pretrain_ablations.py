@@ -13,7 +13,7 @@ import signal
 import numpy as np
 import pytest
 
-from bert_jax.tasks.pretraining.task import run_pretraining
+from bert_jax.runs.pretraining.runner import run_pretraining
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def ltr_workdir(tmp_path_factory, packed_data):
 
 def test_left_to_right_run_and_fine_tuning_from_any_kept_step(ltr_workdir, shared_data):
   from bert_jax.formats import load_pretrained
-  from bert_jax.tasks.finetuning import runner
+  from bert_jax.runs.finetuning import runner
   from configs import glue
 
   head = json.loads((ltr_workdir / "head.json").read_text())

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from bert_jax.data import default_corpus, pipeline
+from bert_jax.runs.pretraining import runner as task_lib
+from bert_jax.runs.pretraining.runner import run_pretraining
 from bert_jax.tasks.pretraining import data as data_lib
-from bert_jax.tasks.pretraining import task as task_lib
-from bert_jax.tasks.pretraining.task import run_pretraining
 from configs import pretrain
 
 _DOCUMENTS = 30

@@ -18,9 +18,9 @@ from float_tolerance import assert_model_close
 from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
 from bert_jax.model import BertConfig, BertEncoder
-from bert_jax.tasks.privacy import attacker as probe_attacker
 from bert_jax.tasks.privacy import metrics as pm
-from bert_jax.tasks.privacy import probe
+from bert_jax.tools import probe
+from bert_jax.tools import probe_attacker as probe_attacker
 from configs import probe as probe_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

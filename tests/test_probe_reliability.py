@@ -19,8 +19,8 @@ from flax import traverse_util
 from flax.linen import meta
 
 from bert_jax.model import BertConfig, BertEncoder
-from bert_jax.tasks.privacy import attacker as probe_attacker
-from bert_jax.tasks.privacy import probe
+from bert_jax.tools import probe
+from bert_jax.tools import probe_attacker as probe_attacker
 from bert_jax.train import progress as progress_lib
 from configs import pretrain as pretrain_config
 from configs import probe as probe_config

@@ -14,8 +14,8 @@ import pytest
 from test_trainer import _toy_config, _toy_job
 
 from bert_jax.checkpoint import CheckpointSaveError
-from bert_jax.tasks.finetuning import runner
-from bert_jax.tasks.run_rules import FINETUNING_RUN, PRETRAINING_RUN
+from bert_jax.runs.finetuning import runner
+from bert_jax.runs.rules import FINETUNING_RUN, PRETRAINING_RUN
 from bert_jax.train import trainer
 from configs import glue, pretrain
 
@@ -109,7 +109,7 @@ def test_a_pretraining_workdir_is_refused_to_another_objective_and_to_fine_tunin
   tmp_path, shared_data, minilm_dir
 ):
   workdir = tmp_path / "pretrain"
-  from bert_jax.tasks.pretraining.task import run_pretraining
+  from bert_jax.runs.pretraining.runner import run_pretraining
 
   assert run_pretraining(_pretrain(), str(workdir))["status"] == "completed"
   before = _listing(workdir)

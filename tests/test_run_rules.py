@@ -1,5 +1,5 @@
 """The trainer takes what a task decides through the task: the run config's rules, the
-workdir's identity and the run-wide settings (``bert_jax.tasks.run_rules``,
+workdir's identity and the run-wide settings (``bert_jax.runs.rules``,
 ``bert_jax.train.job.RunRules`` / ``RunSettings``); ``bert_jax/train`` names no task's keys.
 
 References: the messages the single rule list gave before the rules moved to the tasks (the
@@ -13,10 +13,10 @@ import re
 
 import pytest
 
-from bert_jax.tasks.finetuning import runner_io
-from bert_jax.tasks.finetuning.run_rules import FINETUNING_RULES
-from bert_jax.tasks.pretraining.run_rules import PRETRAINING_RULES
-from bert_jax.tasks.run_rules import FINETUNING_RUN, PRETRAINING_RUN, check_run_config, config_rules
+from bert_jax.runs.finetuning import runner_io
+from bert_jax.runs.finetuning.rules import FINETUNING_RULES
+from bert_jax.runs.pretraining.rules import PRETRAINING_RULES
+from bert_jax.runs.rules import FINETUNING_RUN, PRETRAINING_RUN, check_run_config, config_rules
 from bert_jax.train import run_config, trainer
 from bert_jax.train.job import Job, Program, RunSettings
 from configs import glue, pretrain

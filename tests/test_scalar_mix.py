@@ -20,7 +20,7 @@ from float_tolerance import assert_sum_close
 
 from bert_jax.model import BertConfig, BertEncoder, ScalarMix
 from bert_jax.model import scalar_mix as scalar_mix_lib
-from bert_jax.tasks.inference import features
+from bert_jax.tools import features
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TINY = dict(

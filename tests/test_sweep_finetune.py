@@ -17,7 +17,7 @@ from float_tolerance import assert_model_close
 from bert_jax.checkpoint import load_params
 from bert_jax.formats import export
 from bert_jax.model import BertForSequenceClassification
-from bert_jax.tasks.finetuning.best_checkpoint import checkpoint_dir
+from bert_jax.train.best_checkpoint import checkpoint_dir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

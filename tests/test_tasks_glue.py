@@ -6,7 +6,7 @@ import scipy.stats
 import sklearn.metrics
 
 from bert_jax.tasks import create_task
-from bert_jax.tasks.finetuning import metrics as M
+from bert_jax.tasks import metrics as M
 from bert_jax.tasks.glue.data import SPECS, GlueInputError, read_tfds, read_tsv
 from bert_jax.tasks.glue.features import encode_texts
 from configs import glue
@@ -313,7 +313,7 @@ def test_tfds_source_maps_label_names(tmp_path, tokenizer):
 
 
 def test_a_run_config_that_is_not_json_text_names_the_file(tmp_path):
-  from bert_jax.tasks.finetuning.runner_io import read_run_config
+  from bert_jax.runs.finetuning.runner_io import read_run_config
 
   (tmp_path / "config.json").write_bytes(b"\x1f\x8b\x08\x00")
   with pytest.raises(ValueError, match=r"config\.json: not UTF-8 text"):

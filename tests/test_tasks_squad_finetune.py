@@ -52,7 +52,7 @@ def test_task_plumbing_on_a_slice(shared_data, minilm_dir, tmp_path):
 
 
 def test_finetune_and_evaluate_v2_sample(shared_data, minilm_dir, tmp_path):
-  from bert_jax.tasks.finetuning import runner
+  from bert_jax.runs.finetuning import runner
   from configs import squad as squad_config
 
   sample = str(shared_data / "squad" / "sample-v2.0.json")

@@ -12,8 +12,8 @@ import optax
 import pytest
 
 from bert_jax import parallel
-from bert_jax.tasks.jobs import build_job
-from bert_jax.tasks.run_rules import check_run_config
+from bert_jax.runs.jobs import build_job
+from bert_jax.runs.rules import check_run_config
 from bert_jax.train import optimizers, trainer
 from bert_jax.train.job import EvalResult, Job, Phase, Program, RunHooks
 from configs import glue, pretrain

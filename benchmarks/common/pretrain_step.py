@@ -18,7 +18,7 @@ import numpy as np
 
 from benchmarks.common.timing import Timer
 from bert_jax import parallel
-from bert_jax.tasks.jobs import build_job
+from bert_jax.runs.jobs import build_job
 from bert_jax.train import trainer
 from bert_jax.train.state import init_train_state
 from bert_jax.train.train_step import jit_train_step, make_train_step

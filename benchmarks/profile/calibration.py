@@ -70,7 +70,7 @@ from benchmarks.profile.host_peak import measure_bandwidth, measure_peak_flops
 from bert_jax import parallel
 from bert_jax.parallel.topology import ChipSpec, Topology, parse_topology
 from bert_jax.plan.compiler import compile_for_topology
-from bert_jax.tasks.jobs import build_job
+from bert_jax.runs.jobs import build_job
 
 
 @dataclasses.dataclass(frozen=True)

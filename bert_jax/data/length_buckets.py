@@ -18,7 +18,7 @@ once (train step and eval step), on first use.
   "32"             one number: its multiples up to ``max_seq_length`` (32, 64, 96, 128)
   "16,48,128"      several: exactly these lengths
 ``max_seq_length`` is always the last bucket (the inference tools' bucket lists,
-``bert_jax.tasks.inference.batches``, are read by ``parse_buckets`` too). The longest row is
+``bert_jax.data.inference_batches``, are read by ``parse_buckets`` too). The longest row is
 found from ``input_mask`` (the last position with mask 1, over every axis but the length axis,
 so SWAG's BxCxL counts all four choices). Arrays that hold *positions into* the sequence
 (SQuAD's start and end positions) are named by the task's ``position_keys``: the cut length is

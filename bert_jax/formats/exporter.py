@@ -8,7 +8,7 @@ The library behind ``python -m bert_jax.export`` (see docs/export.md):
   p = load_for_export("workdir/rte")                       # checked Pretrained(params, config, ...)
 
 The first argument is the checkpoint itself (anything ``load_pretrained`` reads); which of a
-fine-tuning workdir's checkpoints to take is ``bert_jax.tasks.finetuning.best_checkpoint``'s business.
+fine-tuning workdir's checkpoints to take is ``bert_jax.train.best_checkpoint``'s business.
 Everything is checked before anything is written: the requested head against the weights
 (every tensor and shape), head.json against the classifier, the output directory, which must
 not be, contain or lie inside the checkpoint (``bert_jax.checkpoint.outputs``: ``overwrite``
@@ -81,7 +81,7 @@ def export(
 
   ``path`` is the checkpoint itself: a bert_jax workdir (its latest checkpoint), a
   parameters-only export, a Hugging Face directory or a TF checkpoint. A fine-tuning workdir's
-  best checkpoint is ``bert_jax.tasks.finetuning.best_checkpoint.checkpoint_dir(workdir, "best")``.
+  best checkpoint is ``bert_jax.train.best_checkpoint.checkpoint_dir(workdir, "best")``.
   """
   if fmt not in FORMATS:
     raise ValueError(f"format {fmt!r} is not one of {FORMATS}")

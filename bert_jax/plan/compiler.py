@@ -27,8 +27,8 @@ from bert_jax import parallel
 from bert_jax.parallel.topology import Topology, topology_devices
 from bert_jax.plan import attention
 from bert_jax.plan.report import StepReport, sharded_bytes, step_report
-from bert_jax.tasks.jobs import build_job
-from bert_jax.tasks.run_rules import check_run_config
+from bert_jax.runs.jobs import build_job
+from bert_jax.runs.rules import check_run_config
 from bert_jax.train import trainer
 
 

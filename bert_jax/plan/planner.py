@@ -55,8 +55,8 @@ from absl import logging
 from bert_jax.parallel.topology import Topology, topology_devices
 from bert_jax.plan import attention, isolation
 from bert_jax.plan.compiler import compile_for_topology
-from bert_jax.tasks.jobs import build_job
-from bert_jax.tasks.run_rules import check_run_config, config_rules
+from bert_jax.runs.jobs import build_job
+from bert_jax.runs.rules import check_run_config, config_rules
 from bert_jax.train import progress as progress_lib
 from bert_jax.train.run_config import check_batch_layout
 

@@ -1,17 +1,16 @@
-"""Tasks, a subpackage per family; each builds the trainer's ``Job`` from a run config.
+"""Tasks: what a model learns and how it is scored. A subpackage per family.
 
-- ``base.py``: the ``Task`` contract every fine-tuning task implements.
-- ``registry.py``: config ``task`` names -> Task classes (imported when asked for).
-- ``jobs.py``: ``build_job(config)``, any run config's Job (fine-tuning or pre-training).
-- ``pretraining/``: MLM + NSP and its ablations, the curriculum, packing, its data.
-- ``finetuning/``: what every fine-tuning task shares: the run (train, evaluate, predict),
-  batches (length buckets, packing), best-checkpoint selection, metrics.
+- ``base.py``: the ``Task`` contract every fine-tuning task implements (data, head, loss,
+  metrics, outputs); ``registry.py``: config ``task`` names -> Task classes.
 - ``glue/``, ``squad/``, ``ner/``, ``swag/``: the paper's fine-tuning tasks (data, features,
-  model, loss, metrics, outputs).
-- ``privacy/``: the private-attribute defences (a mix-in classification tasks opt into) and
-  the probe.
-- ``inference/``: one bucketed, sharded inference path (``InferenceBatches``) and what runs on
-  it besides evaluation: feature extraction, next-token prediction.
+  head, loss, metrics, outputs); ``metrics.py``: the metrics they share.
+- ``pretraining/``: the pre-training objective (MLM + NSP and its ablations): its data
+  (records, dynamic masking, packing) and loss.
+- ``privacy/``: private attributes and the defences (a mix-in a classification task opts into).
+
+How a task is run (its Job, its config rules) lives in ``bert_jax/runs/``; what runs a trained
+encoder besides fine-tuning (features, next-token prediction, the privacy probe) in
+``bert_jax/tools/``. Both import tasks; nothing here imports them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A task is one class, built as ``TaskClass(config, tokenizer)`` from the run config (a locked
 ``ml_collections.ConfigDict``, see ``configs/glue.py``) and a ``bert_jax.tokenize`` Tokenizer.
-``bert_jax.tasks.finetuning.runner`` turns it into the trainer's ``Job`` (batching and padding, the
+``bert_jax.runs.finetuning.runner`` turns it into the trainer's ``Job`` (batching and padding, the
 evaluation pass, predictions, metrics.json); the trainer (``bert_jax.train.trainer``) owns
 everything that is the same for every run: the mesh and shardings, the optimizer, the jitted
 train step, the Orbax checkpoints (keep-best on dev), resume, initialisation from a pre-trained
@@ -41,7 +41,7 @@ outputs before calling ``evaluate``; ``predict`` outputs therefore need a leadin
 batch size. Rows of a padded training batch never exist, so ``loss`` sees only real rows; a
 per-row weight, where a task wants one, is just another array in ``arrays``.
 
-Length axes (``bert_jax.tasks.finetuning.length_buckets``). With ``config.length_buckets`` on, the runner
+Length axes (``bert_jax.data.length_buckets``). With ``config.length_buckets`` on, the runner
 cuts every batch to the shortest bucket that holds its longest row (by ``input_mask``), for
 training and evaluation alike. What it cuts is declared, never guessed: ``sequence_axes`` maps
 each array of ``SplitData.arrays`` that has a length dimension to that axis (default: the three
@@ -52,7 +52,7 @@ the cut always keeps inside; ``prediction_axes`` maps ``predict`` outputs with a
 before ``evaluate``. Padding is masked in attention, so the model's outputs on the real
 positions do not change.
 
-Packing (``config.packing.enabled``, ``bert_jax.tasks.finetuning.inputs.Packer``). A task whose
+Packing (``config.packing.enabled``, ``bert_jax.runs.finetuning.inputs.Packer``). A task whose
 ``packing_unsupported()`` returns "" (GLUE, NER) may have several rows packed into one: every
 array with a length axis (``sequence_axes``) moves with its tokens, every other array becomes
 [R, S, ...] (one entry per sequence slot), and the batch gains ``position_ids``,

@@ -11,7 +11,7 @@ Before the Job, a task's ``RunRules`` (the config's checks, the workdir's identi
 to ``trainer.run``: they are checked before the task reads or writes anything.
 
 Compiling needs only the ``Program`` (model, loss, optimizer schedule and groups, the phases'
-batch shapes, the evaluation step): ``bert_jax.tasks.jobs.build_job(config, abstract=True)``
+batch shapes, the evaluation step): ``bert_jax.runs.jobs.build_job(config, abstract=True)``
 fills it without reading data, which is how ``python -m bert_jax.compile`` assembles exactly
 the step a run would. A run also needs the phases' inputs (``Phase.make_input``), the
 pretrained weights when it does not resume, and the hooks.

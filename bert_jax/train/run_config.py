@@ -5,7 +5,7 @@ out of range (a negative learning rate would train by gradient ascent and report
 learning rate of 0 trains nothing). The rules are a ``ConfigRules``: ``GENERIC_RULES`` (what
 every run config has: learning rate, batch sizes, dropout, the attention kernel, ``optimizer.*``,
 ``checkpoint.*``, ``logging.*``) extended by the task with its own keys and the batches only its
-runs feed (``bert_jax.tasks.run_rules.config_rules(config)`` picks a config's). A rule applies
+runs feed (``bert_jax.runs.rules.config_rules(config)`` picks a config's). A rule applies
 to a key only where the config has it, and each rule says what its values mean.
 
 ``check_run_config(config, mesh, rules=...)`` (a ``jax.sharding.Mesh`` or its sizes, ``{"data":

@@ -9,7 +9,7 @@ uniform sample drawn with that seed instead of the first rows); ``private_attrib
 [N, K] array ``private``). Pairs are packed ``[CLS] A [SEP] B [SEP]``; a pair that does not fit
 is truncated (longer text first) and counted in the split's ``stats["truncated"]``.
 
-With ``config.packing.enabled`` (bert_jax/tasks/finetuning/inputs.py: ``Packer``) several pairs
+With ``config.packing.enabled`` (bert_jax/runs/finetuning/inputs.py: ``Packer``) several pairs
 share a row; the logits are then [R, S, N] (one per packed sequence) and the loss the mean over
 the sequences (``sequence_weights``), as unpacked over the same pairs.
 
@@ -34,10 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bert_jax.data.packing import SEQUENCE_WEIGHTS
 from bert_jax.model import BertConfig, BertForSequenceClassification
+from bert_jax.tasks import metrics as M
 from bert_jax.tasks.base import SplitData, Task
-from bert_jax.tasks.finetuning import metrics as M
-from bert_jax.tasks.finetuning.inputs import SEQUENCE_WEIGHTS
 from bert_jax.tasks.glue.data import SPECS, GlueSpec, labels_array, read_tfds, read_tsv
 from bert_jax.tasks.glue.features import encode_texts
 from bert_jax.tasks.privacy import attributes as PA

@@ -8,7 +8,7 @@ ner_sci/bert_paper.bio: a seeded random share of the training sentences is held 
 ``max_train_examples``/``max_eval_examples`` (sentences; 0 = all).
 
 The label of each word sits on its first piece; the loss is the mean cross-entropy over those
-positions only. With ``config.packing.enabled`` (bert_jax/tasks/finetuning/inputs.py: ``Packer``) several rows share a
+positions only. With ``config.packing.enabled`` (bert_jax/runs/finetuning/inputs.py: ``Packer``) several rows share a
 packed row, their labels and weights at their tokens' positions there, so the loss is the same
 mean over the same labelled pieces. Evaluation maps the argmax at each word's first piece back to the word and
 scores entity chunks with ``ner_conlleval.conlleval`` (primary metric: F1). Predictions are

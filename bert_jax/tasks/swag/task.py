@@ -28,8 +28,8 @@ import numpy as np
 import optax
 
 from bert_jax.model import BertConfig, BertForMultipleChoice
+from bert_jax.tasks import metrics as M
 from bert_jax.tasks.base import INPUT_KEYS, SplitData, Task
-from bert_jax.tasks.finetuning import metrics as M
 from bert_jax.tasks.glue.features import encode_texts
 
 NUM_CHOICES = 4

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bert_jax.tasks.finetuning.runner import build_finetune_job
-from bert_jax.tasks.pretraining.task import build_pretraining_job
+from bert_jax.runs.finetuning.runner import build_finetune_job
+from bert_jax.runs.pretraining.runner import build_pretraining_job
 
 
 def build_job(config: Any, workdir: str | None = None, mesh: Any = None, *, abstract: bool = False):

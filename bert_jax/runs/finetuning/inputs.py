@@ -13,7 +13,7 @@ all processes cut to the same shape.
 Evaluation. ``Predictor`` runs ``task.predict`` over every row of a split in global batches of
 ``eval_batch_size`` (the last one padded with copies of its first row, whose outputs are
 dropped), each cut to its bucket and padded back to ``max_seq_length`` on the task's
-``prediction_axes``; the batches are planned and run by ``bert_jax.tasks.inference.batches``
+``prediction_axes``; the batches are planned and run by ``bert_jax.data.inference_batches``
 (``InferenceBatches`` over the run's mesh), as the inference tools' are. With bucketing on, the rows are visited shortest first (a stable sort on
 each row's needed length, the same on every process), so each batch holds rows of similar
 length and is cut as short as they allow; the outputs come back in the split's order. A split
@@ -47,10 +47,9 @@ from absl import logging
 
 from bert_jax import parallel
 from bert_jax.data import packing
+from bert_jax.data.inference_batches import InferenceBatches
 from bert_jax.data.length_buckets import MASK_KEY, LengthBucketer, parse_buckets
-from bert_jax.data.packing import SEQUENCE_WEIGHTS  # noqa: F401  (tasks read the name from here)
 from bert_jax.tasks.base import SplitData, Task
-from bert_jax.tasks.inference.batches import InferenceBatches
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 from bert_jax.train.train_step import jit_eval_step
 

@@ -27,7 +27,7 @@ special pieces such as [SEP] and [UNK] included, so top-k may hold them; model r
 tokenizer's vocabulary, padding, are left out). The gold piece is the tokenizer's piece
 (possibly [UNK], never [CLS] / [SEP] / [MASK] / [PAD]).
 
-Work is batched (``bert_jax.tasks.inference.batches``): rows (windows, or one prefix each in
+Work is batched (``bert_jax.data.inference_batches``): rows (windows, or one prefix each in
 mlm mode) are sorted by length and each batch is cut to a bucket (multiples of 32 up to
 max_seq_length), so a handful of programs is compiled whatever the lines; lines are processed
 in chunks, written back in input order as each chunk finishes, to a temporary file renamed into
@@ -59,10 +59,10 @@ import numpy as np
 
 from bert_jax.checkpoint import atomic_write, write_json
 from bert_jax.checkpoint.outputs import check_outputs, check_parent
+from bert_jax.data.inference_batches import InferenceBatches
 from bert_jax.data.length_buckets import parse_buckets
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertForPreTraining
-from bert_jax.tasks.inference.batches import InferenceBatches
 from bert_jax.tokenize import iter_text_lines
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 
@@ -132,7 +132,7 @@ class NextTokenPredictor:
   """Top-k next pieces and the gold piece's log-probability, batched over length buckets.
 
   Batches are planned, padded and split over ``devices`` (default: this host's local devices;
-  params replicated) by ``bert_jax.tasks.inference.batches.InferenceBatches``, so the batch
+  params replicated) by ``bert_jax.data.inference_batches.InferenceBatches``, so the batch
   size is rounded up to a multiple of their number.
   """
 

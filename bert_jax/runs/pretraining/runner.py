@@ -34,6 +34,7 @@ from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.model.kernels.attention import platform_of
 from bert_jax.model.run_settings import run_attention_kernel, run_bert_config, run_lengths
+from bert_jax.runs.rules import MODEL_SIZES, PRETRAINING_RUN
 from bert_jax.tasks.pretraining.data import (
   DataSources,
   TokenShare,
@@ -51,7 +52,6 @@ from bert_jax.tasks.pretraining.loss import (
   make_pretraining_loss,
   summarize_eval,
 )
-from bert_jax.tasks.run_rules import MODEL_SIZES, PRETRAINING_RUN
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
 from bert_jax.train.job import EvalResult, Job, Phase, Pretrained, Program, RunHooks, RunSettings

@@ -19,7 +19,7 @@ original calls j; the given non-negative weights are divided by their sum.
 Batches are jitted at a few bucketed lengths (``bucket_lengths``: 8, 16, 24, 32, 48, 64, ... up
 to ``max_seq_length``) and a fixed batch size, so a file compiles a handful of programs whatever
 its line lengths; lines are sorted by length within a window for dense batches and written back
-in input order (``bert_jax.tasks.inference.batches``). A
+in input order (``bert_jax.data.inference_batches``). A
 progress line (lines written of the input's, rate, ETA) is logged at least every 30 s while lines
 are written (``bert_jax.train.progress``). The output file is checked before any work
 (``bert_jax.checkpoint.outputs``): it must not be the input file or the checkpoint, and its
@@ -45,11 +45,11 @@ import numpy as np
 
 from bert_jax.checkpoint import atomic_write
 from bert_jax.checkpoint.outputs import check_outputs, check_parent
+from bert_jax.data.inference_batches import InferenceBatches, pad_ragged
 from bert_jax.data.length_buckets import parse_buckets
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
-from bert_jax.tasks.inference.batches import InferenceBatches, pad_ragged
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 
 PROGRESS_INTERVAL_SEC = INTERVAL_SEC
@@ -218,7 +218,7 @@ class FeatureExtractor:
   """Runs a pre-trained encoder over InputFeatures, returning the chosen layers per token.
 
   Batches are planned, padded and split over ``devices`` (default: this host's local devices;
-  params replicated) by ``bert_jax.tasks.inference.batches.InferenceBatches``, so the batch
+  params replicated) by ``bert_jax.data.inference_batches.InferenceBatches``, so the batch
   size is rounded up to a multiple of their number. With ``scalar_mix_weights`` (one per hidden
   state, embeddings first; divided by their sum) the scalar mix is an extra last row of the
   values, labelled "mix" in ``output_indices``; ``layers`` may then be empty.

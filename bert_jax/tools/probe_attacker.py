@@ -1,5 +1,5 @@
 """The privacy probe's models and training: r(x) from a frozen encoder, the attacker, the direct
-baseline, and training with selection of the dev-worst-privacy epoch (``bert_jax.tasks.privacy.probe``
+baseline, and training with selection of the dev-worst-privacy epoch (``bert_jax.tools.probe``
 describes the probe; ``bert_jax.tasks.privacy.metrics`` the metrics).
 
 ``represent`` turns a ``BertEncoder`` output into r(x) (pooled, [CLS] or masked mean of one hidden
@@ -32,11 +32,11 @@ import numpy as np
 import optax
 from absl import logging
 
+from bert_jax.data.inference_batches import InferenceBatches
 from bert_jax.data.length_buckets import parse_buckets
 from bert_jax.model import BertConfig, BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
 from bert_jax.tasks.base import INPUT_KEYS
-from bert_jax.tasks.inference.batches import InferenceBatches
 from bert_jax.tasks.privacy import metrics as pm
 from bert_jax.train import progress as progress_lib
 from bert_jax.train.progress import Heartbeat, Progress
@@ -137,7 +137,7 @@ def compute_representations(
   encoder: float32 [N, D] (or [N, K, D] for scalar_mix), in row order. Rows are sorted by length
   and each jitted batch is cut to the multiple of 32 holding its longest row (padding is masked,
   so r(x) does not change); the last batch is padded with copies of a row
-  (``bert_jax.tasks.inference.batches``: each batch of ``batch_size`` rows split over as many of
+  (``bert_jax.data.inference_batches``: each batch of ``batch_size`` rows split over as many of
   this host's devices as divide it). Progress counts the batches (by default its own, logged as
   'probe: representations of <name> (N rows): b/B batches ...')."""
   run = _representation_fn(bert_config, mode, layer, pooling)

@@ -57,7 +57,7 @@ Reliability: a probe that fails leaves no workdir it created; long work logs pro
 every 30 s (``bert_jax.train.progress``): loading, reading the task's data, the representations
 of each row set, the attacker's and the direct baseline's training, the main-task evaluation.
 
-Models and training: ``bert_jax.tasks.privacy.attacker``; metrics: ``bert_jax.tasks.privacy.metrics``.
+Models and training: ``bert_jax.tools.probe_attacker``; metrics: ``bert_jax.tasks.privacy.metrics``.
 """
 
 from __future__ import annotations
@@ -77,18 +77,18 @@ from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
 from bert_jax.model import scalar_mix as scalar_mix_lib
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
-from bert_jax.tasks.finetuning.best_checkpoint import CHOICES, checkpoint_dir
 from bert_jax.tasks.privacy import attributes as PA
 from bert_jax.tasks.privacy import metrics as pm
-from bert_jax.tasks.privacy.attacker import (
+from bert_jax.tasks.registry import create_task
+from bert_jax.tokenize import load_tokenizer
+from bert_jax.tools.probe_attacker import (
   Attributes,
   compute_representations,
   train_attacker,
   train_direct,
 )
-from bert_jax.tasks.registry import create_task
-from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import progress as progress_lib
+from bert_jax.train.best_checkpoint import CHOICES, checkpoint_dir
 from bert_jax.train.progress import Heartbeat, Progress
 
 REPRESENTATIONS = ("pooled", "cls", "mean", "scalar_mix")

@@ -14,11 +14,11 @@ best checkpoint. Parameters a task does not train (``Task.trainable``) form a fr
 The run: ``num_train_steps`` = ``num_train_epochs`` x (train rows // ``train_batch_size``)
 unless set; rows are shuffled each epoch by a generator seeded with (seed, epoch), so the
 batches of a step depend only on the step and a resumed run sees exactly the batches the
-uninterrupted one would (``bert_jax.tasks.finetuning.inputs``). With ``length_buckets`` each
+uninterrupted one would (``bert_jax.runs.finetuning.inputs``). With ``length_buckets`` each
 train and eval batch is cut to the shortest bucket holding its longest row
-(``bert_jax.tasks.finetuning.length_buckets``). With ``config.packing.enabled`` (GLUE, NER) each step's rows are
+(``bert_jax.data.length_buckets``). With ``config.packing.enabled`` (GLUE, NER) each step's rows are
 packed several to a row instead, and dev/test splits are packed and their predictions unpacked
-(``bert_jax.tasks.finetuning.inputs.Packer``); the loss and metrics are the unpacked ones.
+(``bert_jax.runs.finetuning.inputs.Packer``); the loss and metrics are the unpacked ones.
 The encoder's config is the run's (``config.attention_kernel`` resolved for the mesh's platform)
 by ``runner_io.run_model_config``, i.e. ``bert_jax.model.run_settings.run_bert_config``.
 
@@ -33,7 +33,7 @@ one file a sweep collects, ``{"task", "primary_metric", "dev": {...}, "best_step
 Each evaluation and prediction pass logs its progress (batches, rate, ETA) at least every 30 s,
 and a split is run in batches of at most its rows (rounded up to the data-parallel size): an
 ``eval_batch_size`` beyond the largest dev split is cut to it before training, with one line
-(``bert_jax.tasks.finetuning.inputs.split_batch_size``).
+(``bert_jax.runs.finetuning.inputs.split_batch_size``).
 """
 
 from __future__ import annotations
@@ -53,21 +53,21 @@ from bert_jax.checkpoint.lock import WorkdirLock
 from bert_jax.model import BertConfig
 from bert_jax.model.run_settings import NUMERICS_KEYS
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
-from bert_jax.tasks.base import SplitData, Task
-from bert_jax.tasks.finetuning import runner_io as io
-from bert_jax.tasks.finetuning.best_checkpoint import checkpoint_dir, has_checkpoint
-from bert_jax.tasks.finetuning.inputs import (
+from bert_jax.runs.finetuning import runner_io as io
+from bert_jax.runs.finetuning.inputs import (
   FinetuneInput,
   Packer,
   Predictor,
   make_bucketer,
   split_batch_size,
 )
+from bert_jax.runs.rules import FINETUNING_RUN
+from bert_jax.tasks.base import SplitData, Task
 from bert_jax.tasks.registry import create_task
-from bert_jax.tasks.run_rules import FINETUNING_RUN
 from bert_jax.tokenize import load_tokenizer
 from bert_jax.train import flops as flops_lib
 from bert_jax.train import optimizers, trainer
+from bert_jax.train.best_checkpoint import checkpoint_dir, has_checkpoint
 from bert_jax.train.job import EvalResult, Job, Phase, Pretrained, Program, RunHooks, RunSettings
 from bert_jax.train.metrics import json_safe, scalar_metrics
 from bert_jax.train.trainer import BEST_DIR

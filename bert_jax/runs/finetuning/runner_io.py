@@ -33,9 +33,9 @@ from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
 from bert_jax.model.kernels.attention import platform_of
 from bert_jax.model.run_settings import TRAINING_KEYS, run_bert_config
-from bert_jax.tasks.finetuning.best_checkpoint import has_checkpoint
 from bert_jax.tasks.registry import TASKS, get_task_class
 from bert_jax.tokenize import load_tokenizer
+from bert_jax.train.best_checkpoint import has_checkpoint
 
 # Run-config keys added after workdirs were first written, with the value that reproduces what
 # such an older run did (no bucketing; JAX's own compilation-cache setting).

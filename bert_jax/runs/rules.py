@@ -24,9 +24,9 @@ from typing import Any
 
 from bert_jax.checkpoint import read_json
 from bert_jax.model.config import BertConfig
-from bert_jax.tasks.finetuning.run_rules import FINETUNING_RULES
-from bert_jax.tasks.pretraining.run_rules import PRETRAINING_RULES
-from bert_jax.tasks.pretraining.run_rules import resume_fixed_keys as pretraining_fixed_keys
+from bert_jax.runs.finetuning.rules import FINETUNING_RULES
+from bert_jax.runs.pretraining.rules import PRETRAINING_RULES
+from bert_jax.runs.pretraining.rules import resume_fixed_keys as pretraining_fixed_keys
 from bert_jax.train import run_config
 from bert_jax.train.job import RunRules, WorkdirIdentity
 

@@ -1,0 +1,1 @@
+"""The pre-training run: its Job (curriculum, schedule, evaluation) and its config rules."""
