@@ -76,6 +76,8 @@ from bert_jax.checkpoint.lock import WorkdirLock
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertConfig
 from bert_jax.model import scalar_mix as scalar_mix_lib
+from bert_jax.model.kernels.attention import platform_of
+from bert_jax.model.run_settings import run_bert_config
 from bert_jax.parallel.compilation_cache import enable_compilation_cache
 from bert_jax.tasks.privacy import attributes as PA
 from bert_jax.tasks.privacy import metrics as pm
@@ -338,11 +340,7 @@ def load_encoder(config):
     tokenizer = load_tokenizer(config.vocab_file, do_lower_case=config.do_lower_case)
   if tokenizer is None:
     raise ValueError(f"{source} has no vocabulary: set config.vocab_file")
-  bert_config = pre.config.replace(
-    dtype=config.dtype,
-    hidden_dropout_prob=float(config.hidden_dropout_prob),
-    attention_probs_dropout_prob=float(config.attention_probs_dropout_prob),
-  )
+  bert_config = run_bert_config(pre.config, config, platform=platform_of(None))
   return source, pre, tokenizer, bert_config
 
 
