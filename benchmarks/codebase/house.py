@@ -97,20 +97,38 @@ def kernel_choosers(trees: dict[str, ast.Module]) -> list[str]:
   return sorted(set(out))
 
 
-def bert_config_builders(trees: dict[str, ast.Module]) -> list[str]:
-  out = []
+def _reads_config(node: ast.AST) -> bool:
+  """Whether ``node`` reads ``config.key`` or ``config[key]``."""
+  return any(
+    isinstance(n, (ast.Attribute, ast.Subscript))
+    and isinstance(n.value, ast.Name)
+    and n.value.id == "config"
+    for n in ast.walk(node)
+  )
+
+
+def bert_config_builders(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
+  """Functions that apply run-config values to a ``BertConfig`` (a ``.replace(...)`` whose
+  keywords read ``config.``, in a function that names BertConfig or bert_config), and those
+  that choose the base architecture from the config (``BertConfig.from_preset(config...)``)."""
+  settings, presets = [], []
   for path, tree in trees.items():
     for fn in _functions(tree):
+      text = ast.unparse(fn)
       for call in ast.walk(fn):
         if not isinstance(call, ast.Call):
           continue
         func = ast.unparse(call.func)
-        reads_config = "config." in ast.unparse(call) and "bert_config" not in func
-        if (func.endswith(".replace") and reads_config and "BertConfig" in ast.unparse(fn)) or (
-          func.endswith("BertConfig.from_preset") and "config." in ast.unparse(call)
+        if (
+          func.endswith(".replace")
+          and not func.startswith("dataclasses")
+          and any(_reads_config(fn if k.arg is None else k.value) for k in call.keywords)
+          and ("BertConfig" in text or "bert_config" in text or "bert" in func)
         ):
-          out.append(f"{path}:{fn.name}")
-  return sorted(set(out))
+          settings.append(f"{path}:{fn.name}")
+        elif func.endswith("BertConfig.from_preset") and _reads_config(call):
+          presets.append(f"{path}:{fn.name}")
+  return dict(run_settings=sorted(set(settings)), base_preset=sorted(set(presets)))
 
 
 def clone_pairs(repo: str) -> str:
