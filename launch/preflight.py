@@ -77,7 +77,8 @@ def check_job_config(job: Job, config, target: Target) -> None:
   if job.module not in COMPILABLE or config is None:
     return
   # bert_jax (JAX) only when a config is checked: the launcher itself stays light.
-  from bert_jax.model.kernels.attention import FUSED, resolve_attention_kernel  # noqa: PLC0415
+  from bert_jax.model.kernels.attention import ATTENTION_KERNELS, FUSED  # noqa: PLC0415 (heavy)
+  from bert_jax.model.run_settings import run_attention_kernel  # noqa: PLC0415 (heavy)
   from bert_jax.parallel.topology import TopologyError, parse_topology  # noqa: PLC0415 (heavy)
   from bert_jax.plan.compiler import check_config  # noqa: PLC0415 (heavy)
   from bert_jax.runs.jobs import build_job  # noqa: PLC0415 (heavy)
@@ -91,12 +92,12 @@ def check_job_config(job: Job, config, target: Target) -> None:
     check_run_config(config)
     kernel = config.get("attention_kernel", "reference")
     if not target.on_this_machine:  # the remote devices' platform is not known: the kernel's
-      if kernel in FUSED:  # own checks on a platform it runs on (the dropout it cannot take)
-        resolve_attention_kernel(
-          kernel,
+      if kernel in FUSED:  # own checks, as the run makes them, on an accelerator it runs on
+        platforms = [p for p in ATTENTION_KERNELS[kernel].platforms if p != "cpu"]
+        run_attention_kernel(  # the dropout it cannot take, each phase's length
+          config,
+          platform=platforms[0] if platforms else "gpu",  # () = every platform
           attention_dropout=float(config.attention_probs_dropout_prob),
-          platform="tpu" if kernel == "splash" else "gpu",
-          max_seq_length=int(config.max_seq_length),
         )
       config = copy.deepcopy(config)
       with config.unlocked():
