@@ -102,11 +102,6 @@ def find_broken_file(paths: list[str]) -> str | None:
   return None
 
 
-def count_records(paths: list[str]) -> int:
-  """Number of records in TFRecord files (framing walk; no parsing)."""
-  return sum(check_record_framing(p) for p in paths)
-
-
 def records_have_sentence_pairs(
   file_patterns, max_seq_length: int, max_predictions_per_seq: int, max_records: int = 64
 ) -> bool:
