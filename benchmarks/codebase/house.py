@@ -3,6 +3,7 @@ members of ``Task`` and ``Job``, function-level imports, the places that choose 
 kernel and the places that build a ``BertConfig`` from a run config.
 
   python -m benchmarks.codebase.house [--repo=DIR] [--json=OUT]
+  python -m benchmarks.codebase.house --repo=DIR --before=OLD.json --markdown=OUT.md  # a table
 
 Counted statically (``ast``): nothing is imported. A "place that chooses a kernel" is a function
 that calls ``resolve_attention_kernel`` or ``_auto_kernel``; a "place that builds a BertConfig
@@ -166,16 +167,74 @@ def measure(repo: str) -> dict:
   )
 
 
+def _top_folder(folder: str) -> str:
+  parts = folder.split("/")
+  return "/".join(parts[:2]) if parts[0] == "bert_jax" and len(parts) > 1 else parts[0]
+
+
+def markdown(before: dict, after: dict) -> str:
+  """The before/after table of two measurements."""
+
+  def members(d, cls):
+    m = d["members"].get(cls, {})
+    return f"{m.get('total', 0)} ({len(m.get('attributes', []))} attributes, " + (
+      f"{len(m.get('methods', []))} methods, {len(m.get('abstract', []))} abstract)"
+    )
+
+  def places(items):
+    return "<br>".join(f"`{x}`" for x in items) or "none"
+
+  rows = [
+    ("Python files / lines", f"{before['files']} / {before['lines']:,}",
+     f"{after['files']} / {after['lines']:,}"),
+    ("members of `Task`", members(before, "Task"), members(after, "Task")),
+    ("members of `Job`", members(before, "Job"), members(after, "Job")),
+    ("function-level imports (bert_jax, launch, configs)",
+     before["function_level_imports"]["total"], after["function_level_imports"]["total"]),
+    ("places that choose the attention kernel", places(before["kernel_choosers"]),
+     places(after["kernel_choosers"])),
+    ("places that apply run-config values to a `BertConfig`",
+     places(before["bert_config_builders"]["run_settings"]),
+     places(after["bert_config_builders"]["run_settings"])),
+    ("places that pick the base preset from a config",
+     len(before["bert_config_builders"]["base_preset"]),
+     len(after["bert_config_builders"]["base_preset"])),
+    ("clone pairs (`duplicates`, whole tree)", before["clone_pairs"], after["clone_pairs"]),
+  ]  # fmt: skip
+  lines = ["| | before | after |", "|---|---|---|"]
+  lines += [f"| {name} | {b} | {a} |" for name, b, a in rows]
+  lines += ["", "Lines by folder (bert_jax's subpackages with their subfolders, launch):", ""]
+  lines += ["| folder | before | after |", "|---|---|---|"]
+  totals: dict[str, list[int]] = {}
+  for i, d in enumerate((before, after)):
+    for folder, n in d["lines_by_folder"].items():
+      if folder.startswith(("bert_jax", "launch")):
+        totals.setdefault(_top_folder(folder), [0, 0])[i] += n
+  lines += [f"| {f} | {b:,} | {a:,} |" for f, (b, a) in sorted(totals.items())]
+  lines += ["", "Largest files:", "", "| before | after |", "|---|---|"]
+  for x, y in zip(before["largest_files"][:5], after["largest_files"][:5]):
+    lines.append(f"| {x['file']} ({x['lines']}) | {y['file']} ({y['lines']}) |")
+  return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--repo", default=".", help="the checkout to measure")
   p.add_argument("--json", default="", help="write the figures here")
+  p.add_argument("--before", default="", help="an earlier --json: print the before/after table")
+  p.add_argument("--markdown", default="", help="with --before: write the table here")
   args = p.parse_args(argv)
   result = measure(os.path.abspath(args.repo))
   text = json.dumps(result, indent=1)
   if args.json:
     with open(args.json, "w") as f:
       f.write(text + "\n")
+  if args.before:
+    with open(args.before) as f:
+      text = markdown(json.load(f), result)
+    if args.markdown:
+      with open(args.markdown, "w") as f:
+        f.write(text)
   print(text)
 
 
