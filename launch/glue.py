@@ -96,7 +96,7 @@ def _passed(extra_args: Sequence[str]) -> dict[str, str]:
 
 def task_files(data_dir: str, task: str) -> dict[str, str]:
   """The TSV files of a task under a GLUE root: train, dev file(s), test file(s)."""
-  from bert_jax.tasks.glue.data import SPECS  # noqa: PLC0415
+  from bert_jax.tasks.glue.data import SPECS  # noqa: PLC0415 (imports JAX)
 
   spec, folder = SPECS[task], os.path.join(data_dir, report.DIR_NAMES[task])
   files = {"train": os.path.join(folder, "train.tsv")}
@@ -112,7 +112,7 @@ def has_data(suite: Suite, task: str) -> bool:
     tfds_dir = passed.get("tfds_data_dir", "")
     return bool(tfds_dir) and os.path.isdir(os.path.join(tfds_dir, "glue", task))
   files = task_files(suite.data_dir, task)
-  from bert_jax.tasks.glue.data import SPECS  # noqa: PLC0415
+  from bert_jax.tasks.glue.data import SPECS  # noqa: PLC0415 (imports JAX)
 
   needed = ["train"] + [s for s, _ in SPECS[task].eval_files]
   return all(sweep.exists(files[s]) for s in needed)
@@ -232,7 +232,7 @@ def work(suite: Suite, task: str, run: sweep.SweepRun) -> tuple[int, float, int]
   """(training examples, epochs, evaluated rows) of a run, from its config and the TSVs."""
   config = resolve_config(run.job)
   files = task_files(suite.data_dir, task)
-  from bert_jax.tasks.glue.data import SPECS  # noqa: PLC0415
+  from bert_jax.tasks.glue.data import SPECS  # noqa: PLC0415 (imports JAX)
 
   spec = SPECS[task]
   train = _rows(files["train"], header=task != "cola")

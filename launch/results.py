@@ -58,7 +58,7 @@ def _open(path: str, mode: str = "r"):
 
 def _listdir(root: str) -> list[str]:
   if "://" in root:
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415 (remote roots only)
 
     if not tf.io.gfile.isdir(root):
       raise LaunchError(f"sweep root {root!r} is not a directory")

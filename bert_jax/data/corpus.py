@@ -56,7 +56,7 @@ def expand_patterns(patterns: str | list[str] | tuple[str, ...]) -> list[str]:
   for pattern in patterns:
     pattern = str(pattern).strip()
     if "://" in pattern:  # gs://, s3://: only tf.io.gfile knows those.
-      import tensorflow as tf  # noqa: PLC0415
+      import tensorflow as tf  # noqa: PLC0415 (heavy; only for a remote path)
 
       matched = tf.io.gfile.glob(pattern)
     else:
@@ -107,7 +107,7 @@ def make_input_shards(
 def _decode_lines(path: str, stats: dict) -> Iterator[str]:
   """Yields the decoded, stripped lines of a text file; skips (and counts) non-UTF-8 lines."""
   if "://" in path:  # gs://, s3://: only tf.io.gfile knows those.
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415 (heavy; only for a remote path)
 
     opened = tf.io.gfile.GFile(path, "rb")
   else:  # Local files without TensorFlow: generation workers then start in a second.
@@ -184,7 +184,7 @@ def read_wiki_dump(path: str, stats: dict) -> Iterator[list[str]]:
 
 def read_tfds_shard(shard: InputShard, stats: dict) -> Iterator[list[str]]:
   """One even slice of a TFDS split, read from the local data_dir (never downloads)."""
-  import tensorflow_datasets as tfds  # noqa: PLC0415
+  import tensorflow_datasets as tfds  # noqa: PLC0415 (heavy; only for a TFDS source)
 
   try:
     builder = tfds.builder(shard.tfds_name, data_dir=shard.tfds_data_dir or None)

@@ -22,11 +22,14 @@ import os
 import re
 import shutil
 import sysconfig
+from pydoc_data import topics
 
 from absl import logging
 
 from bert_jax.data import generate as generate_lib
+from bert_jax.data import masking
 from bert_jax.data import sentences as sentences_lib
+from bert_jax.tokenize import vocab as vocab_lib
 
 _SKIP_DIRS = frozenset(
   {
@@ -111,8 +114,6 @@ def _module_docstrings(path: str) -> str:
 
 def iter_default_documents():
   """Yields (name, sentences) of every document of the built-in corpus, in a fixed order."""
-  from pydoc_data import topics  # noqa: PLC0415
-
   for name in sorted(topics.topics):
     sentences = text_to_sentences(topics.topics[name])
     if sentences:
@@ -236,8 +237,6 @@ def _vocab(out_dir: str, vocab_size: int, max_documents, legacy) -> tuple[list[s
   """(corpus files, vocab.txt) of the built-in corpus under ``out_dir``, each built once: the
   earlier layout's when its vocabulary has the same size and documents, else
   ``corpus-<docs>/`` and ``vocab-<size>-<docs>/``."""
-  from bert_jax.tokenize import vocab as vocab_lib  # noqa: PLC0415
-
   if legacy is not None:
     args, data = legacy
     same = args.get("vocab_size") == vocab_size and args.get("max_documents") == max_documents
@@ -295,8 +294,6 @@ def prepare_default_data(
   mask_rates ((mask, same, random) or a MaskRates), whole_word_mask: the static masks (see
   GenerationConfig).
   """
-  from bert_jax.data import masking  # noqa: PLC0415
-
   out_dir = os.path.abspath(out_dir)
   rates = list(masking.MaskRates.parse(mask_rates).as_tuple())
   args = dict(

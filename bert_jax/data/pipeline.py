@@ -19,6 +19,7 @@ Host split: with at least as many files as hosts, host i reads files i, i + n, .
 otherwise every host reads all files and keeps records i, i + n, ... .
 """
 
+import jax
 import numpy as np
 import tensorflow as tf
 from absl import logging
@@ -31,8 +32,6 @@ _META_KEYS = ("_epoch", "_position")
 
 def _host(process_index, process_count):
   if process_index is None or process_count is None:
-    import jax  # noqa: PLC0415
-
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
   if not 0 <= process_index < process_count:

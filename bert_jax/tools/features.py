@@ -50,6 +50,7 @@ from bert_jax.data.length_buckets import parse_buckets
 from bert_jax.formats import load_pretrained
 from bert_jax.model import BertEncoder
 from bert_jax.model import scalar_mix as scalar_mix_lib
+from bert_jax.tokenize import iter_text_lines
 from bert_jax.train.progress import INTERVAL_SEC, Progress
 
 PROGRESS_INTERVAL_SEC = INTERVAL_SEC
@@ -82,8 +83,6 @@ def iter_examples(
   ``allow_empty_lines``: then, as in the original, it is an example of no text whose features
   are those of ``[CLS] [SEP]`` (so line numbers and linex_index stay aligned).
   """
-  from bert_jax.tokenize import iter_text_lines  # noqa: PLC0415
-
   path = str(path)
   if not os.path.isfile(path):
     raise ValueError(f"{path}: no such input file")

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from absl import logging
+from flax.linen import meta
 
 from bert_jax.data.inference_batches import InferenceBatches
 from bert_jax.data.length_buckets import parse_buckets
@@ -39,6 +40,7 @@ from bert_jax.model import scalar_mix as scalar_mix_lib
 from bert_jax.tasks.base import INPUT_KEYS
 from bert_jax.tasks.privacy import metrics as pm
 from bert_jax.train import progress as progress_lib
+from bert_jax.train.optimizers import warmup_linear_decay
 from bert_jax.train.progress import Heartbeat, Progress
 
 
@@ -356,10 +358,6 @@ def train_direct(
 ) -> dict[str, Any]:
   """The direct baseline: encoder + representation + attacker trained together on z (the
   encoder starts from ``bert_params`` and is updated), selected per epoch on dev."""
-  from flax.linen import meta  # noqa: PLC0415
-
-  from bert_jax.train.optimizers import warmup_linear_decay  # noqa: PLC0415
-
   model = DirectModel(bert_config, mode, layer, pooling, len(attrs.names), hidden_size)
   dummy = [np.asarray(inputs["train"][k][:1]) for k in INPUT_KEYS]
   params = meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), *dummy)["params"])

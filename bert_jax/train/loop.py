@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from bert_jax.checkpoint import CheckpointManager
 from bert_jax.parallel.sharding import Rules, make_global_batch
@@ -106,8 +107,6 @@ class PreemptionWatcher:
   def requested(self) -> bool:
     if jax.process_count() == 1:
       return self._flag
-    from jax.experimental import multihost_utils  # noqa: PLC0415
-
     flags = multihost_utils.process_allgather(np.asarray(self._flag, np.int32))
     return bool(np.any(flags))
 

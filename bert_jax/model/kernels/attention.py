@@ -306,10 +306,10 @@ def _splash_local(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, ids_BxL, *, causal: bool):
   heads, length = q_BxHxLxK.shape[1], q_BxHxLxK.shape[2]
 
   def run(interpret: bool):
-    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
+    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415 (Pallas TPU kernel; splash only)
       splash_attention_kernel as splash,
     )
-    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
+    from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415 (Pallas TPU kernel; splash only)
       splash_attention_mask as masks,
     )
 

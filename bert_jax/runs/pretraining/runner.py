@@ -31,6 +31,7 @@ from etils import epath
 from bert_jax import parallel
 from bert_jax.checkpoint import read_json, write_json
 from bert_jax.formats import load_pretrained
+from bert_jax.formats import pretrained as pretrained_lib
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.model.kernels.attention import platform_of
 from bert_jax.model.run_settings import run_attention_kernel, run_bert_config, run_lengths
@@ -366,8 +367,6 @@ def check_init_checkpoint_model(config) -> None:
   """A one-line ValueError when ``config.init_checkpoint``'s model config (model_config.json,
   a Hugging Face config.json, bert_config.json) has other sizes than the run's model; reads
   only that file (a checkpoint of no known layout is left to the loader's own error)."""
-  from bert_jax.formats import pretrained as pretrained_lib  # noqa: PLC0415
-
   path = epath.Path(config.init_checkpoint)
   step = pretrained_lib.step_checkpoint(path)
   candidates = [step[0] / "model_config.json"] if step else []

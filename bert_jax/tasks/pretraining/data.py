@@ -26,7 +26,10 @@ from typing import Any
 import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
+from bert_jax.data.default_corpus import prepare_default_data
+from bert_jax.data.masking import MaskRates
 from bert_jax.data.packing import (
   CLS_POSITIONS,
   POSITION_IDS,
@@ -35,6 +38,7 @@ from bert_jax.data.packing import (
   PackedPretrainInput,
 )
 from bert_jax.tasks.pretraining.synthetic_input import SyntheticPretrainInput
+from bert_jax.tokenize import load_tokenizer
 
 
 @dataclasses.dataclass
@@ -94,8 +98,6 @@ def _phase_settings(config) -> list[tuple[int, int, str, str, str]]:
 
 
 def _prepare_default(config, workdir: str, lengths, predictions, vocab_file: str):
-  from bert_jax.data.default_corpus import prepare_default_data  # noqa: PLC0415
-
   out_dir = config.default_corpus_dir or os.path.join(workdir, "default_corpus")
   kwargs = dict(
     max_seq_lengths=tuple(lengths),
@@ -108,8 +110,6 @@ def _prepare_default(config, workdir: str, lengths, predictions, vocab_file: str
     logging.info("No input_files configured: preparing the built-in corpus in %s", out_dir)
     data = prepare_default_data(out_dir, progress=True, **kwargs)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # noqa: PLC0415
-
     multihost_utils.sync_global_devices("bert_jax default corpus prepared")
     if jax.process_index() != 0:
       data = prepare_default_data(out_dir, **kwargs)
@@ -118,8 +118,6 @@ def _prepare_default(config, workdir: str, lengths, predictions, vocab_file: str
 
 def mask_rates(config):
   """``config.mask_rates`` as the data layer's MaskRates (ValueError naming the keys)."""
-  from bert_jax.data.masking import MaskRates  # noqa: PLC0415
-
   r = config.mask_rates
   try:
     return MaskRates(mask=r.mask, same=r.same, random=r.random)
@@ -144,7 +142,7 @@ def check_sentence_pairs(config, phases: list[PhaseData]) -> None:
   """NSP needs sentence-pair data: refuse packed (single-segment) files for mlm_nsp."""
   if config.objective != "mlm_nsp":
     return
-  from bert_jax.data.tfrecord import records_have_sentence_pairs  # noqa: PLC0415
+  from bert_jax.data.tfrecord import records_have_sentence_pairs  # noqa: PLC0415 (imports TensorFlow)
 
   for phase, prefix in zip(phases, ("", "phase2.")):
     if not records_have_sentence_pairs(
@@ -294,7 +292,7 @@ def _record_shapes(config, phases: list[PhaseData]):
   """Each phase's files' (record length, predictions) when packing (None otherwise)."""
   if not config.packing.enabled or config.synthetic_data:
     return None
-  from bert_jax.data.tfrecord import record_shape  # noqa: PLC0415
+  from bert_jax.data.tfrecord import record_shape  # noqa: PLC0415 (imports TensorFlow)
 
   return [record_shape(p.input_files) for p in phases]
 
@@ -308,14 +306,10 @@ def resolve_data(config, workdir: str, resume_vocab: str = "") -> DataSources:
     vocab = 30522 if not config.vocab_file else None
     tokenizer = None
     if config.vocab_file:
-      from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
-
       tokenizer = load_tokenizer(config.vocab_file, do_lower_case=config.do_lower_case)
       vocab = tokenizer.vocab_size
     phases = [PhaseData(l, p, "", "") for l, p, *_ in settings]
     return DataSources(tokenizer, vocab, pack_phases(config, phases))
-
-  from bert_jax.tokenize import load_tokenizer  # noqa: PLC0415
 
   if not config.input_files:
     lengths = [s[0] for s in settings]
@@ -423,7 +417,7 @@ def input_factory(
         mask_id=mask_id,
       )
     else:
-      from bert_jax.data.pipeline import PretrainInput, log_input  # noqa: PLC0415
+      from bert_jax.data.pipeline import PretrainInput, log_input  # noqa: PLC0415 (imports TensorFlow)
 
       ltr = config.objective == "ltr"
       inp = PretrainInput(
@@ -551,7 +545,7 @@ def eval_batches(
     return
   if not phase.eval_input_files:
     return
-  from bert_jax.data.pipeline import eval_batches as data_eval_batches  # noqa: PLC0415
+  from bert_jax.data.pipeline import eval_batches as data_eval_batches  # noqa: PLC0415 (imports TensorFlow)
 
   it = data_eval_batches(
     phase.eval_input_files,
@@ -571,8 +565,6 @@ def eval_batches(
         return
       yield batch
       continue
-    from jax.experimental import multihost_utils  # noqa: PLC0415
-
     if not np.any(multihost_utils.process_allgather(np.int32(batch is not None))):
       return  # every host is done
     if batch is not None:
