@@ -276,9 +276,6 @@ class FeatureExtractor:
 
     self._run = jax.jit(run)
 
-  def _bucket(self, length: int) -> int:
-    return self._batches.bucket(length)
-
   def _window(self, chunk: Sequence[InputFeatures]) -> dict[int, np.ndarray]:
     """Values for each line of ``chunk``, computed in batches of similar lengths."""
     ids = [f.input_ids for f in chunk]
