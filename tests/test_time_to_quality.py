@@ -169,3 +169,42 @@ def test_notrain_reads_finished_runs_only(tmp_path):
   assert runs.finished("bert_jax_fast", str(done))["completed"] is True
   assert runs.finished("bert_jax_fast", str(running)) is None
   assert runs.finished("pytorch_sdpa", str(tmp_path / "absent")) is None
+
+
+def test_device_section_fits_its_box_and_passes_flags_the_benchmark_takes(tmp_path):
+  """The device check's section: the recipes' training budget is what its share leaves after
+  the data and each recipe's overhead (none when that is under the floor), and its command is
+  one the benchmark's own parser accepts (bfloat16 mini on the built-in corpus, no GLUE)."""
+  from benchmarks.device import time_to_quality as section
+
+  full = section.budget_per_recipe(216.0, quick=False)
+  assert full == pytest.approx((216.0 - section.DATA_S["full"]) / 3 - section.OVERHEAD_S["full"])
+  assert section.budget_per_recipe(100.0, quick=False) == 0.0
+  cmd = section.command(str(tmp_path / "w"), str(tmp_path / "o"), full, quick=False)
+  args = time_to_quality._parser().parse_args(cmd[3:])
+  assert (args.size, args.dtype, args.corpora, args.glue) == (
+    "mini",
+    "bfloat16",
+    ["cpython"],
+    False,
+  )
+  assert args.budget_minutes * 60 == pytest.approx(full, abs=0.01)
+  assert args.recipes == list(section.RECIPES)
+  assert "--notrain" in section.command("w", "o", full, quick=True, train=False)
+
+
+def test_device_section_table_reads_the_benchmark_summary():
+  from benchmarks.device import time_to_quality as section
+
+  evals = lambda accs: [
+    dict(train_seconds=10.0 * (i + 1), mlm_accuracy=a) for i, a in enumerate(accs)
+  ]
+  results = {
+    "bert_jax_fast": dict(evals=[dict(e, step=100 * (i + 1)) for i, e in enumerate(evals([0.1, 0.3]))]),
+    "pytorch_sdpa": dict(evals=[dict(e, step=50 * (i + 1)) for i, e in enumerate(evals([0.1, 0.2]))]),
+  }  # fmt: skip
+  summary = time_to_quality.summarize(results)
+  lines = section.table_lines(dict(budget_seconds_per_recipe=20.0, summary=summary))
+  fast = next(line for line in lines if "bert_jax_fast" in line).split()
+  assert fast[1:] == ["200", "0.3000", "15", "0.75"]  # 0.2 reached halfway from 10 s to 20 s
+  assert any("not run" in line for line in section.table_lines({}))

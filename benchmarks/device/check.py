@@ -22,7 +22,7 @@ r"""The attention kernels on one accelerator, in one run of about 8 minutes (one
    peak (989 TFLOP/s for an H100 or H200 SXM). Synthetic instances have random real lengths
    from L/8 to L (so that packing has something to pack).
 
-3. Time to quality (benchmarks/device/time_to_quality.py, 35% of the budget): BERT-mini in
+3. Time to quality (benchmarks/device/time_to_quality.py, 45% of the budget): BERT-mini in
    bfloat16 pre-trained on the built-in corpus by bert_jax's paper and fast recipes and the
    PyTorch SDPA reference, the same short training budget each; held-out MLM accuracy and each
    recipe's time to the reference's final accuracy.
@@ -535,7 +535,7 @@ def main(argv=None) -> int:
   p.add_argument("--tokens_per_step", type=int, default=32768, help="batch = this / seq")
   p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   p.add_argument(
-    "--ttq_share", type=float, default=-1.0, help="time to quality's share (-1: 0.35; 0: off)"
+    "--ttq_share", type=float, default=-1.0, help="time to quality's share (-1: 0.45; 0: off)"
   )
   p.add_argument("--torch_rows", default="", help=argparse.SUPPRESS)  # the child's output file
   args = p.parse_args(argv)
@@ -568,7 +568,7 @@ def main(argv=None) -> int:
     if os.path.exists(tmp):
       os.remove(tmp)
   # 2. time to quality, in child processes (each recipe has the accelerator to itself)
-  share = (0.25 if s.quick else 0.35) if args.ttq_share < 0 else args.ttq_share
+  share = (0.5 if s.quick else 0.45) if args.ttq_share < 0 else args.ttq_share
   ttq_result = ttq.section(s.budget_s * share, s.quick) if share > 0 else dict(note="off")
   import jax  # late: jax
 
