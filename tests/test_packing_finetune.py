@@ -235,7 +235,7 @@ def test_attention_kernel_reaches_the_encoder():
   c.unlock()
   bert = BertConfig.from_preset("tiny")
   c.attention_kernel = "auto"  # on a CPU, and with attention dropout: the reference path
-  assert io.with_attention_kernel(bert, c).attention_kernel == "reference"
+  assert io.run_model_config(bert, c, keys=()).attention_kernel == "reference"
   c.attention_kernel = "dot_product"
   with pytest.raises(ValueError, match=r"config.attention_kernel='dot_product'.*dropout"):
     build_finetune_job(c)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import default_corpus, pipeline
-from bert_jax.runs.pretraining import runner as task_lib
+from bert_jax.model.run_settings import run_attention_kernel
 from bert_jax.runs.pretraining.runner import run_pretraining
 from bert_jax.tasks.pretraining import data as data_lib
 from configs import pretrain
@@ -171,12 +171,11 @@ def test_sizes_no_row_can_hold_are_refused_before_any_work(tmp_path):
   assert not workdir.exists()
 
 
-def test_the_splash_length_error_names_phase_2s_key(monkeypatch):
-  monkeypatch.setattr(task_lib, "platform_of", lambda mesh: "tpu")
+def test_the_splash_length_error_names_phase_2s_key():
   c = _config(length=128, attention_kernel="splash", attention_probs_dropout_prob=0.0)
   c.phase2.fraction, c.phase2.max_seq_length = 0.1, 200
   with pytest.raises(ValueError, match=r"needs config\.phase2\.max_seq_length a multiple of"):
-    task_lib.attention_kernel(c, None)
+    run_attention_kernel(c, platform="tpu", attention_dropout=0.0)
 
 
 def test_resume_refusals_come_before_any_work_or_write(tmp_path, caplog):

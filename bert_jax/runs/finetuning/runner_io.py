@@ -98,12 +98,6 @@ def run_model_config(
   )
 
 
-def with_attention_kernel(bert_config: BertConfig, config, mesh=None) -> BertConfig:
-  """``bert_config`` with the kernel ``config.attention_kernel`` resolves to on ``mesh``'s
-  platform and nothing else of the run config's."""
-  return run_model_config(bert_config, config, mesh, keys=())
-
-
 def resolve_model(config: ml_collections.ConfigDict, workdir: str, mesh=None) -> ModelSetup:
   """The encoder config, tokenizer and (when initialising) pretrained weights of a run on
   ``mesh`` (its platform decides ``config.attention_kernel='auto'``)."""

@@ -153,17 +153,6 @@ def bert_config_from(config, vocab_size: int, mesh=None) -> BertConfig:
   )
 
 
-def attention_kernel(config, mesh) -> str:
-  """The kernel ``bert_config_from`` gives the run on ``mesh`` (``config.attention_kernel``
-  resolved for its platform at every phase's length), without a model: a one-line ValueError
-  naming the keys where it cannot run."""
-  return run_attention_kernel(
-    config,
-    platform=platform_of(mesh),
-    attention_dropout=float(config.attention_probs_dropout_prob),
-  )
-
-
 def _check_workdir_model(workdir: str, bert: BertConfig) -> None:
   trainer.check_same_model(epath.Path(workdir) / "model_config.json", bert.to_dict())
 
@@ -196,7 +185,11 @@ def _validate(config, mesh) -> None:
       f"config.save_checkpoints_steps must be positive, got {config.save_checkpoints_steps}"
     )
   if mesh is not None:
-    attention_kernel(config, mesh)  # before any data is prepared
+    run_attention_kernel(  # the kernel's refusal, before any data is prepared
+      config,
+      platform=platform_of(mesh),
+      attention_dropout=float(config.attention_probs_dropout_prob),
+    )
 
 
 def batch_spec(
